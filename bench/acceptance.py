@@ -1,0 +1,209 @@
+"""Acceptance benchmark: replays real traces through the corpus engine exactly as a verifier would.
+
+For each request (file order): start it with its prompt; loop: draft a tree with budget B, accept the
+longest tree path equal to the true next output tokens, add one bonus token, extend with them;
+finish. Reports MAT (output tokens / verify steps) per category and overall, accepted tokens per
+drafted node, microseconds per draft and extend call, and bytes per learned token. Same-run
+baselines: prompt lookup (longest suffix n = 3..1 in the context, a chain) and the oracle chain.
+
+  python bench/acceptance.py                       # both shipped traces, budgets 7 and 15
+  python bench/acceptance.py --budget 15 --mode prob --replicas 4 --trace humaneval164_greedy.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.traces import REPO, Trace, default_trace_files, load_traces  # noqa: E402
+from corpus_service import CorpusConfig, NgramCorpus  # noqa: E402
+
+
+def accept_path(tokens: list[int], parents: list[int], truth: list[int]) -> int:
+    """Length of the longest root path in the tree whose tokens equal truth[0..]."""
+    children: dict[int, dict[int, int]] = defaultdict(dict)
+    for i, (t, p) in enumerate(zip(tokens, parents)):
+        children[p].setdefault(t, i)
+    node, n = -1, 0
+    while n < len(truth):
+        nxt = children.get(node, {}).get(truth[n])
+        if nxt is None:
+            break
+        node, n = nxt, n + 1
+    return n
+
+
+def prompt_lookup_chain(ctx: list[int], budget: int, max_ngram: int = 3) -> list[int]:
+    """Prompt lookup decoding: the most recent earlier occurrence of the longest suffix n-gram
+    (n = max_ngram..1) and the tokens that followed it."""
+    L = len(ctx)
+    for n in range(min(max_ngram, L - 1), 0, -1):
+        tail = ctx[L - n:]
+        for start in range(L - n - 1, -1, -1):
+            if ctx[start:start + n] == tail:
+                return ctx[start + n:start + n + budget]
+    return []
+
+
+class Replay:
+    def __init__(self) -> None:
+        self.steps = 0
+        self.tokens = 0
+        self.drafted = 0
+        self.accepted = 0
+        self.cat_steps: dict[str, int] = defaultdict(int)
+        self.cat_tokens: dict[str, int] = defaultdict(int)
+
+    def record(self, cat: str, out_len: int, steps: int) -> None:
+        self.steps += steps
+        self.tokens += out_len
+        self.cat_steps[cat] += steps
+        self.cat_tokens[cat] += out_len
+
+    def summary(self) -> dict:
+        return {
+            "mat": self.tokens / max(self.steps, 1),
+            "accepted_per_drafted_node": self.accepted / max(self.drafted, 1),
+            "drafted_nodes_per_step": self.drafted / max(self.steps, 1),
+            "per_category": {c: self.cat_tokens[c] / self.cat_steps[c] for c in sorted(self.cat_steps)},
+        }
+
+
+def replay_engine(traces: list[Trace], budget: int, config: CorpusConfig, replicas: int) -> dict:
+    engines = [NgramCorpus(config) for _ in range(replicas)]
+    rep = Replay()
+    draft_ns = extend_ns = start_ns = 0
+    n_draft = n_extend = 0
+    for k, tr in enumerate(traces):
+        eng = engines[k % replicas]
+        rid = f"r{k}"
+        t0 = time.perf_counter_ns()
+        eng.start_request(rid, tr.prompt_ids)
+        start_ns += time.perf_counter_ns() - t0
+        out, i, steps = tr.output_ids, 0, 0
+        while i < len(out):
+            t0 = time.perf_counter_ns()
+            batch = eng.draft([rid], budget)
+            draft_ns += time.perf_counter_ns() - t0
+            n_draft += 1
+            toks, parents, _ = batch.tree(0)
+            a = accept_path(toks, parents, out[i:])
+            rep.drafted += len(toks)
+            rep.accepted += a
+            commit = out[i:i + a + 1]
+            t0 = time.perf_counter_ns()
+            eng.extend(rid, commit)
+            extend_ns += time.perf_counter_ns() - t0
+            n_extend += 1
+            i += len(commit)
+            steps += 1
+        eng.finish(rid)
+        eng.synchronize()  # requests replay one after another: the next sees all of this one
+        rep.record(tr.category, len(out), steps)
+    stats = [e.stats() for e in engines]
+    learned = sum(s["learned_tokens"] for s in stats)
+    res = rep.summary()
+    res.update(
+        us_per_draft=draft_ns / max(n_draft, 1) / 1e3,
+        us_per_extend=extend_ns / max(n_extend, 1) / 1e3,
+        us_per_start=start_ns / max(len(traces), 1) / 1e3,
+        learned_tokens=learned,
+        bytes_per_learned_token=sum(s["learned_bytes"] for s in stats) / max(learned, 1),
+    )
+    return res
+
+
+def replay_prompt_lookup(traces: list[Trace], budget: int) -> dict:
+    rep = Replay()
+    for tr in traces:
+        ctx = list(tr.prompt_ids)
+        out, i, steps = tr.output_ids, 0, 0
+        while i < len(out):
+            chain = prompt_lookup_chain(ctx, budget)
+            a = accept_path(chain, list(range(-1, len(chain) - 1)), out[i:])
+            rep.drafted += len(chain)
+            rep.accepted += a
+            commit = out[i:i + a + 1]
+            ctx.extend(commit)
+            i += len(commit)
+            steps += 1
+        rep.record(tr.category, len(out), steps)
+    return rep.summary()
+
+
+def replay_oracle(traces: list[Trace], budget: int) -> dict:
+    rep = Replay()
+    for tr in traces:
+        n = len(tr.output_ids)
+        steps = -(-n // (budget + 1))
+        rep.drafted += steps * budget
+        rep.accepted += n - steps
+        rep.record(tr.category, n, steps)
+    return rep.summary()
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trace", action="append", help="trace file (repeatable); default: the shipped dev traces")
+    ap.add_argument("--budget", type=int, action="append", help="draft budget (repeatable); default 7 and 15")
+    ap.add_argument("--mode", default="score", choices=["score", "prob", "bfs"])
+    ap.add_argument("--replicas", type=int, default=1, help="R engines, requests dealt round-robin")
+    ap.add_argument("--limit", type=int, default=None, help="first N requests of each trace")
+    ap.add_argument("--no-baselines", action="store_true", help="skip prompt lookup and oracle")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="CorpusConfig override")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "acceptance.json"))
+    args = ap.parse_args(argv)
+
+    overrides = {}
+    for kv in args.set:
+        k, _, v = kv.partition("=")
+        overrides[k] = json.loads(v) if v[:1] in "[{0123456789-.tf" else v
+        if isinstance(overrides[k], list):
+            overrides[k] = tuple(overrides[k])
+    config = CorpusConfig(mode=args.mode, **overrides)
+    files = args.trace or [str(p) for p in default_trace_files()]
+    budgets = args.budget or [7, 15]
+    results = {"config": {k: getattr(config, k) for k in config.__slots__}, "replicas": args.replicas, "runs": []}
+    lines = []
+    for f in files:
+        traces = load_traces(f, args.limit)
+        for b in budgets:
+            run = {"trace": Path(f).name, "budget": b, "requests": len(traces)}
+            run["engine"] = replay_engine(traces, b, config, args.replicas)
+            if args.replicas > 1:
+                run["engine_shared"] = replay_engine(traces, b, config, 1)
+            if not args.no_baselines:
+                run["prompt_lookup"] = replay_prompt_lookup(traces, b)
+                run["oracle_chain"] = replay_oracle(traces, b)
+            results["runs"].append(run)
+            e = run["engine"]
+            line = (f"{Path(f).stem} B={b}: MAT {e['mat']:.3f} ({e['accepted_per_drafted_node']:.3f} acc/node, "
+                    f"{e['drafted_nodes_per_step']:.1f} nodes/step)")
+            if "engine_shared" in run:
+                line += f" | shared x1 MAT {run['engine_shared']['mat']:.3f} = {run['engine_shared']['mat'] / e['mat']:.2f}x of R={args.replicas}"
+            if "prompt_lookup" in run:
+                line += f" | PLD {run['prompt_lookup']['mat']:.3f} ({e['mat'] / run['prompt_lookup']['mat']:.2f}x)"
+                line += f" | oracle {run['oracle_chain']['mat']:.3f}"
+            line += (f" | draft {e['us_per_draft']:.1f} us, extend {e['us_per_extend']:.1f} us, "
+                     f"start {e['us_per_start']:.1f} us, {e['bytes_per_learned_token']:.1f} B/learned token")
+            print(line, flush=True)
+            for cat, mat in e["per_category"].items():
+                pl = run.get("prompt_lookup", {}).get("per_category", {}).get(cat)
+                print(f"    {cat:>16}: {mat:.3f}" + (f"  (PLD {pl:.3f})" if pl else ""))
+            lines.append(line)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1, default=str))
+    mats = [r["engine"]["mat"] for r in results["runs"]]
+    print(f"SUMMARY acceptance mode={args.mode} R={args.replicas}: MAT " + " ".join(f"{m:.3f}" for m in mats) + f" -> {out}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""CorpusConfig: every knob of one namespace's corpus engine, validated at construction."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from corpus_service import _native
+
+MODES = {"score": _native.DraftMode.SCORE, "prob": _native.DraftMode.PROB, "bfs": _native.DraftMode.BFS}
+MAX_BUDGET = 1024
+# Bytes the learned corpus spends per stored token with the default orders (4 B token, 4 B chain
+# per order, 2-4 B of head slots per order); used to turn a byte bound into a token bound.
+_BYTES_PER_TOKEN_PER_ORDER = 7
+_BYTES_PER_TOKEN_BASE = 4
+
+
+def _check_orders(name: str, orders: tuple[int, ...]) -> None:
+    if not orders or len(orders) > 8:
+        raise ValueError(f"{name}: expected 1..8 n-gram orders, got {len(orders)}")
+    if len(set(orders)) != len(orders) or any(not 1 <= int(o) <= 32 for o in orders):
+        raise ValueError(f"{name}: orders must be distinct ints in [1, 32], got {list(orders)}")
+
+
+@dataclass(slots=True)
+class CorpusConfig:
+    """Configuration of one corpus namespace.
+
+    Drafting: candidates are earlier occurrences of the context's tail in each source; each votes for
+    its continuation with weight ``source_weight * min(match_len + depth, match_cap) ** alpha``;
+    ``P(child | node) = votes(child) / (mass(node) + lambda_)``; the ``budget`` nodes with the highest
+    path probability form the draft tree (see ``csrc/draft_tree.h``).
+    """
+
+    mode: str = "score"  # "score" (ours), "prob" (SGLang PROB: frequency), "bfs" (SGLang BFS: recency)
+    own_orders: tuple[int, ...] = (1, 2, 4, 8, 16)
+    learned_orders: tuple[int, ...] = (1, 2, 4, 8, 16)
+    external_orders: tuple[int, ...] = (1, 2, 4, 8, 16)
+    max_candidates: int = 32  # occurrences used per source per draft
+    max_chain: int = 48  # hash-chain steps per order per lookup
+    max_match: int = 64  # longest backward match measured (<= 256)
+    max_depth: int = 64  # deepest draft node (<= 256)
+    alpha: float = 2.0
+    lambda_: float = 16.0
+    match_cap: int = 32
+    depth_gain: float = 1.0  # accepted draft tokens count this much towards the match length
+    min_prob: float = 0.0  # early stop: no node below this path probability (0 = always fill)
+    own_weight: float = 1.0
+    learned_weight: float = 0.1  # own-context matches are the more reliable evidence (measured)
+    external_weight: float = 1.0
+    learn_prompts: bool = True  # prompts feed the learned corpus too (other requests reuse them)
+    learned_max_bytes: int = 2 << 30  # memory bound of the learned corpus (0 = unbounded)
+    flush_tokens: int = 128  # committed tokens per learned-corpus chunk
+    overlap: int = 16  # left context carried into a continuing chunk
+    vocab_size: int = 0  # if > 0, token ids must be below it
+    request_ttl_s: float = 600.0  # idle requests are dropped (0 = never)
+    max_requests: int = 1 << 20
+    max_external_tokens: int = 1 << 32
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode: expected one of {sorted(MODES)}, got {self.mode!r}")
+        for name in ("own_orders", "learned_orders", "external_orders"):
+            value = tuple(int(o) for o in getattr(self, name))
+            _check_orders(name, value)
+            setattr(self, name, value)
+        bounds = {
+            "max_candidates": (1, 1024),
+            "max_chain": (1, 1 << 20),
+            "max_match": (1, 256),
+            "max_depth": (1, 256),
+            "match_cap": (1, 1 << 16),
+            "flush_tokens": (1, 1 << 24),
+            "overlap": (0, 256),
+            "max_requests": (1, 1 << 30),
+        }
+        for name, (lo, hi) in bounds.items():
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                raise ValueError(f"{name}: expected an int in [{lo}, {hi}], got {v!r}")
+        for name in ("alpha", "lambda_", "depth_gain", "own_weight", "learned_weight", "external_weight", "request_ttl_s"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0 or v != v or v == float("inf"):
+                raise ValueError(f"{name}: expected a finite number >= 0, got {v!r}")
+        if not 0.0 <= self.min_prob <= 1.0:
+            raise ValueError(f"min_prob: expected a probability in [0, 1], got {self.min_prob!r}")
+        for name in ("learned_max_bytes", "vocab_size", "max_external_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name}: expected an int >= 0, got {v!r}")
+        if 0 < self.learned_max_bytes < self.bytes_per_token() * 1024:
+            raise ValueError(
+                f"learned_max_bytes: {self.learned_max_bytes} is too small to hold 1024 tokens "
+                f"(~{self.bytes_per_token()} B per token); use 0 for unbounded"
+            )
+
+    def bytes_per_token(self) -> int:
+        return _BYTES_PER_TOKEN_BASE + _BYTES_PER_TOKEN_PER_ORDER * len(self.learned_orders)
+
+    def replace(self, **changes: Any) -> "CorpusConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_native(self) -> "_native.CorpusConfig":
+        c = _native.CorpusConfig()
+        c.own_orders = list(self.own_orders)
+        c.learned_orders = list(self.learned_orders)
+        c.external_orders = list(self.external_orders)
+        for name in ("max_candidates", "max_chain", "max_match", "max_depth", "min_prob", "own_weight",
+                     "learned_weight", "external_weight", "learn_prompts", "flush_tokens", "overlap",
+                     "vocab_size", "request_ttl_s", "max_requests", "max_external_tokens"):
+            setattr(c, name, getattr(self, name))
+        c.mode = MODES[self.mode]
+        score = _native.ScoreParams()
+        score.alpha, score.lambda_, score.match_cap = self.alpha, self.lambda_, self.match_cap
+        score.depth_gain = self.depth_gain
+        c.score = score
+        c.learned_max_tokens = self.learned_max_bytes // self.bytes_per_token() if self.learned_max_bytes else 0
+        return c

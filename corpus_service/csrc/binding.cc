@@ -1,0 +1,159 @@
+// Python bindings of the corpus engine. No logic here: conversion, GIL release, and wiring.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "corpus.h"
+#include "pyconvert.h"
+
+namespace py = pybind11;
+using namespace ngc;
+
+namespace {
+template <class T>
+py::array_t<T> to_array(std::vector<T>&& v, std::vector<py::ssize_t> shape) {
+  auto* heap = new std::vector<T>(std::move(v));
+  py::capsule owner(heap, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+  return py::array_t<T>(shape, heap->data(), owner);
+}
+}  // namespace
+
+PYBIND11_MODULE(_native, m) {
+  m.doc() = "Native n-gram/suffix draft corpus engine (use corpus_service.NgramCorpus)";
+
+  py::enum_<DraftMode>(m, "DraftMode")
+      .value("SCORE", DraftMode::kScore)
+      .value("PROB", DraftMode::kProb)
+      .value("BFS", DraftMode::kBfs);
+
+  py::class_<ScoreParams>(m, "ScoreParams")
+      .def(py::init<>())
+      .def_readwrite("alpha", &ScoreParams::alpha)
+      .def_readwrite("lambda_", &ScoreParams::lambda)
+      .def_readwrite("match_cap", &ScoreParams::match_cap)
+      .def_readwrite("depth_gain", &ScoreParams::depth_gain);
+
+  py::class_<CorpusConfig>(m, "CorpusConfig")
+      .def(py::init<>())
+      .def_readwrite("own_orders", &CorpusConfig::own_orders)
+      .def_readwrite("learned_orders", &CorpusConfig::learned_orders)
+      .def_readwrite("external_orders", &CorpusConfig::external_orders)
+      .def_readwrite("max_candidates", &CorpusConfig::max_candidates)
+      .def_readwrite("max_chain", &CorpusConfig::max_chain)
+      .def_readwrite("max_match", &CorpusConfig::max_match)
+      .def_readwrite("max_depth", &CorpusConfig::max_depth)
+      .def_readwrite("mode", &CorpusConfig::mode)
+      .def_readwrite("score", &CorpusConfig::score)
+      .def_readwrite("min_prob", &CorpusConfig::min_prob)
+      .def_readwrite("own_weight", &CorpusConfig::own_weight)
+      .def_readwrite("learned_weight", &CorpusConfig::learned_weight)
+      .def_readwrite("external_weight", &CorpusConfig::external_weight)
+      .def_readwrite("learn_prompts", &CorpusConfig::learn_prompts)
+      .def_readwrite("learned_max_tokens", &CorpusConfig::learned_max_tokens)
+      .def_readwrite("flush_tokens", &CorpusConfig::flush_tokens)
+      .def_readwrite("overlap", &CorpusConfig::overlap)
+      .def_readwrite("vocab_size", &CorpusConfig::vocab_size)
+      .def_readwrite("request_ttl_s", &CorpusConfig::request_ttl_s)
+      .def_readwrite("max_requests", &CorpusConfig::max_requests)
+      .def_readwrite("max_external_tokens", &CorpusConfig::max_external_tokens);
+
+  py::class_<Corpus>(m, "Corpus")
+      .def(py::init<CorpusConfig>())
+      .def("start_request",
+           [](Corpus& c, const std::string& id, py::handle prompt) {
+             auto t = to_tokens(prompt, "prompt_ids");
+             py::gil_scoped_release nogil;
+             c.start_request(id, t.data(), t.size());
+           })
+      .def("extend",
+           [](Corpus& c, const std::string& id, py::handle tokens) {
+             auto t = to_tokens(tokens, "token_ids");
+             py::gil_scoped_release nogil;
+             c.extend(id, t.data(), t.size());
+           })
+      .def("finish", &Corpus::finish, py::call_guard<py::gil_scoped_release>())
+      .def("erase", &Corpus::erase, py::call_guard<py::gil_scoped_release>())
+      .def("has_request", &Corpus::has_request)
+      .def("draft",
+           [](Corpus& c, py::handle ids_obj, int budget) {
+             auto ids = to_ids(ids_obj, "req_ids");
+             DraftOutput d;
+             {
+               py::gil_scoped_release nogil;
+               c.draft(ids, budget, &d);
+             }
+             auto n = static_cast<py::ssize_t>(ids.size());
+             return py::make_tuple(to_array(std::move(d.tokens), {n, budget}),
+                                   to_array(std::move(d.parents), {n, budget}),
+                                   to_array(std::move(d.probs), {n, budget}),
+                                   to_array(std::move(d.counts), {n}));
+           })
+      .def("draft_flat",
+           [](Corpus& c, py::handle ids_obj, int k) {
+             auto ids = to_ids(ids_obj, "req_ids");
+             std::vector<int64_t> tokens, mask;
+             {
+               py::gil_scoped_release nogil;
+               c.draft_flat(ids, k, &tokens, &mask);
+             }
+             auto n = static_cast<py::ssize_t>(ids.size());
+             return py::make_tuple(to_array(std::move(tokens), {n * k}), to_array(std::move(mask), {n * k * k}));
+           })
+      .def("sync_window",
+           [](Corpus& c, const std::string& id, py::handle window, uint64_t total_len) {
+             auto t = to_tokens(window, "batch_tokens");
+             py::gil_scoped_release nogil;
+             c.sync_window(id, t.data(), t.size(), total_len);
+           })
+      .def("put",
+           [](Corpus& c, py::handle seqs) {
+             if (!py::isinstance<py::sequence>(seqs) || py::isinstance<py::str>(seqs))
+               throw py::type_error("batch_tokens: expected a sequence of token sequences");
+             std::vector<std::vector<int32_t>> v;
+             for (auto s : py::reinterpret_borrow<py::sequence>(seqs)) v.push_back(to_tokens(s, "batch_tokens"));
+             py::gil_scoped_release nogil;
+             c.put(std::move(v));
+           })
+      .def("synchronize", &Corpus::synchronize, py::call_guard<py::gil_scoped_release>())
+      .def("reset", &Corpus::reset, py::call_guard<py::gil_scoped_release>())
+      .def("begin_external", &Corpus::begin_external)
+      .def("add_external",
+           [](Corpus& c, const std::string& name, py::handle tokens) {
+             auto t = to_tokens(tokens, "corpus chunk");
+             py::gil_scoped_release nogil;
+             c.add_external(name, t.data(), t.size());
+           })
+      .def("commit_external", &Corpus::commit_external)
+      .def("abort_external", &Corpus::abort_external)
+      .def("remove_external", &Corpus::remove_external)
+      .def("list_externals", &Corpus::list_externals)
+      .def("is_loading", &Corpus::is_loading)
+      .def("save", &Corpus::save, py::call_guard<py::gil_scoped_release>())
+      .def("load", &Corpus::load, py::call_guard<py::gil_scoped_release>())
+      .def("stats", &Corpus::stats, py::call_guard<py::gil_scoped_release>())
+      .def("check_integrity", &Corpus::check_integrity, py::call_guard<py::gil_scoped_release>())
+      .def("learned_tokens", [](Corpus& c) {
+        std::vector<int32_t> t;
+        {
+          py::gil_scoped_release nogil;
+          t = c.learned_tokens();
+        }
+        auto n = static_cast<py::ssize_t>(t.size());
+        return to_array(std::move(t), {n});
+      });
+
+  // std::runtime_error (corrupt snapshots, I/O) surfaces as ValueError/OSError-like RuntimeError;
+  // std::length_error (limits) as ValueError too, so every bad input is a ValueError.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const std::length_error& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const std::logic_error& e) {
+      if (dynamic_cast<const std::invalid_argument*>(&e))
+        PyErr_SetString(PyExc_ValueError, e.what());
+      else
+        PyErr_SetString(PyExc_AssertionError, e.what());
+    }
+  });
+}

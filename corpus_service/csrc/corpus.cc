@@ -1,0 +1,654 @@
+#include "corpus.h"
+
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+
+#include "snapshot.h"
+
+namespace ngc {
+
+namespace {
+// SGLang's batch_put sends overlapping windows; a window continues an open document when its
+// prefix ends with that document's last kTailKey tokens.
+constexpr int kTailKey = 8;
+// A batch_put document that no put call continued for this many calls is considered finished.
+constexpr uint64_t kOpenDocIdleCalls = 2;
+constexpr size_t kMaxOpenDocs = 1 << 16;
+// Continuations of batch_put windows become visible in chunks of at most this many tokens.
+constexpr size_t kPutFlushTokens = 32;
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::invalid_argument unknown_request(const std::string& id) {
+  return std::invalid_argument("unknown request id '" + id + "' (never started, finished, or expired)");
+}
+}  // namespace
+
+Corpus::Corpus(CorpusConfig cfg)
+    : cfg_(std::move(cfg)), learned_(cfg_.learned_orders) {
+  // Validate the other order sets eagerly so a bad config fails at construction.
+  TokenIndex probe_own(cfg_.own_orders), probe_ext(cfg_.external_orders);
+  if (cfg_.max_candidates < 1 || cfg_.max_candidates > 1024)
+    throw std::invalid_argument("max_candidates must be in [1, 1024]");
+  worker_ = std::thread([this] { worker(); });
+}
+
+Corpus::~Corpus() {
+  {
+    std::lock_guard<std::mutex> g(q_mu_);
+    stop_ = true;
+  }
+  q_cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+void Corpus::check_tokens(const int32_t* t, size_t n, const char* what) const {
+  for (size_t i = 0; i < n; ++i) {
+    if (t[i] < 0)
+      throw std::invalid_argument(std::string(what) + ": token ids must be >= 0, got " +
+                                  std::to_string(t[i]) + " at index " + std::to_string(i));
+    if (cfg_.vocab_size > 0 && t[i] >= cfg_.vocab_size)
+      throw std::invalid_argument(std::string(what) + ": token id " + std::to_string(t[i]) + " at index " +
+                                  std::to_string(i) + " is outside the vocabulary (size " +
+                                  std::to_string(cfg_.vocab_size) + ")");
+  }
+}
+
+// ---------------------------------------------------------------- requests
+
+std::shared_ptr<RequestState> Corpus::get(const std::string& id) const {
+  std::lock_guard<std::mutex> g(req_mu_);
+  auto it = requests_.find(id);
+  if (it == requests_.end()) throw unknown_request(id);
+  return it->second;
+}
+
+bool Corpus::has_request(const std::string& id) const {
+  std::lock_guard<std::mutex> g(req_mu_);
+  return requests_.count(id) > 0;
+}
+
+void Corpus::sweep_idle() {
+  if (cfg_.request_ttl_s <= 0) return;
+  int64_t now = now_ns();
+  std::vector<std::shared_ptr<RequestState>> expired;
+  {
+    std::lock_guard<std::mutex> g(req_mu_);
+    if (now - last_sweep_ns_ < 1'000'000'000) return;  // at most once a second
+    last_sweep_ns_ = now;
+    int64_t ttl = static_cast<int64_t>(cfg_.request_ttl_s * 1e9);
+    for (auto it = requests_.begin(); it != requests_.end();) {
+      if (now - it->second->last_used_ns > ttl) {
+        expired.push_back(it->second);
+        it = requests_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  // What an abandoned request committed is still good data: keep it.
+  for (auto& rs : expired) {
+    std::lock_guard<std::mutex> g(rs->mu);
+    LearnChunk c;
+    if (rs->take_chunk(0, cfg_.overlap, true, &c)) enqueue_chunk(std::move(c));
+  }
+}
+
+void Corpus::start_request(const std::string& id, const int32_t* prompt, size_t n) {
+  check_tokens(prompt, n, "prompt");
+  sweep_idle();
+  auto rs = std::make_shared<RequestState>(cfg_.own_orders, true, next_serial_++);
+  rs->own.extend_last(prompt, n);
+  rs->total_len = n;
+  if (cfg_.learn_prompts) rs->pending.assign(prompt, prompt + n);
+  rs->touch();
+  std::lock_guard<std::mutex> g(req_mu_);
+  if (requests_.count(id)) throw std::invalid_argument("request id '" + id + "' is already live");
+  if (requests_.size() >= cfg_.max_requests)
+    throw std::length_error("too many live requests (max_requests = " + std::to_string(cfg_.max_requests) + ")");
+  requests_.emplace(id, std::move(rs));
+}
+
+void Corpus::extend(const std::string& id, const int32_t* tokens, size_t n) {
+  check_tokens(tokens, n, "tokens");
+  auto rs = get(id);
+  LearnChunk c;
+  bool flush;
+  {
+    std::lock_guard<std::mutex> g(rs->mu);
+    rs->append(tokens, n);
+    rs->touch();
+    flush = rs->take_chunk(cfg_.flush_tokens, cfg_.overlap, false, &c);
+  }
+  n_extend_tokens_ += n;
+  if (flush) enqueue_chunk(std::move(c));
+}
+
+void Corpus::finish(const std::string& id) {
+  std::shared_ptr<RequestState> rs;
+  {
+    std::lock_guard<std::mutex> g(req_mu_);
+    auto it = requests_.find(id);
+    if (it == requests_.end()) throw unknown_request(id);
+    rs = std::move(it->second);
+    requests_.erase(it);
+  }
+  std::lock_guard<std::mutex> g(rs->mu);
+  LearnChunk c;
+  if (rs->take_chunk(0, cfg_.overlap, true, &c)) enqueue_chunk(std::move(c));
+}
+
+void Corpus::erase(const std::string& id) {
+  if (has_request(id)) finish(id);
+}
+
+void Corpus::sync_window(const std::string& id, const int32_t* window, size_t n, uint64_t total_len) {
+  check_tokens(window, n, "batch_tokens");
+  if (total_len < n)
+    throw std::invalid_argument("total_len " + std::to_string(total_len) + " is shorter than the " +
+                                std::to_string(n) + " tokens given");
+  std::shared_ptr<RequestState> rs;
+  {
+    std::lock_guard<std::mutex> g(req_mu_);
+    auto it = requests_.find(id);
+    if (it != requests_.end()) rs = it->second;
+  }
+  if (rs) {
+    std::lock_guard<std::mutex> g(rs->mu);
+    rs->touch();
+    uint64_t known = rs->total_len;
+    if (total_len >= known && total_len - known <= n) {
+      size_t fresh = static_cast<size_t>(total_len - known);
+      // The tokens both sides know must agree; otherwise the request was rewound: start over.
+      size_t overlap = std::min<size_t>(n - fresh, rs->own.live());
+      std::vector<int32_t> mine(overlap);
+      if (overlap) rs->own.tail(static_cast<int>(overlap), mine.data());
+      if (std::equal(mine.begin(), mine.end(), window + (n - fresh - overlap))) {
+        rs->append(window + (n - fresh), fresh);
+        return;
+      }
+    }
+    rs->own.clear();
+    rs->own.extend_last(window, n);
+    rs->total_len = total_len;
+    return;
+  }
+  sweep_idle();
+  // The SGLang path feeds the learned corpus through batch_put, so this state does not.
+  rs = std::make_shared<RequestState>(cfg_.own_orders, false, next_serial_++);
+  rs->own.extend_last(window, n);
+  rs->total_len = total_len;
+  rs->touch();
+  std::lock_guard<std::mutex> g(req_mu_);
+  if (requests_.size() >= cfg_.max_requests)
+    throw std::length_error("too many live requests (max_requests = " + std::to_string(cfg_.max_requests) + ")");
+  requests_.emplace(id, std::move(rs));
+}
+
+// ---------------------------------------------------------------- drafting
+
+std::vector<std::shared_ptr<const TokenIndex>> Corpus::externals_snapshot() const {
+  std::lock_guard<std::mutex> g(ext_mu_);
+  std::vector<std::shared_ptr<const TokenIndex>> v;
+  v.reserve(externals_.size());
+  for (auto& [name, idx] : externals_) v.push_back(idx);
+  return v;
+}
+
+void Corpus::draft_one(RequestState& rs, int budget, const std::vector<std::shared_ptr<const TokenIndex>>& ext,
+                       DraftTree& tree, std::vector<int32_t>& tokens, std::vector<int32_t>& parents,
+                       std::vector<float>& probs) {
+  const int ctx_len = static_cast<int>(std::min<size_t>(rs.own.live(), static_cast<size_t>(cfg_.max_match)));
+  int32_t ctx[256];
+  int32_t cont[256];
+  Candidate cands[1024];
+  const int depth = std::min({budget, cfg_.max_depth, 256});
+  tree.reset();
+  if (ctx_len > 0) {
+    rs.own.tail(ctx_len, ctx);
+    auto add_source = [&](const TokenIndex& idx, uint64_t exclude_from, float scale) {
+      int n = idx.find(ctx, ctx_len, cfg_.max_candidates, cfg_.max_chain, cfg_.max_match, exclude_from, cands);
+      for (int i = 0; i < n; ++i) {
+        int c = idx.continuation(cands[i].pos, depth, cont);
+        tree.add(cont, c, cands[i].match_len, scale, cands[i].pos, cfg_.mode, cfg_.score);
+      }
+    };
+    // The request's current position trivially matches itself: exclude it.
+    add_source(rs.own, rs.own.end() - 1, cfg_.own_weight);
+    add_source(learned_, UINT64_MAX, cfg_.learned_weight);
+    for (auto& e : ext) add_source(*e, UINT64_MAX, cfg_.external_weight);
+  }
+  tree.select(budget, cfg_.min_prob, cfg_.mode, cfg_.score, tokens, parents, probs);
+}
+
+void Corpus::draft(const std::vector<std::string>& ids, int budget, DraftOutput* out) {
+  if (budget < 1 || budget > 1024)
+    throw std::invalid_argument("budget must be in [1, 1024], got " + std::to_string(budget));
+  std::vector<std::shared_ptr<RequestState>> states;
+  states.reserve(ids.size());
+  for (auto& id : ids) states.push_back(get(id));  // all ids checked before any work
+  auto ext = externals_snapshot();
+  out->tokens.assign(ids.size() * budget, -1);
+  out->parents.assign(ids.size() * budget, -1);
+  out->probs.assign(ids.size() * budget, 0.f);
+  out->counts.assign(ids.size(), 0);
+  thread_local DraftTree tree;
+  thread_local std::vector<int32_t> t, p;
+  thread_local std::vector<float> pr;
+  std::shared_lock<std::shared_mutex> lg(learned_mu_);
+  uint64_t nodes = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    t.clear(), p.clear(), pr.clear();
+    {
+      std::lock_guard<std::mutex> g(states[i]->mu);
+      states[i]->touch();
+      draft_one(*states[i], budget, ext, tree, t, p, pr);
+    }
+    std::copy(t.begin(), t.end(), out->tokens.begin() + i * budget);
+    std::copy(p.begin(), p.end(), out->parents.begin() + i * budget);
+    std::copy(pr.begin(), pr.end(), out->probs.begin() + i * budget);
+    out->counts[i] = static_cast<int32_t>(t.size());
+    nodes += t.size();
+  }
+  n_drafts_ += ids.size();
+  n_draft_nodes_ += nodes;
+}
+
+void Corpus::draft_flat(const std::vector<std::string>& ids, int k, std::vector<int64_t>* tokens,
+                        std::vector<int64_t>* mask) {
+  if (k < 1 || k > 1025) throw std::invalid_argument("draft_token_num must be in [1, 1025], got " + std::to_string(k));
+  DraftOutput d;
+  std::vector<int32_t> last(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto rs = get(ids[i]);
+    std::lock_guard<std::mutex> g(rs->mu);
+    if (rs->own.live() == 0) throw std::invalid_argument("request '" + ids[i] + "' has no tokens");
+    rs->own.tail(1, &last[i]);
+  }
+  if (k > 1) {
+    draft(ids, k - 1, &d);
+  } else {
+    d.counts.assign(ids.size(), 0);
+  }
+  const size_t kk = static_cast<size_t>(k);
+  tokens->assign(ids.size() * kk, 0);
+  mask->assign(ids.size() * kk * kk, 0);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    int64_t* tok = tokens->data() + i * kk;
+    int64_t* m = mask->data() + i * kk * kk;
+    tok[0] = last[i];
+    m[0] = 1;
+    for (size_t j = 1; j < kk; ++j) {
+      // Draft node j-1 becomes flat index j; its parent -1 (the root) becomes 0. Padding sits
+      // under the root with token 0, as SGLang pads.
+      bool real = static_cast<int>(j - 1) < d.counts[i];
+      int64_t parent = real ? d.parents[i * (kk - 1) + j - 1] + 1 : 0;
+      tok[j] = real ? d.tokens[i * (kk - 1) + j - 1] : 0;
+      std::copy(m + parent * kk, m + parent * kk + parent + 1, m + j * kk);
+      m[j * kk + j] = 1;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- learned corpus
+
+void Corpus::enqueue_chunk(LearnChunk chunk) {
+  {
+    std::lock_guard<std::mutex> g(q_mu_);
+    queue_.push_back(Item{false, std::move(chunk), {}});
+    ++enqueued_;
+  }
+  q_cv_.notify_one();
+}
+
+void Corpus::put(std::vector<std::vector<int32_t>> sequences) {
+  for (size_t i = 0; i < sequences.size(); ++i) check_tokens(sequences[i].data(), sequences[i].size(), "batch_tokens");
+  {
+    std::lock_guard<std::mutex> g(q_mu_);
+    queue_.push_back(Item{true, {}, std::move(sequences)});
+    ++enqueued_;
+  }
+  q_cv_.notify_one();
+}
+
+void Corpus::worker() {
+  std::unique_lock<std::mutex> lk(q_mu_);
+  for (;;) {
+    q_cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty() && stop_) return;
+    std::deque<Item> batch;
+    batch.swap(queue_);
+    lk.unlock();
+    {
+      std::unique_lock<std::shared_mutex> wl(learned_mu_);
+      try {
+        for (auto& it : batch) {
+          if (it.is_put) {
+            ++put_calls_;
+            for (auto& s : it.seqs) apply_put(s);
+            flush_open_docs(false);
+          } else {
+            apply_chunk(it.chunk);
+          }
+        }
+        if (cfg_.learned_max_tokens) learned_.evict_to(cfg_.learned_max_tokens);
+      } catch (const std::exception& e) {  // e.g. std::bad_alloc: report at synchronize()
+        std::lock_guard<std::mutex> g(q_mu_);
+        worker_error_ = e.what();
+      }
+    }
+    lk.lock();
+    applied_ += batch.size();
+    done_cv_.notify_all();
+  }
+}
+
+void Corpus::apply_chunk(const LearnChunk& c) {
+  auto it = chunk_end_.find(c.doc);
+  uint64_t prev_end = it == chunk_end_.end() ? UINT64_MAX : it->second;
+  uint64_t e = UINT64_MAX;
+  if (c.tokens.size() > c.context) e = learned_.append_document(c.tokens.data(), c.tokens.size(), c.context, prev_end);
+  if (c.last) {
+    if (it != chunk_end_.end()) chunk_end_.erase(it);
+  } else if (e != UINT64_MAX) {
+    chunk_end_[c.doc] = e;
+  }
+}
+
+void Corpus::apply_put(std::vector<int32_t>& seq) {
+  const size_t n = seq.size();
+  // Find the longest prefix seq[0..i) whose last kTailKey tokens close an open document.
+  for (size_t i = n; n >= static_cast<size_t>(kTailKey) && i >= static_cast<size_t>(kTailKey); --i) {
+    auto it = open_by_tail_.find(ngram_hash(seq.data() + i - 1, kTailKey));
+    if (it == open_by_tail_.end()) continue;
+    for (uint64_t id : it->second) {
+      OpenDoc& d = open_docs_[id];
+      if (d.tokens.size() < static_cast<size_t>(kTailKey) ||
+          !std::equal(d.tokens.end() - kTailKey, d.tokens.end(), seq.begin() + (i - kTailKey)))
+        continue;
+      if (i == n) {  // nothing new: the same window again
+        d.last_put = put_calls_;
+        return;
+      }
+      auto& ids = it->second;
+      ids.erase(std::find(ids.begin(), ids.end(), id));
+      if (ids.empty()) open_by_tail_.erase(it);
+      d.tokens.insert(d.tokens.end(), seq.begin() + i, seq.end());
+      d.pending += n - i;
+      d.last_put = put_calls_;
+      open_by_tail_[ngram_hash(d.tokens.data() + d.tokens.size() - 1, kTailKey)].push_back(id);
+      if (d.pending >= std::min<size_t>(cfg_.flush_tokens, kPutFlushTokens)) {
+        size_t ctx = d.tokens.size() - d.pending;
+        d.last_end = learned_.append_document(d.tokens.data(), d.tokens.size(), ctx, d.last_end);
+        size_t keep = std::min(d.tokens.size(), std::max<size_t>(cfg_.overlap, kTailKey));
+        d.tokens.erase(d.tokens.begin(), d.tokens.end() - static_cast<std::ptrdiff_t>(keep));
+        d.pending = 0;
+      }
+      return;
+    }
+  }
+  if (n == 0) return;
+  // A new sequence is visible at once (SGLang reads right after synchronize); what continues it
+  // is gathered into chunks.
+  uint64_t last_end = learned_.append_document(seq.data(), n);
+  uint64_t id = next_doc_++;
+  OpenDoc& d = open_docs_[id];
+  d.last_end = last_end;
+  d.tokens = std::move(seq);
+  d.pending = 0;
+  d.last_put = put_calls_;
+  if (n >= static_cast<size_t>(kTailKey))
+    open_by_tail_[ngram_hash(d.tokens.data() + n - 1, kTailKey)].push_back(id);
+  else
+    flush_open_docs(false);  // too short to continue: it is flushed with the idle ones
+}
+
+void Corpus::flush_open_docs(bool all) {
+  bool over = open_docs_.size() > kMaxOpenDocs;
+  for (auto it = open_docs_.begin(); it != open_docs_.end();) {
+    OpenDoc& d = it->second;
+    bool idle = put_calls_ - d.last_put >= kOpenDocIdleCalls || d.tokens.size() < static_cast<size_t>(kTailKey);
+    if (!(all || idle || over)) {
+      ++it;
+      continue;
+    }
+    if (d.pending) learned_.append_document(d.tokens.data(), d.tokens.size(), d.tokens.size() - d.pending, d.last_end);
+    if (d.tokens.size() >= static_cast<size_t>(kTailKey)) {
+      auto t = open_by_tail_.find(ngram_hash(d.tokens.data() + d.tokens.size() - 1, kTailKey));
+      if (t != open_by_tail_.end()) {
+        auto& ids = t->second;
+        ids.erase(std::remove(ids.begin(), ids.end(), it->first), ids.end());
+        if (ids.empty()) open_by_tail_.erase(t);
+      }
+    }
+    it = open_docs_.erase(it);
+  }
+}
+
+void Corpus::synchronize() {
+  std::unique_lock<std::mutex> lk(q_mu_);
+  uint64_t target = enqueued_;
+  done_cv_.wait(lk, [&] { return applied_ >= target; });
+  if (!worker_error_.empty()) {
+    std::string e = std::move(worker_error_);
+    worker_error_.clear();
+    throw std::runtime_error("learned-corpus insert failed: " + e);
+  }
+}
+
+void Corpus::flush_all_pending() {
+  std::vector<std::shared_ptr<RequestState>> live;
+  {
+    std::lock_guard<std::mutex> g(req_mu_);
+    for (auto& [id, rs] : requests_) live.push_back(rs);
+  }
+  for (auto& rs : live) {
+    std::lock_guard<std::mutex> g(rs->mu);
+    LearnChunk c;
+    if (rs->take_chunk(1, cfg_.overlap, false, &c)) enqueue_chunk(std::move(c));
+  }
+  synchronize();
+  std::unique_lock<std::shared_mutex> wl(learned_mu_);
+  flush_open_docs(true);
+}
+
+void Corpus::reset() {
+  synchronize();
+  {
+    std::lock_guard<std::mutex> g(req_mu_);
+    requests_.clear();
+  }
+  std::unique_lock<std::shared_mutex> wl(learned_mu_);
+  learned_.clear();
+  open_docs_.clear();
+  open_by_tail_.clear();
+    chunk_end_.clear();
+}
+
+std::vector<int32_t> Corpus::learned_tokens() {
+  synchronize();
+  std::shared_lock<std::shared_mutex> lg(learned_mu_);
+  return learned_.dump_tokens();
+}
+
+// ---------------------------------------------------------------- external corpora
+
+void Corpus::begin_external(const std::string& name) {
+  if (name.empty()) throw std::invalid_argument("external corpus name must not be empty");
+  std::lock_guard<std::mutex> g(ext_mu_);
+  if (externals_.count(name) || staging_.count(name))
+    throw std::invalid_argument("external corpus '" + name + "' already exists; remove it first");
+  staging_.emplace(name, std::make_shared<TokenIndex>(cfg_.external_orders));
+}
+
+void Corpus::add_external(const std::string& name, const int32_t* tokens, size_t n) {
+  check_tokens(tokens, n, "corpus chunk");
+  std::shared_ptr<TokenIndex> idx;
+  {
+    std::lock_guard<std::mutex> g(ext_mu_);
+    auto it = staging_.find(name);
+    if (it == staging_.end())
+      throw std::invalid_argument("external corpus '" + name + "' is not being loaded (call begin first)");
+    size_t staged = 0;
+    for (auto& [k, v] : staging_) staged += v->live();
+    if (external_tokens_ + staged + n > cfg_.max_external_tokens)
+      throw std::length_error("external corpora would exceed max_external_tokens = " +
+                              std::to_string(cfg_.max_external_tokens));
+    idx = it->second;
+  }
+  // Only this loader touches a staging index, and readers never see it until commit.
+  if (n) idx->append_document(tokens, n);
+}
+
+size_t Corpus::commit_external(const std::string& name) {
+  std::lock_guard<std::mutex> g(ext_mu_);
+  auto it = staging_.find(name);
+  if (it == staging_.end())
+    throw std::invalid_argument("external corpus '" + name + "' was never started (nothing to commit)");
+  size_t n = it->second->indexed_tokens();
+  external_tokens_ += it->second->live();
+  externals_[name] = std::move(it->second);
+  staging_.erase(it);
+  return n;
+}
+
+void Corpus::abort_external(const std::string& name) {
+  std::lock_guard<std::mutex> g(ext_mu_);
+  staging_.erase(name);
+}
+
+bool Corpus::is_loading(const std::string& name) const {
+  std::lock_guard<std::mutex> g(ext_mu_);
+  return staging_.count(name) > 0;
+}
+
+void Corpus::remove_external(const std::string& name) {
+  std::lock_guard<std::mutex> g(ext_mu_);
+  auto it = externals_.find(name);
+  if (it == externals_.end()) throw std::invalid_argument("no external corpus named '" + name + "'");
+  external_tokens_ -= it->second->live();
+  externals_.erase(it);
+}
+
+std::map<std::string, size_t> Corpus::list_externals() const {
+  std::lock_guard<std::mutex> g(ext_mu_);
+  std::map<std::string, size_t> out;
+  for (auto& [name, idx] : externals_) out[name] = idx->indexed_tokens();
+  return out;
+}
+
+// ---------------------------------------------------------------- persistence, stats
+
+void Corpus::save(const std::string& path) {
+  flush_all_pending();
+  ByteWriter w;
+  w.put_str("corpus");
+  {
+    std::shared_lock<std::shared_mutex> lg(learned_mu_);
+    learned_.save(w);
+  }
+  auto ext = [&] {
+    std::lock_guard<std::mutex> g(ext_mu_);
+    return externals_;
+  }();
+  w.put<uint64_t>(ext.size());
+  for (auto& [name, idx] : ext) {
+    w.put_str(name);
+    idx->save(w);
+  }
+  write_snapshot_file(path, w.bytes());
+}
+
+void Corpus::load(const std::string& path) {
+  auto payload = read_snapshot_file(path);
+  ByteReader r(payload.data(), payload.size());
+  if (r.get_str() != "corpus") throw std::runtime_error("snapshot does not hold a corpus: '" + path + "'");
+  TokenIndex learned = TokenIndex::load(r);
+  if (learned.orders() != cfg_.learned_orders && learned.orders() != [&] {
+        auto o = cfg_.learned_orders;
+        std::sort(o.begin(), o.end());
+        return o;
+      }())
+    throw std::runtime_error("snapshot was written with other learned_orders than this corpus uses");
+  uint64_t n_ext = r.get<uint64_t>();
+  std::map<std::string, std::shared_ptr<const TokenIndex>> ext;
+  size_t ext_tokens = 0;
+  for (uint64_t i = 0; i < n_ext; ++i) {
+    std::string name = r.get_str();
+    auto idx = std::make_shared<TokenIndex>(TokenIndex::load(r));
+    ext_tokens += idx->live();
+    ext[name] = std::move(idx);
+  }
+  if (!r.done()) throw std::runtime_error("corrupt snapshot: trailing bytes: '" + path + "'");
+  learned.check_integrity();
+  for (auto& [name, idx] : ext) idx->check_integrity();
+  synchronize();
+  {
+    std::unique_lock<std::shared_mutex> wl(learned_mu_);
+    learned_ = std::move(learned);
+    open_docs_.clear();
+    open_by_tail_.clear();
+    chunk_end_.clear();
+  }
+  std::lock_guard<std::mutex> g(ext_mu_);
+  externals_ = std::move(ext);
+  external_tokens_ = ext_tokens;
+}
+
+std::map<std::string, double> Corpus::stats() {
+  std::map<std::string, double> s;
+  {
+    std::shared_lock<std::shared_mutex> lg(learned_mu_);
+    s["learned_tokens"] = static_cast<double>(learned_.indexed_tokens());
+    s["learned_stored_tokens"] = static_cast<double>(learned_.live());
+    s["learned_documents"] = static_cast<double>(learned_.documents());
+    s["learned_bytes"] = static_cast<double>(learned_.memory_bytes());
+    s["learned_bytes_per_token"] =
+        learned_.indexed_tokens() ? static_cast<double>(learned_.memory_bytes()) / learned_.indexed_tokens() : 0.0;
+  }
+  {
+    std::lock_guard<std::mutex> g(req_mu_);
+    s["live_requests"] = static_cast<double>(requests_.size());
+  }
+  {
+    std::lock_guard<std::mutex> g(ext_mu_);
+    s["external_corpora"] = static_cast<double>(externals_.size());
+    s["external_tokens"] = static_cast<double>(external_tokens_);
+    size_t b = 0;
+    for (auto& [n, idx] : externals_) b += idx->memory_bytes();
+    s["external_bytes"] = static_cast<double>(b);
+  }
+  {
+    std::lock_guard<std::mutex> g(q_mu_);
+    s["pending_inserts"] = static_cast<double>(enqueued_ - applied_);
+  }
+  s["drafts"] = static_cast<double>(n_drafts_.load());
+  s["draft_nodes"] = static_cast<double>(n_draft_nodes_.load());
+  s["extend_tokens"] = static_cast<double>(n_extend_tokens_.load());
+  return s;
+}
+
+void Corpus::check_integrity() {
+  synchronize();
+  {
+    std::shared_lock<std::shared_mutex> lg(learned_mu_);
+    learned_.check_integrity();
+  }
+  for (auto& e : externals_snapshot()) e->check_integrity();
+  std::vector<std::shared_ptr<RequestState>> live;
+  {
+    std::lock_guard<std::mutex> g(req_mu_);
+    for (auto& [id, rs] : requests_) live.push_back(rs);
+  }
+  for (auto& rs : live) {
+    std::lock_guard<std::mutex> g(rs->mu);
+    rs->own.check_integrity();
+    if (rs->pending.size() > rs->own.live()) throw std::logic_error("request pending beyond its tokens");
+  }
+}
+
+}  // namespace ngc

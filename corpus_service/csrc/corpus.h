@@ -1,0 +1,163 @@
+// Corpus: one namespace's draft corpus. Three sources of drafts (each request's own context, the
+// shared learned corpus of committed tokens, named external corpora) merged into one draft tree.
+//
+// Threads: lookups take the learned corpus' shared lock and run in parallel; inserts are queued and
+// applied by one background thread under the exclusive lock; synchronize() waits for the queue.
+// External corpora are immutable once committed and handed to readers as shared_ptrs, so loading
+// and removing never block lookups.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "draft_tree.h"
+#include "request_state.h"
+#include "token_index.h"
+
+namespace ngc {
+
+struct CorpusConfig {
+  std::vector<int> own_orders{1, 2, 4, 8, 16};       // n-gram orders indexed per request
+  std::vector<int> learned_orders{1, 2, 4, 8, 16};   // ... in the learned corpus
+  std::vector<int> external_orders{1, 2, 4, 8, 16};  // ... in external corpora
+  int max_candidates = 32;       // occurrences used per source per draft
+  int max_chain = 48;            // chain steps per order per lookup
+  int max_match = 64;            // longest backward match measured
+  int max_depth = 64;            // deepest draft node
+  DraftMode mode = DraftMode::kScore;
+  ScoreParams score;
+  float min_prob = 0.0f;         // stop adding nodes below this path probability
+  float own_weight = 1.0f;       // source weights (kScore)
+  float learned_weight = 0.1f;
+  float external_weight = 1.0f;
+  bool learn_prompts = true;     // also feed prompts into the learned corpus
+  size_t learned_max_tokens = 0; // memory bound of the learned corpus in tokens (0 = unbounded)
+  size_t flush_tokens = 128;     // committed tokens per learned-corpus chunk
+  size_t overlap = 16;           // left context carried into a continuing chunk
+  int64_t vocab_size = 0;        // if > 0, token ids must be below it
+  double request_ttl_s = 600.0;  // idle requests are dropped after this long (0 = never)
+  size_t max_requests = 1 << 20; // live requests at most
+  size_t max_external_tokens = size_t{1} << 32;  // tokens in all external corpora together
+};
+
+struct DraftOutput {
+  std::vector<int32_t> tokens, parents, counts;
+  std::vector<float> probs;
+};
+
+class Corpus {
+ public:
+  explicit Corpus(CorpusConfig cfg);
+  ~Corpus();
+  Corpus(const Corpus&) = delete;
+  Corpus& operator=(const Corpus&) = delete;
+
+  const CorpusConfig& config() const { return cfg_; }
+  void check_tokens(const int32_t* t, size_t n, const char* what) const;
+
+  // Request-level API.
+  void start_request(const std::string& id, const int32_t* prompt, size_t n);
+  void extend(const std::string& id, const int32_t* tokens, size_t n);
+  void finish(const std::string& id);
+  bool has_request(const std::string& id) const;
+  // Drafts at most `budget` nodes per request: tokens/parents/probs padded to budget per row
+  // (padding token -1, parent -1, prob 0), counts per request.
+  void draft(const std::vector<std::string>& ids, int budget, DraftOutput* out);
+  // SGLang's flattened form: K = budget + 1 tokens per request starting with the last token,
+  // padded with token 0 under the root; mask[i][j] = 1 iff j is i or an ancestor of i.
+  void draft_flat(const std::vector<std::string>& ids, int k, std::vector<int64_t>* tokens,
+                  std::vector<int64_t>* mask);
+  // SGLang's stateful match: brings each request in line with its last `window` tokens of
+  // `total_len`; starts a request (not feeding the learned corpus) when it is unknown.
+  void sync_window(const std::string& id, const int32_t* window, size_t n, uint64_t total_len);
+  void erase(const std::string& id);
+
+  // Learned corpus.
+  void put(std::vector<std::vector<int32_t>> sequences);  // SGLang batch_put (windows de-duplicated)
+  void synchronize();
+  void reset();
+
+  // External corpora.
+  void begin_external(const std::string& name);
+  void add_external(const std::string& name, const int32_t* tokens, size_t n);
+  size_t commit_external(const std::string& name);
+  void abort_external(const std::string& name);
+  void remove_external(const std::string& name);
+  std::map<std::string, size_t> list_externals() const;
+  bool is_loading(const std::string& name) const;
+
+  void save(const std::string& path);
+  void load(const std::string& path);
+  std::map<std::string, double> stats();
+  void check_integrity();
+  std::vector<int32_t> learned_tokens();
+
+ private:
+  std::shared_ptr<RequestState> get(const std::string& id) const;
+  void draft_one(RequestState& rs, int budget, const std::vector<std::shared_ptr<const TokenIndex>>& ext,
+                 DraftTree& tree, std::vector<int32_t>& tokens, std::vector<int32_t>& parents,
+                 std::vector<float>& probs);
+  std::vector<std::shared_ptr<const TokenIndex>> externals_snapshot() const;
+  void enqueue_chunk(LearnChunk chunk);
+  void worker();
+  void apply_chunk(const LearnChunk& c);          // under learned_mu_ exclusive
+  void apply_put(std::vector<int32_t>& seq);      // under learned_mu_ exclusive
+  void flush_open_docs(bool all);                 // under learned_mu_ exclusive
+  void sweep_idle();
+  void flush_all_pending();
+
+  CorpusConfig cfg_;
+
+  mutable std::shared_mutex learned_mu_;
+  TokenIndex learned_;
+
+  mutable std::mutex req_mu_;
+  std::unordered_map<std::string, std::shared_ptr<RequestState>> requests_;
+  int64_t last_sweep_ns_ = 0;
+
+  mutable std::mutex ext_mu_;
+  std::map<std::string, std::shared_ptr<const TokenIndex>> externals_;
+  std::map<std::string, std::shared_ptr<TokenIndex>> staging_;
+  size_t external_tokens_ = 0;
+
+  // Background inserts.
+  struct Item {
+    bool is_put;
+    LearnChunk chunk;
+    std::vector<std::vector<int32_t>> seqs;
+  };
+  std::mutex q_mu_;
+  std::condition_variable q_cv_, done_cv_;
+  std::deque<Item> queue_;
+  uint64_t enqueued_ = 0, applied_ = 0;
+  bool stop_ = false;
+  std::string worker_error_;
+  std::thread worker_;
+
+  // SGLang batch_put documents still open for continuation (worker thread only).
+  struct OpenDoc {
+    std::vector<int32_t> tokens;  // whole document so far (tail used for context)
+    size_t pending = 0;           // trailing tokens not yet flushed
+    uint64_t last_put = 0;
+    uint64_t last_end = UINT64_MAX;  // last position of its latest chunk in the learned corpus
+  };
+  std::unordered_map<uint64_t, std::vector<uint64_t>> open_by_tail_;
+  std::unordered_map<uint64_t, OpenDoc> open_docs_;
+  uint64_t next_doc_ = 0, put_calls_ = 0;
+  std::unordered_map<uint64_t, uint64_t> chunk_end_;  // request serial -> end of its latest chunk
+  std::atomic<uint64_t> next_serial_{0};
+
+  std::atomic<uint64_t> n_drafts_{0}, n_draft_nodes_{0}, n_extend_tokens_{0};
+};
+
+}  // namespace ngc

@@ -1,0 +1,95 @@
+#include "draft_tree.h"
+
+#include <algorithm>
+#include <cmath>
+#include <queue>
+
+namespace ngc {
+
+void DraftTree::reset() {
+  nodes_.clear();
+  nodes_.push_back(Node{-1, -1, -1, 0, 0.f, 0.f, 0});
+}
+
+int32_t DraftTree::child(int32_t parent, int32_t token) {
+  int32_t prev = -1;
+  for (int32_t c = nodes_[parent].first_child; c != -1; c = nodes_[c].next_sibling) {
+    if (nodes_[c].token == token) return c;
+    prev = c;
+  }
+  int32_t id = static_cast<int32_t>(nodes_.size());
+  nodes_.push_back(Node{token, -1, -1, nodes_[parent].depth + 1, 0.f, 0.f, 0});
+  if (prev == -1)
+    nodes_[parent].first_child = id;
+  else
+    nodes_[prev].next_sibling = id;
+  return id;
+}
+
+void DraftTree::add(const int32_t* tokens, int n, int match_len, float scale, uint64_t recency,
+                    DraftMode mode, const ScoreParams& sp) {
+  auto weight = [&](int depth) {
+    if (mode != DraftMode::kScore) return 1.0f;
+    float m = std::min(static_cast<float>(match_len) + sp.depth_gain * static_cast<float>(depth),
+                       static_cast<float>(sp.match_cap));
+    return scale * std::pow(m, sp.alpha);
+  };
+  int32_t u = 0;
+  float w = weight(0);
+  nodes_[0].mass += w;
+  nodes_[0].recency = std::max(nodes_[0].recency, recency);
+  for (int i = 0; i < n; ++i) {
+    int32_t c = child(u, tokens[i]);
+    Node& node = nodes_[c];
+    node.vote += w;
+    w = weight(i + 1);
+    node.mass += w;
+    node.recency = std::max(node.recency, recency);
+    u = c;
+  }
+}
+
+int DraftTree::select(int budget, float min_prob, DraftMode mode, const ScoreParams& sp,
+                      std::vector<int32_t>& tokens, std::vector<int32_t>& parents,
+                      std::vector<float>& probs) {
+  if (nodes_.empty()) return 0;
+  const float lambda = mode == DraftMode::kScore ? sp.lambda : 0.f;
+  size_t out_base = tokens.size();
+  // Heap entries: (priority, node, output index of the parent, path probability).
+  struct Entry {
+    double key;
+    int32_t node;
+    int32_t parent_out;
+    float prob;
+    bool operator<(const Entry& o) const { return key < o.key; }
+  };
+  std::priority_queue<Entry> heap;
+  auto push_children = [&](int32_t u, int32_t u_out, float u_prob) {
+    float denom = nodes_[u].mass + lambda;
+    if (denom <= 0.f) return;
+    for (int32_t c = nodes_[u].first_child; c != -1; c = nodes_[c].next_sibling) {
+      float p = u_prob * std::min(1.0f, nodes_[c].vote / denom);
+      double key;
+      if (mode == DraftMode::kBfs)  // shallower first, then most recent
+        key = -static_cast<double>(nodes_[c].depth) * 1e13 + static_cast<double>(nodes_[c].recency % 1000000000000ull);
+      else
+        key = p;
+      heap.push(Entry{key, c, u_out, p});
+    }
+  };
+  push_children(0, -1, 1.0f);
+  int taken = 0;
+  while (!heap.empty() && taken < budget) {
+    Entry e = heap.top();
+    heap.pop();
+    if (mode != DraftMode::kBfs && e.prob < min_prob) break;
+    tokens.push_back(nodes_[e.node].token);
+    parents.push_back(e.parent_out);
+    probs.push_back(e.prob);
+    ++taken;
+    push_children(e.node, static_cast<int32_t>(tokens.size() - out_base - 1), e.prob);
+  }
+  return taken;
+}
+
+}  // namespace ngc

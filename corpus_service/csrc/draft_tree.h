@@ -1,0 +1,61 @@
+// DraftTree: merges candidate continuations from every source into one token trie and selects the
+// `budget` nodes most likely to be accepted.
+//
+// Acceptance model (mode kScore). A candidate is an earlier occurrence of the context's tail with
+// match length m. Once the verifier has accepted the first d draft tokens along a candidate's path,
+// that occurrence matches the context over m + d tokens, so at depth d it votes for its next
+// token with weight  w = s_src * min(m + g*d, cap)^alpha . For node u and child c:
+//     P(c | u) = vote(c) / (mass(u) + lambda)
+// where vote(c) sums the weights of the candidates through c and mass(u) the weights of all
+// candidates through u (including those whose continuation ends at u); lambda is the prior mass of
+// "something else". The path probability (product along the path) never grows with depth, so
+// taking nodes best-first from the root yields the top-`budget` connected tree.
+// Mode kProb weighs every occurrence 1 and uses lambda = 0 (SGLang's PROB: frequency).
+// Mode kBfs fills level by level, most recent occurrence first (SGLang's BFS: recency).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace ngc {
+
+enum class DraftMode : int { kScore = 0, kProb = 1, kBfs = 2 };
+
+struct ScoreParams {
+  float alpha = 2.0f;     // exponent of the match-length weight
+  float lambda = 16.0f;    // prior mass of continuations not seen in any source
+  int match_cap = 32;     // match lengths above this weigh the same
+  float depth_gain = 1.0f;  // accepted draft tokens count this much towards the match length
+};
+
+class DraftTree {
+ public:
+  void reset();
+  // Adds one candidate's continuation (tokens[0..n)) below the root.
+  //   match_len: tokens matched before the continuation; scale: the source's weight;
+  //   recency: larger is more recent (used by kBfs ordering).
+  void add(const int32_t* tokens, int n, int match_len, float scale, uint64_t recency,
+           DraftMode mode, const ScoreParams& sp);
+  // Selects at most budget nodes (parents before children). Nodes whose path probability falls
+  // below min_prob are not taken (kScore and kProb). Appends to the outputs; returns the count.
+  int select(int budget, float min_prob, DraftMode mode, const ScoreParams& sp,
+             std::vector<int32_t>& tokens, std::vector<int32_t>& parents,
+             std::vector<float>& probs);
+  size_t nodes() const { return nodes_.size(); }
+
+ private:
+  struct Node {
+    int32_t token;
+    int32_t first_child;
+    int32_t next_sibling;
+    int32_t depth;
+    float vote;         // weight of candidates through this node, at the parent's depth
+    float mass;         // weight of candidates through this node, at this node's depth
+    uint64_t recency;   // most recent candidate through this node
+  };
+  int32_t child(int32_t parent, int32_t token);
+  std::vector<Node> nodes_;
+};
+
+}  // namespace ngc

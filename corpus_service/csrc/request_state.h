@@ -1,0 +1,64 @@
+// RequestState: what the corpus keeps for one live request.
+//
+// `own` indexes the request's prompt and output (prompt lookup: any earlier occurrence of the
+// current suffix). Committed output also flows into the shared learned corpus, in chunks of at
+// least `flush_tokens` so each chunk is one contiguous document there; a chunk that continues the
+// request carries the preceding tokens as unindexed left context so matches reach across.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "token_index.h"
+
+namespace ngc {
+
+// A chunk headed for the learned corpus: tokens[0..context) are left context only.
+struct LearnChunk {
+  std::vector<int32_t> tokens;
+  size_t context = 0;
+  uint64_t doc = 0;   // serial of the request it comes from: chunks of one request are linked
+  bool last = false;  // the request ended: no chunk will continue this one
+};
+
+struct RequestState {
+  RequestState(const std::vector<int>& orders, bool learn, uint64_t serial)
+      : own(orders), learn(learn), serial(serial) {}
+
+  std::mutex mu;
+  TokenIndex own;                  // prompt + output of this request
+  std::vector<int32_t> pending;    // committed tokens not yet sent to the learned corpus
+  bool learn;                      // whether committed tokens feed the learned corpus
+  uint64_t serial;                 // unique per request, names its chunks in the learned corpus
+  uint64_t total_len = 0;          // tokens in the request so far (may exceed own.live() for windows)
+  int64_t last_used_ns = 0;        // for the idle timeout
+
+  void touch() {
+    last_used_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                       std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+  // Appends committed tokens; they are queued for the learned corpus when `learn` is set.
+  void append(const int32_t* tokens, size_t n) {
+    own.extend_last(tokens, n);
+    total_len += n;
+    if (learn) pending.insert(pending.end(), tokens, tokens + n);
+  }
+  // Takes the pending tokens as a chunk with up to `overlap` tokens of left context, if at least
+  // min_tokens are pending. Returns false when nothing is taken.
+  bool take_chunk(size_t min_tokens, size_t overlap, bool last, LearnChunk* out) {
+    out->doc = serial;
+    out->last = last;
+    if (pending.size() < min_tokens || (pending.empty() && !last)) return false;
+    size_t before = own.live() - pending.size();  // tokens of own that precede the pending ones
+    size_t ctx = before < overlap ? before : overlap;
+    out->tokens.resize(ctx + pending.size());
+    own.tail(static_cast<int>(ctx + pending.size()), out->tokens.data());
+    out->context = ctx;
+    pending.clear();
+    return true;
+  }
+};
+
+}  // namespace ngc

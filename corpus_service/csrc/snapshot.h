@@ -1,0 +1,84 @@
+// Snapshot files: a versioned header, a payload and a checksum over the payload.
+//
+//   magic "NGCORPUS" | u32 format version | u32 reserved | u64 payload bytes | u64 checksum | payload
+//
+// A file with another magic, an unknown version, a short payload or a checksum mismatch is refused
+// with std::runtime_error before anything is built from it, so a corrupt or truncated file can
+// never be half-loaded. Files are written to a temporary name, fsync'd and renamed into place.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ngc {
+
+constexpr uint32_t kSnapshotVersion = 1;
+
+// 64-bit checksum over 8-byte words (multiply-xorshift mixing): detects corruption, not tampering.
+uint64_t checksum64(const uint8_t* data, size_t n);
+
+class ByteWriter {
+ public:
+  template <class T>
+  void put(T v) {
+    const auto* p = reinterpret_cast<const uint8_t*>(&v);
+    buf_.insert(buf_.end(), p, p + sizeof(T));
+  }
+  template <class T>
+  void put_range(const T* data, size_t n) {
+    put<uint64_t>(n);
+    const auto* p = reinterpret_cast<const uint8_t*>(data);
+    buf_.insert(buf_.end(), p, p + n * sizeof(T));
+  }
+  template <class T>
+  void put_vec(const std::vector<T>& v) { put_range(v.data(), v.size()); }
+  void put_str(const std::string& s) { put_range(s.data(), s.size()); }
+  const std::vector<uint8_t>& bytes() const { return buf_; }
+
+ private:
+  std::vector<uint8_t> buf_;
+};
+
+class ByteReader {
+ public:
+  ByteReader(const uint8_t* data, size_t n) : p_(data), end_(data + n) {}
+  template <class T>
+  T get() {
+    need(sizeof(T));
+    T v;
+    std::memcpy(&v, p_, sizeof(T));
+    p_ += sizeof(T);
+    return v;
+  }
+  template <class T>
+  std::vector<T> get_vec() {
+    uint64_t n = get<uint64_t>();
+    if (n > static_cast<uint64_t>(end_ - p_) / sizeof(T)) throw std::runtime_error("corrupt snapshot: array runs past the end");
+    std::vector<T> v(n);
+    std::memcpy(v.data(), p_, n * sizeof(T));
+    p_ += n * sizeof(T);
+    return v;
+  }
+  std::string get_str() {
+    auto v = get_vec<char>();
+    return std::string(v.begin(), v.end());
+  }
+  bool done() const { return p_ == end_; }
+
+ private:
+  void need(size_t n) {
+    if (static_cast<size_t>(end_ - p_) < n) throw std::runtime_error("corrupt snapshot: truncated payload");
+  }
+  const uint8_t* p_;
+  const uint8_t* end_;
+};
+
+// Writes header + payload atomically (temporary file, fsync, rename, fsync of the directory).
+void write_snapshot_file(const std::string& path, const std::vector<uint8_t>& payload);
+// Reads and verifies a snapshot file; returns its payload.
+std::vector<uint8_t> read_snapshot_file(const std::string& path);
+
+}  // namespace ngc

@@ -1,0 +1,317 @@
+#include "token_index.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "snapshot.h"
+
+namespace ngc {
+
+namespace {
+constexpr int kMinHeadBits = 8;
+constexpr int kMaxHeadBits = 31;
+// Head tables double once an order holds more than kLoad entries per slot: chains that share a
+// slot are told apart by verification, so a load of 2 trades a few extra steps for half the memory.
+constexpr size_t kLoad = 2;
+}  // namespace
+
+TokenIndex::TokenIndex(std::vector<int> orders) : orders_(std::move(orders)) {
+  if (orders_.empty() || orders_.size() > static_cast<size_t>(kMaxOrders))
+    throw std::invalid_argument("orders: expected 1.." + std::to_string(kMaxOrders) +
+                                " n-gram orders, got " + std::to_string(orders_.size()));
+  std::sort(orders_.begin(), orders_.end());
+  for (size_t i = 0; i < orders_.size(); ++i) {
+    if (orders_[i] < 1 || orders_[i] > kMaxOrder)
+      throw std::invalid_argument("orders: each order must be in [1, " + std::to_string(kMaxOrder) +
+                                  "], got " + std::to_string(orders_[i]));
+    if (i && orders_[i] == orders_[i - 1])
+      throw std::invalid_argument("orders: duplicate order " + std::to_string(orders_[i]));
+  }
+  bits_.assign(orders_.size(), kMinHeadBits);
+  heads_.assign(orders_.size(), std::vector<uint32_t>(size_t{1} << kMinHeadBits, 0));
+}
+
+void TokenIndex::push(int32_t stored) {
+  // Grow by 1.25x instead of libstdc++'s 2x: the learned store is the bulk of the memory bound.
+  if (tokens_.size() == tokens_.capacity()) {
+    size_t cap = tokens_.size() + tokens_.size() / 4 + 64;
+    tokens_.reserve(cap);
+    prev_.reserve(cap * orders_.size());
+  }
+  tokens_.push_back(stored);
+  prev_.resize(prev_.size() + orders_.size(), 0);
+}
+
+bool TokenIndex::key_at(uint64_t pos, int k, uint64_t* hash) const {
+  if (pos + 1 < base_ + static_cast<uint64_t>(k)) return false;
+  const int32_t* last = &tokens_[pos - shift_];
+  int32_t buf[kMaxOrder];
+  for (int i = 0; i < k; ++i) {
+    int32_t v = decode_token(*(last - i));
+    if (v == kSep) return false;
+    buf[k - 1 - i] = v;
+  }
+  *hash = ngram_hash(buf + k - 1, k);
+  return true;
+}
+
+uint64_t TokenIndex::decode_head(uint32_t stored) const {
+  if (stored == 0) return UINT64_MAX;
+  uint64_t e = end();
+  uint32_t d = static_cast<uint32_t>(static_cast<uint32_t>(e) - stored);
+  if (static_cast<uint64_t>(d) + 1 > e) return UINT64_MAX;
+  uint64_t pos = e - d - 1;
+  return pos >= base_ ? pos : UINT64_MAX;
+}
+
+void TokenIndex::index_position(uint64_t pos) {
+  for (size_t oi = 0; oi < orders_.size(); ++oi) {
+    uint64_t h;
+    if (!key_at(pos, orders_[oi], &h)) continue;
+    uint32_t& head = heads_[oi][slot(h, oi)];
+    uint64_t p = decode_head(head);
+    prev(pos, oi) = (p == UINT64_MAX || pos - p > UINT32_MAX) ? 0 : static_cast<uint32_t>(pos - p);
+    head = static_cast<uint32_t>(pos + 1);
+  }
+  ++indexed_;
+}
+
+uint64_t TokenIndex::append_document(const int32_t* tokens, size_t n, size_t context, uint64_t continues) {
+  if (context > n) throw std::invalid_argument("context longer than the document");
+  if (n == 0) return UINT64_MAX;
+  if (live() > 0) push(kSep);
+  ++documents_;
+  for (size_t i = 0; i < context; ++i) push(-tokens[i] - 1);
+  if (continues != UINT64_MAX && continues >= base_ && continues < end() && n > context)
+    links_[continues] = end();
+  for (size_t i = context; i < n; ++i) {
+    push(tokens[i]);
+    index_position(end() - 1);
+  }
+  maybe_grow_heads();
+  return end() - 1;
+}
+
+void TokenIndex::extend_last(const int32_t* tokens, size_t n) {
+  if (live() == 0 && n > 0) ++documents_;
+  for (size_t i = 0; i < n; ++i) {
+    push(tokens[i]);
+    index_position(end() - 1);
+  }
+  maybe_grow_heads();
+}
+
+void TokenIndex::maybe_grow_heads() {
+  for (size_t oi = 0; oi < orders_.size(); ++oi) {
+    if (indexed_ <= kLoad << bits_[oi] || bits_[oi] >= kMaxHeadBits) continue;
+    int bits = bits_[oi];
+    while (indexed_ > kLoad << bits && bits < kMaxHeadBits) ++bits;
+    rebuild_heads(static_cast<int>(oi), bits);
+  }
+}
+
+void TokenIndex::rebuild_heads(int oi, int bits) {
+  bits_[oi] = bits;
+  heads_[oi].assign(size_t{1} << bits, 0);
+  for (uint64_t pos = base_; pos < end(); ++pos) {
+    prev(pos, oi) = 0;
+    uint64_t h;
+    if (at(pos) < 0 || !key_at(pos, orders_[oi], &h)) continue;
+    uint32_t& head = heads_[oi][slot(h, oi)];
+    uint64_t p = decode_head(head);
+    // decode_head measures from end(), which is fine: every stored pos is < end().
+    prev(pos, oi) = (p == UINT64_MAX || pos - p > UINT32_MAX) ? 0 : static_cast<uint32_t>(pos - p);
+    head = static_cast<uint32_t>(pos + 1);
+  }
+}
+
+void TokenIndex::evict_to(size_t max_live) {
+  if (live() <= max_live) return;
+  size_t drop = live() - max_live;
+  for (size_t i = 0; i < drop; ++i)
+    if (tokens_[first_ + i] >= 0) --indexed_;
+  first_ += drop;
+  base_ += drop;
+  links_.erase(links_.begin(), links_.lower_bound(base_));
+  // Compact once the dead prefix outweighs the live part: amortized O(1) per evicted token.
+  if (first_ > live() && first_ > 4096) {
+    tokens_.erase(tokens_.begin(), tokens_.begin() + static_cast<std::ptrdiff_t>(first_));
+    prev_.erase(prev_.begin(), prev_.begin() + static_cast<std::ptrdiff_t>(first_ * orders_.size()));
+    shift_ += first_;
+    first_ = 0;
+  }
+  if (live() == 0) clear();
+}
+
+void TokenIndex::clear() {
+  uint64_t e = end();
+  tokens_.clear();
+  prev_.clear();
+  tokens_.shrink_to_fit();
+  prev_.shrink_to_fit();
+  first_ = 0;
+  shift_ = base_ = e;  // positions keep increasing so stale references can never revive
+  indexed_ = 0;
+  links_.clear();
+  for (size_t oi = 0; oi < orders_.size(); ++oi) {
+    bits_[oi] = kMinHeadBits;
+    heads_[oi].assign(size_t{1} << kMinHeadBits, 0);
+  }
+}
+
+int TokenIndex::match_backwards(uint64_t pos, const int32_t* ctx, int ctx_len, int max_match) const {
+  int limit = std::min(ctx_len, max_match);
+  int m = 0;
+  while (m < limit && pos >= base_ + static_cast<uint64_t>(m)) {
+    int32_t v = decode_token(at(pos - m));
+    if (v == kSep || v != ctx[ctx_len - 1 - m]) break;
+    ++m;
+  }
+  return m;
+}
+
+int TokenIndex::find(const int32_t* ctx, int ctx_len, int max_cands, int max_chain, int max_match,
+                     uint64_t exclude_from, Candidate* out) const {
+  int found = 0;
+  for (int oi = static_cast<int>(orders_.size()) - 1; oi >= 0 && found < max_cands; --oi) {
+    int k = orders_[oi];
+    if (ctx_len < k) continue;
+    uint64_t p = decode_head(heads_[oi][slot(ngram_hash(ctx + ctx_len - 1, k), oi)]);
+    for (int step = 0; p != UINT64_MAX && step < max_chain && found < max_cands; ++step) {
+      if (p < exclude_from) {
+        int m = match_backwards(p, ctx, ctx_len, max_match);
+        if (m >= k) {
+          bool dup = false;
+          for (int j = 0; j < found && !dup; ++j) dup = out[j].pos == p;
+          if (!dup) out[found++] = Candidate{p, m};
+        }
+      }
+      uint32_t d = prev(p, oi);
+      p = (d == 0 || p < base_ + d) ? UINT64_MAX : p - d;
+    }
+  }
+  return found;
+}
+
+int TokenIndex::continuation(uint64_t pos, int n, int32_t* out) const {
+  int c = 0;
+  uint64_t e = end();
+  for (uint64_t q = pos + 1; c < n;) {
+    if (q >= e || at(q) == kSep) {  // end of a chunk: follow its continuation, if any
+      auto it = links_.find(q - 1);
+      if (it == links_.end() || it->second <= q - 1 || it->second >= e) break;
+      q = it->second;
+      continue;
+    }
+    out[c++] = decode_token(at(q++));
+  }
+  return c;
+}
+
+size_t TokenIndex::memory_bytes() const {
+  size_t b = tokens_.capacity() * sizeof(int32_t) + prev_.capacity() * sizeof(uint32_t);
+  for (const auto& h : heads_) b += h.capacity() * sizeof(uint32_t);
+  return b + sizeof(*this);
+}
+
+void TokenIndex::tail(int n, int32_t* out) const {
+  uint64_t start = end() - static_cast<uint64_t>(n);
+  for (int i = 0; i < n; ++i) out[i] = decode_token(at(start + i));
+}
+
+std::vector<int32_t> TokenIndex::dump_tokens() const {
+  std::vector<int32_t> out;
+  out.reserve(live());
+  for (uint64_t p = base_; p < end(); ++p) out.push_back(decode_token(at(p)));
+  return out;
+}
+
+void TokenIndex::check_integrity() const {
+  auto fail = [](const std::string& what) { throw std::logic_error("TokenIndex integrity: " + what); };
+  if (first_ > tokens_.size()) fail("first_ beyond storage");
+  if (prev_.size() != tokens_.size() * orders_.size()) fail("chain array size mismatch");
+  if (base_ != shift_ + first_) fail("base/shift/first disagree");
+  size_t indexed = 0;
+  for (uint64_t p = base_; p < end(); ++p) {
+    int32_t v = at(p);
+    if (v >= 0) ++indexed;
+    if (v == kSep && (p == base_ || p + 1 == end())) {
+      // A separator may open the live range after eviction, but a store never ends on one.
+      if (p + 1 == end()) fail("store ends on a separator");
+    }
+    for (size_t oi = 0; oi < orders_.size(); ++oi) {
+      uint32_t d = prev(p, oi);
+      if (d == 0) continue;
+      if (v < 0) fail("chain link on an unindexed position " + std::to_string(p));
+      // A link into evicted data ends the chain; keys that reach before base_ cannot be recomputed.
+      if (d > p || p - d < base_ + static_cast<uint64_t>(orders_[oi]) - 1) continue;
+      uint64_t h1, h2;
+      if (!key_at(p, orders_[oi], &h1) || !key_at(p - d, orders_[oi], &h2))
+        fail("chain link at " + std::to_string(p) + " without a key");
+      if (slot(h1, oi) != slot(h2, oi))
+        fail("chain link at " + std::to_string(p) + " joins different slots");
+    }
+  }
+  for (auto [from, to] : links_) {
+    if (from < base_ || to <= from || to >= end() || at(to) < 0)
+      fail("continuation link " + std::to_string(from) + " -> " + std::to_string(to));
+  }
+  if (indexed != indexed_) fail("indexed count " + std::to_string(indexed_) + " != " + std::to_string(indexed));
+  for (size_t oi = 0; oi < orders_.size(); ++oi) {
+    if (heads_[oi].size() != size_t{1} << bits_[oi]) fail("head table size");
+    for (size_t s = 0; s < heads_[oi].size(); ++s) {
+      uint64_t p = decode_head(heads_[oi][s]);
+      if (p == UINT64_MAX) continue;
+      uint64_t h;
+      // A head may point at a stale evicted-then-wrapped slot only beyond 2^32 tokens; verify.
+      if (p < base_ + static_cast<uint64_t>(orders_[oi]) - 1) continue;  // key reaches evicted data
+      if (at(p) < 0 || !key_at(p, orders_[oi], &h) || slot(h, oi) != s)
+        fail("head slot " + std::to_string(s) + " of order " + std::to_string(orders_[oi]) +
+             " points at a position with another key");
+    }
+  }
+}
+
+void TokenIndex::save(ByteWriter& w) const {
+  w.put_vec(std::vector<int32_t>(orders_.begin(), orders_.end()));
+  w.put<uint64_t>(base_);
+  w.put<uint64_t>(indexed_);
+  w.put<uint64_t>(documents_);
+  w.put_range(tokens_.data() + first_, live());
+  w.put_range(prev_.data() + first_ * orders_.size(), live() * orders_.size());
+  for (size_t oi = 0; oi < orders_.size(); ++oi) {
+    w.put<int32_t>(bits_[oi]);
+    w.put_vec(heads_[oi]);
+  }
+  std::vector<uint64_t> links;
+  for (auto [from, to] : links_) links.push_back(from), links.push_back(to);
+  w.put_vec(links);
+}
+
+TokenIndex TokenIndex::load(ByteReader& r) {
+  auto orders32 = r.get_vec<int32_t>();
+  TokenIndex idx(std::vector<int>(orders32.begin(), orders32.end()));
+  idx.base_ = idx.shift_ = r.get<uint64_t>();
+  idx.indexed_ = r.get<uint64_t>();
+  idx.documents_ = r.get<uint64_t>();
+  idx.tokens_ = r.get_vec<int32_t>();
+  idx.prev_ = r.get_vec<uint32_t>();
+  for (size_t oi = 0; oi < idx.orders_.size(); ++oi) {
+    idx.bits_[oi] = r.get<int32_t>();
+    if (idx.bits_[oi] < kMinHeadBits || idx.bits_[oi] > kMaxHeadBits)
+      throw std::runtime_error("corrupt snapshot: head table size out of range");
+    idx.heads_[oi] = r.get_vec<uint32_t>();
+  }
+  auto links = r.get_vec<uint64_t>();
+  if (links.size() % 2) throw std::runtime_error("corrupt snapshot: odd link array");
+  for (size_t i = 0; i < links.size(); i += 2) idx.links_[links[i]] = links[i + 1];
+  if (idx.prev_.size() != idx.tokens_.size() * idx.orders_.size())
+    throw std::runtime_error("corrupt snapshot: chain array size mismatch");
+  for (size_t oi = 0; oi < idx.orders_.size(); ++oi)
+    if (idx.heads_[oi].size() != size_t{1} << idx.bits_[oi])
+      throw std::runtime_error("corrupt snapshot: head table size mismatch");
+  return idx;
+}
+
+}  // namespace ngc

@@ -1,0 +1,118 @@
+// TokenIndex: an append-only store of token documents with hash-chain suffix lookup.
+//
+// Every indexed position p is linked, for each n-gram order k, to the previous position whose
+// last k tokens hash to the same slot (the LZ77/zlib "head + prev" scheme). Looking up the tail of
+// a context walks those chains from the longest order down, verifies each candidate by comparing
+// tokens backwards (so hash collisions cost time, never correctness) and reports its exact match
+// length. Each stored occurrence is one position, so counts are occurrence counts.
+//
+// Memory per token: 4 B token + 4 B per order (chain delta) + 2-4 B per order (head slots).
+// Eviction drops the oldest tokens (FIFO) and never fails: chains that reach evicted positions
+// simply end there.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <vector>
+
+namespace ngc {
+
+class ByteWriter;
+class ByteReader;
+
+// Stored token encoding: v >= 0 is an indexed token; kSep ends a document; any other negative v is
+// a context-only token -(v+1) (left context copied in front of a continued document so matches
+// reach across the boundary, never itself indexed, so no occurrence is counted twice).
+constexpr int32_t kSep = std::numeric_limits<int32_t>::min();
+constexpr int kMaxOrder = 32;
+constexpr int kMaxOrders = 8;
+
+inline int32_t decode_token(int32_t v) { return v >= 0 ? v : (v == kSep ? kSep : -(v + 1)); }
+
+// One match of a context tail inside an index.
+struct Candidate {
+  uint64_t pos;       // logical position of the last matched token
+  int32_t match_len;  // number of tokens matched backwards from pos (>= 1)
+};
+
+// Fibonacci-hash of the k tokens ending at `last` (walking backwards); seed keeps orders apart.
+inline uint64_t ngram_hash(const int32_t* last, int k) {
+  uint64_t h = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(k + 1);
+  for (int i = 0; i < k; ++i) {
+    h = (h ^ static_cast<uint64_t>(static_cast<uint32_t>(*(last - i)) + 1)) * 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 31;
+  }
+  return h;
+}
+
+class TokenIndex {
+ public:
+  // orders: distinct n-gram orders in [1, kMaxOrder], at most kMaxOrders of them.
+  explicit TokenIndex(std::vector<int> orders);
+
+  // Starts a new document. The first `context` tokens are left context only (not indexed). If
+  // `continues` names the last position of an earlier document, continuations read past that
+  // document's end into this one. Returns the new document's last position (UINT64_MAX if empty).
+  uint64_t append_document(const int32_t* tokens, size_t n, size_t context = 0,
+                           uint64_t continues = UINT64_MAX);
+  // Appends tokens to the last document; starts one if the store is empty.
+  void extend_last(const int32_t* tokens, size_t n);
+  // Drops the oldest tokens until at most max_live remain (whole store if max_live == 0).
+  void evict_to(size_t max_live);
+  void clear();
+
+  // Finds up to max_cands distinct positions p < exclude_from whose preceding tokens match the
+  // tail of ctx[0..ctx_len), longest orders first, each chain walked at most max_chain steps.
+  // Returns how many were written to out.
+  int find(const int32_t* ctx, int ctx_len, int max_cands, int max_chain, int max_match,
+           uint64_t exclude_from, Candidate* out) const;
+  // Copies up to n tokens that follow pos in its document into out; returns how many.
+  int continuation(uint64_t pos, int n, int32_t* out) const;
+
+  uint64_t begin() const { return base_; }       // oldest live logical position
+  uint64_t end() const { return base_ + live(); }  // one past the newest position
+  size_t live() const { return tokens_.size() - first_; }
+  size_t indexed_tokens() const { return indexed_; }
+  size_t documents() const { return documents_; }
+  size_t memory_bytes() const;
+  const std::vector<int>& orders() const { return orders_; }
+  // Copies the last n tokens (decoded; n <= live()) into out: the context tail of a request.
+  void tail(int n, int32_t* out) const;
+  // Copies the live tokens (decoded, documents separated by kSep) for inspection.
+  std::vector<int32_t> dump_tokens() const;
+
+  // Verifies every structural invariant; throws std::logic_error naming the first violation.
+  void check_integrity() const;
+
+  void save(ByteWriter& w) const;
+  static TokenIndex load(ByteReader& r);
+
+ private:
+  int32_t at(uint64_t pos) const { return tokens_[pos - shift_]; }
+  uint32_t& prev(uint64_t pos, int oi) { return prev_[(pos - shift_) * orders_.size() + oi]; }
+  uint32_t prev(uint64_t pos, int oi) const { return prev_[(pos - shift_) * orders_.size() + oi]; }
+  void push(int32_t stored);
+  void index_position(uint64_t pos);
+  bool key_at(uint64_t pos, int k, uint64_t* hash) const;
+  size_t slot(uint64_t hash, int oi) const { return static_cast<size_t>(hash >> (64 - bits_[oi])); }
+  uint64_t decode_head(uint32_t stored) const;
+  void maybe_grow_heads();
+  void rebuild_heads(int oi, int bits);
+  int match_backwards(uint64_t pos, const int32_t* ctx, int ctx_len, int max_match) const;
+
+  std::vector<int> orders_;
+  std::vector<int32_t> tokens_;   // physical storage; tokens_[first_..] are live
+  std::vector<uint32_t> prev_;    // per position and order: distance to previous position in chain
+  std::vector<std::vector<uint32_t>> heads_;  // per order: low 32 bits of (pos + 1), 0 = empty
+  std::vector<int> bits_;         // per order: log2 of head slots
+  std::map<uint64_t, uint64_t> links_;  // last position of a chunk -> first indexed position of its continuation
+  size_t first_ = 0;              // physical index of the oldest live position
+  uint64_t shift_ = 0;            // logical position of physical index 0
+  uint64_t base_ = 0;             // logical position of the oldest live token
+  size_t indexed_ = 0;            // live positions that are indexed
+  size_t documents_ = 0;          // documents started (including evicted ones)
+};
+
+}  // namespace ngc

@@ -1,0 +1,280 @@
+"""NgramCorpus: the in-process corpus engine (a facade over the native index).
+
+Two APIs over one engine:
+- request-level: ``start_request``, ``extend``, ``draft``, ``finish`` (plus batch forms);
+- SGLang-compatible: ``batch_get``, ``batch_put``, ``synchronize``, ``reset``, ``erase_match_state``,
+  ``load_external_corpus_named``, ``commit_external_corpus_load``, ``remove_external_corpus``,
+  ``list_external_corpora``, with SGLang's argument and return conventions.
+Every method is thread-safe; the native calls release the GIL.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from corpus_service import _native
+from corpus_service.config import MAX_BUDGET, CorpusConfig
+
+ReqId = str | int
+
+
+@dataclass(frozen=True, slots=True)
+class DraftBatch:
+    """Draft trees for a batch: row i holds ``counts[i]`` nodes, padded to ``budget``.
+
+    ``parents[i, j]`` is the index of node j's parent in row i, or -1 for a child of the root (the
+    request's last token). Parents come before children. ``probs`` are estimated path acceptance
+    probabilities. Padding: token -1, parent -1, prob 0.
+    """
+
+    tokens: np.ndarray  # int32 [n, budget]
+    parents: np.ndarray  # int32 [n, budget]
+    probs: np.ndarray  # float32 [n, budget]
+    counts: np.ndarray  # int32 [n]
+
+    def __len__(self) -> int:
+        return int(self.counts.shape[0])
+
+    def tree(self, i: int) -> tuple[list[int], list[int], list[float]]:
+        """The i-th tree as ``(tokens, parents, probs)`` lists without padding."""
+        n = int(self.counts[i])
+        return self.tokens[i, :n].tolist(), self.parents[i, :n].tolist(), self.probs[i, :n].tolist()
+
+
+def _check_budget(budget: Any) -> int:
+    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or not 1 <= budget <= MAX_BUDGET:
+        raise ValueError(f"budget: expected an int in [1, {MAX_BUDGET}], got {budget!r}")
+    return int(budget)
+
+
+def _rid(req_id: Any) -> str:
+    if isinstance(req_id, str):
+        return req_id
+    if isinstance(req_id, (int, np.integer)) and not isinstance(req_id, bool):
+        return str(int(req_id))
+    raise TypeError(f"request id: expected str or int, got {type(req_id).__name__}")
+
+
+class NgramCorpus:
+    """In-process draft corpus: each request's own context, a shared learned corpus, external corpora.
+
+    ``NgramCorpus(config)`` or ``NgramCorpus(**config_fields)``. SGLang's constructor arguments
+    (``draft_token_num``, ``match_type``, ``capacity``, ``max_trie_depth``, ``min_bfs_breadth``,
+    ``max_bfs_breadth``, ``external_sam_budget``, ``external_corpus_max_tokens``) are accepted too,
+    so the object drops into SGLang's ngram worker.
+    """
+
+    def __init__(
+        self,
+        config: CorpusConfig | None = None,
+        *,
+        draft_token_num: int = 8,
+        match_type: str | None = None,
+        capacity: int | None = None,
+        max_trie_depth: int | None = None,
+        min_bfs_breadth: int | None = None,  # accepted for SGLang compatibility; unused
+        max_bfs_breadth: int | None = None,  # accepted for SGLang compatibility; unused
+        external_sam_budget: int | None = None,  # accepted for SGLang compatibility; unused
+        external_corpus_max_tokens: int | None = None,
+        **overrides: Any,
+    ) -> None:
+        if config is not None and not isinstance(config, CorpusConfig):
+            raise TypeError(f"config: expected CorpusConfig, got {type(config).__name__}")
+        cfg = config or CorpusConfig()
+        if match_type is not None:
+            if str(match_type).upper() not in ("BFS", "PROB"):
+                raise ValueError(f"match_type: expected 'BFS' or 'PROB', got {match_type!r}")
+            overrides.setdefault("mode", str(match_type).lower())
+        if capacity is not None:
+            overrides.setdefault("learned_max_bytes", int(capacity) * cfg.bytes_per_token())
+        if max_trie_depth is not None:
+            overrides.setdefault("max_depth", int(max_trie_depth))
+        if external_corpus_max_tokens is not None:
+            overrides.setdefault("max_external_tokens", int(external_corpus_max_tokens))
+        self.config = cfg.replace(**overrides) if overrides else cfg
+        if isinstance(draft_token_num, bool) or not isinstance(draft_token_num, int) or not 1 <= draft_token_num <= MAX_BUDGET + 1:
+            raise ValueError(f"draft_token_num: expected an int in [1, {MAX_BUDGET + 1}], got {draft_token_num!r}")
+        self.draft_token_num = draft_token_num
+        self._native = _native.Corpus(self.config.to_native())
+
+    # ------------------------------------------------------------------ request-level API
+
+    def start_request(self, req_id: ReqId, prompt_ids: Sequence[int] | np.ndarray) -> None:
+        """Starts a request: its prompt is indexed for prompt lookup. Raises ValueError if live."""
+        self._native.start_request(_rid(req_id), prompt_ids)
+
+    def extend(self, req_id: ReqId, token_ids: Sequence[int] | np.ndarray) -> None:
+        """Appends committed tokens (accepted drafts plus the bonus token) to a live request."""
+        self._native.extend(_rid(req_id), token_ids)
+
+    def draft(self, req_ids: Sequence[ReqId], budget: int) -> DraftBatch:
+        """Draft trees of at most ``budget`` nodes for each request (all must be live)."""
+        budget = _check_budget(budget)
+        tokens, parents, probs, counts = self._native.draft([_rid(r) for r in req_ids], budget)
+        return DraftBatch(tokens, parents, probs, counts)
+
+    def finish(self, req_id: ReqId) -> None:
+        """Ends a request: its remaining committed tokens go to the learned corpus."""
+        self._native.finish(_rid(req_id))
+
+    def has_request(self, req_id: ReqId) -> bool:
+        return self._native.has_request(_rid(req_id))
+
+    # Batch forms: one call for many requests (numpy arrays or lists per request).
+    def start_requests(self, req_ids: Sequence[ReqId], prompts: Sequence[Sequence[int] | np.ndarray]) -> None:
+        if len(req_ids) != len(prompts):
+            raise ValueError(f"start_requests: {len(req_ids)} request ids but {len(prompts)} prompts")
+        for rid, prompt in zip(req_ids, prompts):
+            self.start_request(rid, prompt)
+
+    def extend_batch(
+        self,
+        req_ids: Sequence[ReqId],
+        token_ids: np.ndarray | Sequence[Sequence[int]],
+        lengths: np.ndarray | Sequence[int] | None = None,
+    ) -> None:
+        """Extends many requests: ``token_ids`` is a list of sequences, or a 2-D array whose row i
+        holds ``lengths[i]`` tokens (padding after them is ignored)."""
+        if isinstance(token_ids, np.ndarray) and token_ids.ndim == 2:
+            if lengths is None:
+                lengths = np.full(token_ids.shape[0], token_ids.shape[1])
+            lengths = np.asarray(lengths)
+            if token_ids.shape[0] != len(req_ids) or lengths.shape != (len(req_ids),):
+                raise ValueError(
+                    f"extend_batch: expected token_ids [{len(req_ids)}, L] and lengths [{len(req_ids)}], "
+                    f"got {list(token_ids.shape)} and {list(lengths.shape)}"
+                )
+            if lengths.size and (lengths.min() < 0 or lengths.max() > token_ids.shape[1]):
+                raise ValueError(f"extend_batch: lengths must be in [0, {token_ids.shape[1]}]")
+            rows = [token_ids[i, : int(lengths[i])] for i in range(len(req_ids))]
+        else:
+            if lengths is not None:
+                raise ValueError("extend_batch: lengths is only for a 2-D token array")
+            rows = list(token_ids)
+            if len(rows) != len(req_ids):
+                raise ValueError(f"extend_batch: {len(req_ids)} request ids but {len(rows)} token sequences")
+        for rid, row in zip(req_ids, rows):
+            self.extend(rid, row)
+
+    def finish_batch(self, req_ids: Sequence[ReqId]) -> None:
+        for rid in req_ids:
+            self.finish(rid)
+
+    # ------------------------------------------------------------------ SGLang-compatible API
+
+    def batch_get(
+        self, req_ids: Sequence[ReqId], batch_tokens: Sequence[Sequence[int]], total_lens: Sequence[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """SGLang's stateful match: ``batch_tokens[i]`` is the last window of request i's tokens and
+        ``total_lens[i]`` its full length. Returns ``(drafts, mask)``: int64 ``[B*K]`` tokens, each
+        row starting with the last token, and int64 ``[B*K*K]`` ancestor masks (K = draft_token_num),
+        padded with token 0 under the root as SGLang pads."""
+        if not (len(req_ids) == len(batch_tokens) == len(total_lens)):
+            raise ValueError(
+                f"batch_get: req_ids, batch_tokens and total_lens must have one entry per request, got "
+                f"{len(req_ids)}, {len(batch_tokens)}, {len(total_lens)}"
+            )
+        ids = [_rid(r) for r in req_ids]
+        for rid, window, total in zip(ids, batch_tokens, total_lens):
+            if len(window) == 0:
+                raise ValueError(f"batch_get: request '{rid}' has an empty token window")
+            self._native.sync_window(rid, window, int(total))
+        return self._native.draft_flat(ids, self.draft_token_num)
+
+    def batch_put(self, batch_tokens: Sequence[Sequence[int]]) -> None:
+        """Queues token sequences for the learned corpus (asynchronous; see ``synchronize``).
+        Overlapping windows of the same request (as SGLang's worker sends them) are joined, so each
+        occurrence is counted once."""
+        self._native.put(batch_tokens)
+
+    def synchronize(self) -> None:
+        """Waits until every queued insert is applied."""
+        self._native.synchronize()
+
+    def reset(self) -> None:
+        """Drops the learned corpus and all request state; external corpora stay."""
+        self._native.reset()
+
+    def erase_match_state(self, req_ids: Sequence[ReqId]) -> None:
+        for rid in req_ids:
+            self._native.erase(_rid(rid))
+
+    def load_external_corpus_named(self, corpus_id: str, chunks: Iterable[Sequence[int] | np.ndarray]) -> int:
+        """Loads an external corpus (each chunk one document); it stays invisible to drafting until
+        ``commit_external_corpus_load``. Returns the number of tokens loaded."""
+        self.begin_external_corpus(corpus_id)
+        loaded = 0
+        try:
+            for chunk in chunks:
+                self._native.add_external(corpus_id, chunk)
+                loaded += len(chunk)
+        except BaseException:
+            self._native.abort_external(corpus_id)
+            raise
+        return loaded
+
+    def commit_external_corpus_load(self, corpus_id: str, loaded_token_count: int | None = None) -> None:
+        count = self.commit_external_corpus(corpus_id)
+        if loaded_token_count is not None and int(loaded_token_count) != count:
+            raise ValueError(
+                f"commit_external_corpus_load: corpus '{corpus_id}' holds {count} tokens, "
+                f"caller reported {loaded_token_count}"
+            )
+
+    def remove_external_corpus(self, corpus_id: str) -> None:
+        self._native.remove_external(corpus_id)
+
+    def list_external_corpora(self) -> dict[str, int]:
+        """Committed external corpora and their token counts."""
+        return dict(self._native.list_externals())
+
+    # ------------------------------------------------------------------ external corpora, staged
+
+    def begin_external_corpus(self, name: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"external corpus name: expected a non-empty str, got {name!r}")
+        self._native.begin_external(name)
+
+    def add_external_chunk(self, name: str, token_ids: Sequence[int] | np.ndarray) -> None:
+        self._native.add_external(name, token_ids)
+
+    def commit_external_corpus(self, name: str) -> int:
+        """Makes a loaded corpus visible atomically; returns its token count."""
+        return int(self._native.commit_external(name))
+
+    def abort_external_corpus(self, name: str) -> None:
+        self._native.abort_external(name)
+
+    def is_loading_external_corpus(self, name: str) -> bool:
+        return self._native.is_loading(name)
+
+    # ------------------------------------------------------------------ persistence, inspection
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes the learned and external corpora to a versioned, checksummed file (atomically).
+        Pending commits of live requests are flushed into the learned corpus first."""
+        self._native.save(os.fspath(path))
+
+    def load(self, path: str | os.PathLike[str]) -> None:
+        """Replaces the learned and external corpora with a snapshot's. A corrupt, truncated or
+        incompatible file raises ValueError and changes nothing."""
+        try:
+            self._native.load(os.fspath(path))
+        except RuntimeError as e:
+            raise ValueError(str(e)) from None
+
+    def stats(self) -> dict[str, float]:
+        return dict(self._native.stats())
+
+    def check_integrity(self) -> None:
+        """Verifies every native invariant; raises AssertionError naming the first violation."""
+        self._native.check_integrity()
+
+    def learned_tokens(self) -> np.ndarray:
+        """The learned corpus' tokens (documents separated by -2**31), for inspection and tests."""
+        return self._native.learned_tokens()

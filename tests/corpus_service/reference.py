@@ -1,0 +1,118 @@
+"""A small pure-Python model of the corpus engine, used as the oracle in differential tests.
+
+It keeps every document as a plain list and finds candidates by brute force. With caps that do not
+bind (large max_chain and max_candidates), the native engine must find exactly these candidates and
+assign the same path probabilities (see csrc/draft_tree.h for the math).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Doc:
+    tokens: list[int]
+    context: int = 0  # leading tokens that are left context only (not indexed)
+    next: "Doc | None" = None  # the chunk that continues this one (same request)
+
+    def after(self, p: int) -> list[int]:
+        out, d = self.tokens[p + 1:], self.next
+        while d is not None:
+            out += d.tokens[d.context:]
+            d = d.next
+        return out
+
+
+@dataclass
+class RefRequest:
+    tokens: list[int]
+    pending: list[int] = field(default_factory=list)
+    last_chunk: Doc | None = None
+
+
+class RefCorpus:
+    def __init__(self, *, alpha, lambda_, match_cap, own_weight, learned_weight, external_weight,
+                 max_match, max_depth, flush_tokens, overlap, learn_prompts, mode="score"):
+        self.p = dict(alpha=alpha, lambda_=lambda_, match_cap=match_cap, max_match=max_match, max_depth=max_depth,
+                      flush_tokens=flush_tokens, overlap=overlap, learn_prompts=learn_prompts, mode=mode)
+        self.weights = {"own": own_weight, "learned": learned_weight, "external": external_weight}
+        self.requests: dict[str, RefRequest] = {}
+        self.learned: list[Doc] = []
+        self.externals: dict[str, list[Doc]] = {}
+
+    # ---------------------------------------------------------------- state changes
+    def start(self, rid, prompt):
+        self.requests[rid] = RefRequest(list(prompt), list(prompt) if self.p["learn_prompts"] else [])
+
+    def _flush(self, r: RefRequest, min_tokens: int):
+        if not r.pending or len(r.pending) < min_tokens:
+            return
+        before = len(r.tokens) - len(r.pending)
+        ctx = min(before, self.p["overlap"])
+        doc = Doc(r.tokens[before - ctx:], ctx)
+        self.learned.append(doc)
+        if r.last_chunk is not None:
+            r.last_chunk.next = doc
+        r.last_chunk = doc
+        r.pending = []
+
+    def extend(self, rid, toks):
+        r = self.requests[rid]
+        r.tokens += toks
+        r.pending += toks
+        self._flush(r, self.p["flush_tokens"])
+
+    def finish(self, rid):
+        r = self.requests.pop(rid)
+        self._flush(r, 1)
+
+    def learned_stream(self) -> list[int]:
+        out = []
+        for i, d in enumerate(self.learned):
+            if i:
+                out.append(-(2**31))
+            out += d.tokens
+        return out
+
+    # ---------------------------------------------------------------- drafting
+    def _candidates(self, docs: list[Doc], ctx: list[int], exclude_last: bool):
+        cands = []
+        for di, d in enumerate(docs):
+            last = len(d.tokens) - (1 if exclude_last else 0)
+            for p in range(d.context, last):
+                m = 0
+                while m < min(len(ctx), self.p["max_match"]) and p - m >= 0 and d.tokens[p - m] == ctx[-1 - m]:
+                    m += 1
+                if m >= 1:
+                    cands.append((d.after(p), m))
+        return cands
+
+    def draft_probs(self, rid, budget) -> list[tuple[tuple[int, ...], float]]:
+        """All (path, probability) pairs of the merged trie, best first, cut at budget."""
+        r = self.requests[rid]
+        ctx = r.tokens[-self.p["max_match"]:]
+        depth = min(budget, self.p["max_depth"])
+        sources = [("own", [Doc(r.tokens)], True), ("learned", self.learned, False)]
+        sources += [("external", docs, False) for docs in self.externals.values()]
+        vote: dict[tuple, float] = {}
+        mass: dict[tuple, float] = {(): 0.0}
+        score = self.p["mode"] == "score"
+        for name, docs, excl in sources:
+            for cont, m in self._candidates(docs, ctx, excl):
+                def w(d):
+                    return self.weights[name] * min(m + self.p.get("depth_gain", 1.0) * d, self.p["match_cap"]) ** self.p["alpha"] if score else 1.0
+                path: tuple = ()
+                mass[()] += w(0)
+                for i, t in enumerate(cont[:depth]):
+                    path = path + (t,)
+                    vote[path] = vote.get(path, 0.0) + w(i)
+                    mass[path] = mass.get(path, 0.0) + w(i + 1)
+        lam = self.p["lambda_"] if score else 0.0
+        probs: dict[tuple, float] = {}
+        for path in sorted(vote, key=len):
+            parent = path[:-1]
+            denom = mass[parent] + lam
+            probs[path] = (probs.get(parent, 1.0) if parent else 1.0) * min(1.0, vote[path] / denom)
+        ranked = sorted(probs.items(), key=lambda kv: -kv[1])
+        return ranked[:budget]

@@ -1,0 +1,209 @@
+"""The request-level API, batch forms, bad input, eviction and namespaces."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from corpus_service import CorpusConfig, DraftBatch, Namespaces, NgramCorpus
+
+
+def test_prompt_lookup_drafts_the_continuation():
+    c = NgramCorpus()
+    c.start_request("a", [5, 6, 7, 8, 9, 1, 5, 6, 7])
+    toks, parents, probs = c.draft(["a"], 4).tree(0)
+    assert toks[:2] == [8, 9] and parents[:2] == [-1, 0]
+    assert all(0 < p <= 1 for p in probs) and probs == sorted(probs, reverse=True)
+
+
+def test_learned_corpus_is_shared_across_requests():
+    c = NgramCorpus(learn_prompts=False)
+    c.start_request(1, [100])
+    c.extend(1, [1, 2, 3, 4, 5, 6])
+    c.finish(1)
+    c.synchronize()
+    c.start_request(2, [7, 1, 2, 3])
+    toks, _, _ = c.draft([2], 3).tree(0)
+    assert toks == [4, 5, 6]
+    assert c.stats()["learned_tokens"] == 6  # outputs only: the prompt was not learned
+
+
+def test_each_occurrence_counted_once_with_flush_chunks():
+    c = NgramCorpus(flush_tokens=4, overlap=2, learn_prompts=False)
+    c.start_request("a", [9])
+    for t in range(10):
+        c.extend("a", [t])
+    c.finish("a")
+    c.synchronize()
+    s = c.stats()
+    assert s["learned_tokens"] == 10  # indexed once each, chunks carry unindexed left context
+    assert s["learned_stored_tokens"] > 10
+
+
+def test_draft_batch_shapes_and_padding():
+    c = NgramCorpus()
+    c.start_requests(["x", "y"], [[1, 2, 1, 2, 1], np.array([3], dtype=np.int64)])
+    d = c.draft(["x", "y"], 6)
+    assert isinstance(d, DraftBatch) and len(d) == 2
+    assert d.tokens.shape == d.parents.shape == d.probs.shape == (2, 6)
+    assert d.tokens.dtype == np.int32 and d.probs.dtype == np.float32
+    assert d.counts[1] == 0 and (d.tokens[1] == -1).all() and (d.parents[1] == -1).all()
+    n = d.counts[0]
+    assert n >= 1 and (d.tokens[0, n:] == -1).all()
+
+
+def test_extend_batch_with_padded_array():
+    c = NgramCorpus()
+    c.start_requests(["x", "y"], [[1], [2]])
+    c.extend_batch(["x", "y"], np.array([[3, 4, 0], [5, 0, 0]]), lengths=[2, 1])
+    c.extend_batch(["x", "y"], [[6], []])
+    c.finish_batch(["x", "y"])
+    c.synchronize()
+    assert sorted(c.learned_tokens()[c.learned_tokens() >= 0].tolist()) == [1, 2, 3, 4, 5, 6]
+
+
+def test_early_stop_by_probability():
+    c = NgramCorpus(min_prob=0.5)
+    c.start_request("a", [1, 2, 3, 9, 1, 2, 3])
+    _, _, probs = c.draft(["a"], 15).tree(0)
+    assert all(p >= 0.5 for p in probs)
+    assert len(probs) < 15
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda c: c.start_request("n", [1, -3]), ">= 0|\\[0, 2\\^31\\)"),
+        (lambda c: c.start_request("n", [1, 2**40]), "\\[0, 2\\^31\\)"),
+        (lambda c: c.start_request("n", np.array([1.5])), "integer array"),
+        (lambda c: c.start_request("n", np.zeros((2, 2), dtype=np.int64)), "1-D"),
+        (lambda c: c.start_request("live", [1]), "already live"),
+        (lambda c: c.extend("nope", [1]), "unknown request id 'nope'"),
+        (lambda c: c.draft(["live"], 0), "budget"),
+        (lambda c: c.draft(["live"], 5000), "budget"),
+        (lambda c: c.draft(["live", "nope"], 3), "unknown request id"),
+        (lambda c: c.finish("nope"), "unknown request id"),
+        (lambda c: c.start_request("v", [49152]), "outside the vocabulary \\(size 49152\\)"),
+        (lambda c: c.commit_external_corpus("never"), "never started"),
+        (lambda c: c.remove_external_corpus("never"), "no external corpus"),
+        (lambda c: c.add_external_chunk("never", [1]), "not being loaded"),
+        (lambda c: c.extend_batch(["live"], np.zeros((2, 3), dtype=np.int64)), "expected token_ids"),
+        (lambda c: c.batch_get(["live"], [[1]], [1, 2]), "one entry per request"),
+        (lambda c: c.batch_get(["w"], [[1, 2, 3]], [2]), "shorter than"),
+    ],
+)
+def test_bad_input_raises_value_error(call, message):
+    c = NgramCorpus(vocab_size=49152)
+    c.start_request("live", [1, 2, 3])
+    with pytest.raises(ValueError, match=message):
+        call(c)
+    # Nothing was lost and the engine still works.
+    assert c.has_request("live")
+    c.extend("live", [4])
+    c.draft(["live"], 3)
+    c.check_integrity()
+
+
+@pytest.mark.parametrize("bad", ["string", 5, [1, "x"], [1, None], [True]])
+def test_wrong_types_raise_type_error(bad):
+    c = NgramCorpus()
+    with pytest.raises(TypeError):
+        c.start_request("a", bad)
+
+
+def test_duplicate_external_corpus_name():
+    c = NgramCorpus()
+    c.load_external_corpus_named("docs", [[1, 2, 3]])
+    with pytest.raises(ValueError, match="already exists"):
+        c.load_external_corpus_named("docs", [[4]])
+    c.commit_external_corpus_load("docs", 3)
+    with pytest.raises(ValueError, match="already exists"):
+        c.begin_external_corpus("docs")
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("mode", "fast"), ("own_orders", ()), ("own_orders", (1, 1)), ("learned_orders", (0,)), ("max_match", 1000),
+     ("alpha", -1.0), ("alpha", float("nan")), ("min_prob", 2.0), ("vocab_size", -1), ("learned_max_bytes", 100),
+     ("max_candidates", 0), ("max_depth", True)],
+)
+def test_config_validation(field, value):
+    with pytest.raises(ValueError, match=field):
+        CorpusConfig(**{field: value})
+
+
+def test_sglang_constructor_arguments():
+    c = NgramCorpus(draft_token_num=12, match_type="PROB", capacity=100_000, max_trie_depth=18,
+                    min_bfs_breadth=1, max_bfs_breadth=10, external_corpus_max_tokens=1000)
+    assert c.config.mode == "prob" and c.config.max_depth == 18 and c.config.max_external_tokens == 1000
+    with pytest.raises(ValueError, match="match_type"):
+        NgramCorpus(match_type="DFS")
+
+
+def test_external_corpus_visible_only_after_commit():
+    c = NgramCorpus()
+    c.start_request("a", [50, 51])
+    c.begin_external_corpus("docs")
+    c.add_external_chunk("docs", [50, 51, 52, 53])
+    assert c.is_loading_external_corpus("docs")
+    assert c.draft(["a"], 4).counts[0] == 0  # staged corpora are invisible
+    assert c.list_external_corpora() == {}
+    assert c.commit_external_corpus("docs") == 4
+    assert c.list_external_corpora() == {"docs": 4}
+    assert c.draft(["a"], 2).tree(0)[0] == [52, 53]
+    c.remove_external_corpus("docs")
+    assert c.draft(["a"], 4).counts[0] == 0
+
+
+def test_external_budget_is_enforced():
+    c = NgramCorpus(max_external_tokens=10)
+    with pytest.raises(ValueError, match="max_external_tokens"):
+        c.load_external_corpus_named("big", [list(range(8)), list(range(8))])
+    assert not c.is_loading_external_corpus("big")  # aborted: the name is free again
+    c.load_external_corpus_named("big", [list(range(8))])
+
+
+def test_eviction_under_a_tiny_bound_never_fails():
+    cfg = CorpusConfig(learned_max_bytes=CorpusConfig().bytes_per_token() * 1024, learn_prompts=False)
+    c = NgramCorpus(cfg)
+    rng = np.random.default_rng(0)
+    for r in range(40):
+        c.start_request(r, rng.integers(0, 50, 5))
+        c.extend(r, rng.integers(0, 50, 200))
+        c.draft([r], 8)
+        c.finish(r)
+    c.synchronize()
+    s = c.stats()
+    assert s["learned_stored_tokens"] <= 1024
+    assert s["learned_tokens"] > 0
+    c.check_integrity()
+    c.start_request("q", c.learned_tokens()[-20:-10].clip(0))
+    assert c.draft(["q"], 5).counts[0] > 0  # recent data is still found
+
+
+def test_idle_requests_expire():
+    c = NgramCorpus(request_ttl_s=0.05)
+    c.start_request("old", [1, 2])
+    import time
+
+    time.sleep(1.2)  # the sweep runs at most once a second
+    c.start_request("new", [3])
+    assert not c.has_request("old") and c.has_request("new")
+
+
+def test_namespaces_are_independent():
+    ns = Namespaces()
+    a = ns.create("llama3", CorpusConfig(vocab_size=128256))
+    b = ns.create("smollm2", CorpusConfig(vocab_size=49152))
+    a.start_request("r", [100000, 5])
+    with pytest.raises(ValueError, match="vocabulary"):
+        b.start_request("r", [100000, 5])
+    assert ns.names() == ["llama3", "smollm2"]
+    with pytest.raises(ValueError, match="already exists"):
+        ns.create("llama3")
+    with pytest.raises(ValueError, match="namespace"):
+        ns.create("../etc")
+    with pytest.raises(KeyError, match="unknown namespace"):
+        ns.get("qwen")
+    ns.drop("llama3")
+    assert "llama3" not in ns
