@@ -1,0 +1,151 @@
+"""Tree-verification kernels: CUDA on GPU tensors, the torch reference (verifier.reference) on CPU.
+
+Public functions validate their inputs (ValueError), then dispatch: CPU tensors go to the
+reference; CUDA tensors go to the nvcc-built library through torch custom ops (CUDA-graph and
+torch.compile friendly). If the library cannot be built or loaded on a GPU, a NativeKernelError
+says why; the reference is used instead only when allowed, by ``allow_reference=True`` or the
+environment variable NGRAM_VERIFIER_ALLOW_REFERENCE=1, and that fallback is logged.
+
+Conventions (sgl-kernel's): K nodes per request, root (last committed token) first, topological
+order; flat node index b*K + i; prefix_lens = tokens already in the KV cache; K <= 64.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+from torch import Tensor
+
+from .. import reference
+from ..reference import TreeIndices, VerifyResult, flatten_draft_tree
+from . import checks
+from .native import NativeKernelError
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "MAX_NODES", "NativeKernelError", "TreeIndices", "VerifyResult", "compact_kv_cache",
+    "flatten_draft_tree", "tree_attention_mask", "tree_attention_mask_flat",
+    "tree_indices_from_mask", "tree_indices_from_parents", "tree_speculative_sampling",
+    "verify_tree_greedy",
+]
+
+MAX_NODES = checks.MAX_NODES
+_warned: set[str] = set()
+
+
+def _ops():
+    from . import ops  # registers torch.ops.ngram_verifier.* on first use
+
+    return ops
+
+
+def _use_native(device: torch.device, name: str, allow_reference: bool | None) -> bool:
+    """True: run the CUDA kernel. False: run the reference (CPU, or an allowed, logged fallback)."""
+    if device.type != "cuda":
+        return False
+    from .native import library
+
+    try:
+        library()
+        return True
+    except NativeKernelError as e:
+        if allow_reference is None:
+            allow_reference = os.environ.get("NGRAM_VERIFIER_ALLOW_REFERENCE", "").lower() in ("1", "true", "yes")
+        if not allow_reference:
+            raise
+        if name not in _warned:
+            _warned.add(name)
+            log.warning("%s: using the torch reference on %s because %s", name, device, e)
+        return False
+
+
+def tree_indices_from_mask(tree_mask: Tensor, prefix_lens: Tensor, *, allow_reference: bool | None = None) -> TreeIndices:
+    """[bs, K, K] ancestor mask (bool) + prefix_lens [bs] int64 -> TreeIndices (positions, retrive_*)."""
+    checks.check_tree_mask(tree_mask, prefix_lens)
+    if _use_native(tree_mask.device, "tree_indices_from_mask", allow_reference):
+        return TreeIndices(*_ops().tree_indices_from_mask(tree_mask, prefix_lens))
+    return reference.tree_indices_from_mask(tree_mask, prefix_lens)
+
+
+def tree_indices_from_parents(parents: Tensor, prefix_lens: Tensor, *, allow_reference: bool | None = None) -> tuple[Tensor, TreeIndices]:
+    """[bs, K] flattened parents (root -1; outside [0, i) = parentless) -> (tree mask, TreeIndices)."""
+    checks.check_parents(parents, prefix_lens)
+    if _use_native(parents.device, "tree_indices_from_parents", allow_reference):
+        mask, *rest = _ops().tree_indices_from_parents(parents, prefix_lens)
+        return mask, TreeIndices(*rest)
+    return reference.tree_indices_from_parents(parents, prefix_lens)
+
+
+def verify_tree_greedy(candidates: Tensor, retrive_index: Tensor, retrive_next_token: Tensor,
+                       retrive_next_sibling: Tensor, target_predict: Tensor, num_spec_steps: int,
+                       *, allow_reference: bool | None = None) -> VerifyResult:
+    """Greedy verification; all index inputs [bs, K] int64. Returns (predicts, accept_index, accept_token_num)."""
+    args = (candidates, retrive_index, retrive_next_token, retrive_next_sibling, target_predict, num_spec_steps)
+    checks.check_greedy(*args)
+    if _use_native(candidates.device, "verify_tree_greedy", allow_reference):
+        return VerifyResult(*_ops().verify_tree_greedy(*args))
+    return reference.verify_tree_greedy(*args)
+
+
+def tree_speculative_sampling(candidates: Tensor, retrive_index: Tensor, retrive_next_token: Tensor,
+                              retrive_next_sibling: Tensor, coins: Tensor, final_coins: Tensor,
+                              target_probs: Tensor, num_spec_steps: int, threshold_single: float = 1.0,
+                              threshold_acc: float = 1.0, *, allow_reference: bool | None = None) -> VerifyResult:
+    """Rejection sampling of one-hot drafts against target_probs [bs, K, V] float32 (exact at thresholds 1).
+
+    coins [bs, K] and final_coins [bs] are U[0, 1) float32 samples (e.g. torch.rand).
+    """
+    args = (candidates, retrive_index, retrive_next_token, retrive_next_sibling, coins, final_coins,
+            target_probs, num_spec_steps, float(threshold_single), float(threshold_acc))
+    checks.check_sampling(*args)
+    if _use_native(candidates.device, "tree_speculative_sampling", allow_reference):
+        return VerifyResult(*_ops().tree_speculative_sampling(*args))
+    return reference.tree_speculative_sampling(*args)
+
+
+def tree_attention_mask(tree_mask: Tensor, prefix_lens: Tensor, kv_len: int, *, allow_reference: bool | None = None) -> Tensor:
+    """Dense [bs, K, kv_len] bool mask (True = attend) with tree token i at column prefix_len + i.
+
+    kv_len must be >= max(prefix_lens) + K (not checked: that would synchronise); tree columns
+    beyond kv_len are dropped. Use mask[:, None] as SDPA's attn_mask.
+    """
+    checks.check_dense_mask(tree_mask, prefix_lens, kv_len)
+    if _use_native(tree_mask.device, "tree_attention_mask", allow_reference):
+        return _ops().tree_attention_mask(tree_mask, prefix_lens, kv_len)
+    return reference.tree_attention_mask(tree_mask, prefix_lens, kv_len)
+
+
+def tree_attention_mask_flat(tree_mask: Tensor, prefix_lens: Tensor, total_len: int | None = None,
+                             *, allow_reference: bool | None = None) -> tuple[Tensor, Tensor]:
+    """SGLang/FlashInfer custom_mask layout: (flat bool mask, mask_indptr [bs+1] int64).
+
+    total_len = sum(K * (prefix_len + K)); pass it when the host knows it (as SGLang does from
+    seq_lens_cpu), else it is read back from the GPU (one synchronisation).
+    """
+    bs, K = checks.check_tree_mask(tree_mask, prefix_lens)
+    if not _use_native(tree_mask.device, "tree_attention_mask_flat", allow_reference):
+        return reference.tree_attention_mask_flat(tree_mask, prefix_lens)
+    indptr = torch.zeros(bs + 1, dtype=torch.int64, device=tree_mask.device)
+    torch.cumsum((prefix_lens + K) * K, 0, out=indptr[1:])
+    if total_len is None:
+        total_len = int(indptr[-1])
+    checks.require(isinstance(total_len, int) and total_len >= 0, f"total_len must be an int >= 0, got {total_len!r}")
+    return _ops().tree_attention_mask_flat(tree_mask, prefix_lens, indptr, total_len), indptr
+
+
+def compact_kv_cache(kv_cache: Tensor, draft_slots: Tensor, accept_index: Tensor, accept_token_num: Tensor,
+                     *, allow_reference: bool | None = None) -> None:
+    """In place: move each request's accepted K/V rows to the front of its draft slots.
+
+    kv_cache [num_caches, num_slots, ...] (e.g. [2 * layers, slots, heads, head_dim], any dtype);
+    draft_slots [bs, K] int64 = the slot of every tree node; accept_index / accept_token_num are
+    the int32 outputs of the verify functions.
+    """
+    checks.check_compaction(kv_cache, draft_slots, accept_index, accept_token_num)
+    if _use_native(kv_cache.device, "compact_kv_cache", allow_reference):
+        _ops().compact_kv_cache(kv_cache, draft_slots, accept_index, accept_token_num)
+    else:
+        reference.compact_kv_cache(kv_cache, draft_slots, accept_index, accept_token_num)

@@ -1,0 +1,114 @@
+"""Input validation at the Python boundary: ValueError with what was expected and what came.
+
+The kernels trust their inputs (no per-call device synchronisation), so everything that can be
+checked from shapes, dtypes, devices and strides is checked here. Value-level preconditions
+(links and parents inside the tree, slots inside the cache) are documented on each function;
+the kernels treat out-of-range links as "none" and skip out-of-range slots rather than fault.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+MAX_NODES = 64  # K limit: ancestor sets are 64-bit masks in the kernels
+
+_MASK_DTYPES = (torch.bool, torch.uint8)
+
+
+def require(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def check_tensor(name: str, t, *, ndim=None, shape=None, dtypes=None, device=None) -> None:
+    require(isinstance(t, Tensor), f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if ndim is not None:
+        require(t.dim() == ndim, f"{name}: expected {ndim} dims, got shape {tuple(t.shape)}")
+    if shape is not None:
+        want = tuple(shape)
+        require(tuple(t.shape) == want, f"{name}: expected shape {want}, got {tuple(t.shape)}")
+    if dtypes is not None:
+        dtypes = dtypes if isinstance(dtypes, tuple) else (dtypes,)
+        names = " or ".join(str(d) for d in dtypes)
+        require(t.dtype in dtypes, f"{name}: expected dtype {names}, got {t.dtype}")
+    if device is not None:
+        require(t.device == device, f"{name}: expected device {device}, got {t.device}")
+    require(t.is_contiguous(), f"{name}: expected a contiguous tensor (call .contiguous())")
+
+
+def check_num_nodes(K: int) -> None:
+    require(1 <= K <= MAX_NODES, f"K (nodes per request, root included) must be in [1, {MAX_NODES}], got {K}")
+
+
+def check_tree_mask(tree_mask, prefix_lens) -> tuple[int, int]:
+    check_tensor("tree_mask", tree_mask, ndim=3, dtypes=_MASK_DTYPES)
+    bs, K, K2 = tree_mask.shape
+    require(K == K2, f"tree_mask: expected [bs, K, K], got {tuple(tree_mask.shape)}")
+    check_num_nodes(K)
+    check_tensor("prefix_lens", prefix_lens, shape=(bs,), dtypes=torch.int64, device=tree_mask.device)
+    return bs, K
+
+
+def check_parents(parents, prefix_lens) -> tuple[int, int]:
+    check_tensor("parents", parents, ndim=2, dtypes=torch.int64)
+    bs, K = parents.shape
+    check_num_nodes(K)
+    check_tensor("prefix_lens", prefix_lens, shape=(bs,), dtypes=torch.int64, device=parents.device)
+    return bs, K
+
+
+def check_tree_links(candidates, retrive_index, next_token, next_sibling, num_spec_steps) -> tuple[int, int]:
+    check_tensor("candidates", candidates, ndim=2, dtypes=torch.int64)
+    bs, K = candidates.shape
+    check_num_nodes(K)
+    dev = candidates.device
+    for name, t in (("retrive_index", retrive_index), ("retrive_next_token", next_token),
+                    ("retrive_next_sibling", next_sibling)):
+        check_tensor(name, t, shape=(bs, K), dtypes=torch.int64, device=dev)
+    require(isinstance(num_spec_steps, int) and num_spec_steps >= 1,
+            f"num_spec_steps must be an int >= 1, got {num_spec_steps!r}")
+    return bs, K
+
+
+def check_greedy(candidates, retrive_index, next_token, next_sibling, target_predict, num_spec_steps):
+    bs, K = check_tree_links(candidates, retrive_index, next_token, next_sibling, num_spec_steps)
+    check_tensor("target_predict", target_predict, shape=(bs, K), dtypes=torch.int64, device=candidates.device)
+    return bs, K
+
+
+def check_sampling(candidates, retrive_index, next_token, next_sibling, coins, final_coins,
+                   target_probs, num_spec_steps, threshold_single, threshold_acc):
+    bs, K = check_tree_links(candidates, retrive_index, next_token, next_sibling, num_spec_steps)
+    dev = candidates.device
+    check_tensor("target_probs", target_probs, ndim=3, dtypes=torch.float32, device=dev)
+    require(tuple(target_probs.shape[:2]) == (bs, K),
+            f"target_probs: expected [bs={bs}, K={K}, vocab], got {tuple(target_probs.shape)}")
+    require(target_probs.shape[2] >= 1, "target_probs: vocab size must be >= 1")
+    require(target_probs.shape[2] < 2**31, "target_probs: vocab size must fit in int32")
+    check_tensor("coins", coins, shape=(bs, K), dtypes=torch.float32, device=dev)
+    check_tensor("final_coins", final_coins, shape=(bs,), dtypes=torch.float32, device=dev)
+    for name, v in (("threshold_single", threshold_single), ("threshold_acc", threshold_acc)):
+        require(isinstance(v, (int, float)) and 0.0 <= float(v) <= 1.0, f"{name} must be in [0, 1], got {v!r}")
+    return bs, K
+
+
+def check_dense_mask(tree_mask, prefix_lens, kv_len) -> tuple[int, int]:
+    bs, K = check_tree_mask(tree_mask, prefix_lens)
+    require(isinstance(kv_len, int) and kv_len >= 1, f"kv_len must be an int >= 1, got {kv_len!r}")
+    return bs, K
+
+
+def check_compaction(kv_cache, draft_slots, accept_index, accept_token_num) -> tuple[int, int, int]:
+    require(isinstance(kv_cache, Tensor), f"kv_cache: expected a torch.Tensor, got {type(kv_cache).__name__}")
+    require(kv_cache.dim() >= 3, f"kv_cache: expected [num_caches, num_slots, ...], got shape {tuple(kv_cache.shape)}")
+    check_tensor("kv_cache", kv_cache)
+    dev = kv_cache.device
+    check_tensor("draft_slots", draft_slots, ndim=2, dtypes=torch.int64, device=dev)
+    bs, K = draft_slots.shape
+    check_num_nodes(K)
+    check_tensor("accept_index", accept_index, ndim=2, dtypes=torch.int32, device=dev)
+    require(accept_index.shape[0] == bs, f"accept_index: expected {bs} rows, got {tuple(accept_index.shape)}")
+    require(accept_index.shape[1] >= 1, "accept_index: expected at least one column (the root)")
+    check_tensor("accept_token_num", accept_token_num, shape=(bs,), dtypes=torch.int32, device=dev)
+    return bs, K, accept_index.shape[1]

@@ -1,0 +1,216 @@
+// Tree rejection sampling for deterministic (one-hot) drafts, with sgl-kernel's
+// tree_speculative_sampling_target_only semantics (exact when both thresholds are 1).
+//
+// The math. At the last accepted node with target distribution q, its children c_1..c_m (sibling
+// order) are one-hot drafts. With one coin u ~ U[0,1) per accepted node, child c_k is accepted iff
+//     u < (q(c_1) + ... + q(c_k)) / threshold_acc   or   q(c_k) >= threshold_single,
+// checked in order. With thresholds 1 this is sequential rejection: P(accept c_k | c_1..c_{k-1}
+// rejected) = q(c_k) / (1 - q(c_1) - ... - q(c_{k-1})), i.e. exactly the residual distribution
+// after removing the rejected tokens. If every child is rejected, the bonus token is drawn from
+// q with the rejected children's tokens zeroed, renormalised (sgl-kernel's relu(q - p) with
+// p = q on those tokens); if the walk stopped on num_spec_steps, from q itself. So every emitted
+// token is distributed as q given its prefix.
+// Differences from sgl-kernel, both deliberate: acceptance uses `u < acc` (sgl: `<=`), so a token
+// with target probability 0 is never accepted even when u == 0; and no [bs, K, vocab] draft_probs
+// scratch is read or written (the <= 63 rejected tokens are kept in shared memory instead).
+//
+// The coin for node i's children is coins[b, i] (the root's is coins[b, 0]); the bonus token
+// uses final_coins[b] by inverse CDF: the first v with cumsum(residual)[v] > final_coin * total.
+//
+// One block of kThreads per request. Thread 0 walks the tree in shared memory (each node's q of
+// its own token is fetched by all threads at once beforehand); the bonus draw is a block-wide
+// chunked sum + scan over the vocabulary row, then one thread scans its own chunk.
+#include "common.cuh"
+
+namespace {
+
+constexpr int kThreads = 1024;
+
+// Sum of the residual over [start, end) in index order, sequentially in float32. Tokens in
+// rejected[0..num_rejected) count as 0.
+__device__ float chunk_sum(const float* row, int start, int end, const int* rejected,
+                           int num_rejected, bool vectorised) {
+  bool any_rejected = false;
+  for (int k = 0; k < num_rejected; ++k) any_rejected |= (rejected[k] >= start && rejected[k] < end);
+  float sum = 0.f;
+  if (!any_rejected && vectorised) {
+    for (int v = start; v < end; v += 4) {  // start, end are multiples of 4 here
+      const float4 x = __ldg(reinterpret_cast<const float4*>(row + v));
+      sum += x.x; sum += x.y; sum += x.z; sum += x.w;  // same order as the scalar loop
+    }
+    return sum;
+  }
+  for (int v = start; v < end; ++v) {
+    float x = __ldg(row + v);
+    if (any_rejected) {
+      for (int k = 0; k < num_rejected; ++k) x = (rejected[k] == v) ? 0.f : x;
+    }
+    sum += x;
+  }
+  return sum;
+}
+
+// Exclusive block scan of one float per thread; also returns the block total.
+__device__ float block_exclusive_scan(float value, float* total, float* warp_sums) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float incl = value;
+  for (int o = 1; o < 32; o <<= 1) {
+    const float y = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += y;
+  }
+  float excl = __shfl_up_sync(0xffffffffu, incl, 1);
+  if (lane == 0) excl = 0.f;
+  if (lane == 31) warp_sums[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    float s = warp_sums[lane];
+    for (int o = 1; o < 32; o <<= 1) {
+      const float y = __shfl_up_sync(0xffffffffu, s, o);
+      if (lane >= o) s += y;
+    }
+    warp_sums[lane] = s;  // inclusive over warps
+  }
+  __syncthreads();
+  *total = warp_sums[kThreads / 32 - 1];
+  const float offset = warp > 0 ? warp_sums[warp - 1] : 0.f;
+  __syncthreads();  // warp_sums may be reused by the caller
+  return offset + excl;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    tree_sampling_kernel(int32_t* predicts, int32_t* accept_index, int32_t* accept_token_num,
+                         const int64_t* __restrict__ candidates,
+                         const int64_t* __restrict__ retrive_index,
+                         const int64_t* __restrict__ next_token,
+                         const int64_t* __restrict__ next_sibling,
+                         const float* __restrict__ coins, const float* __restrict__ final_coins,
+                         const float* __restrict__ target_probs, int K, int S, int V,
+                         float threshold_single, float threshold_acc) {
+  __shared__ int64_t cand_s[NGK_MAX_NODES], ridx_s[NGK_MAX_NODES];
+  __shared__ int next_s[NGK_MAX_NODES], sibling_s[NGK_MAX_NODES], parent_s[NGK_MAX_NODES];
+  __shared__ float q_s[NGK_MAX_NODES];
+  __shared__ int rejected_s[NGK_MAX_NODES];
+  __shared__ int num_rejected_s, last_s, owner_s;
+  __shared__ float warp_sums[kThreads / 32];
+  const int b = blockIdx.x, tid = threadIdx.x;
+  const int64_t base = static_cast<int64_t>(b) * K;
+
+  if (tid < K) {
+    const int64_t r = retrive_index[base + tid];
+    cand_s[tid] = candidates[base + tid];
+    ridx_s[tid] = r;
+    next_s[tid] = ngk_node(next_token[base + tid], K);
+    sibling_s[tid] = ngk_node(next_sibling[base + tid], K);
+    parent_s[tid] = -1;
+    predicts[r] = -1;
+  }
+  for (int t = tid; t < S; t += kThreads) accept_index[static_cast<int64_t>(b) * S + t] = -1;
+  __syncthreads();
+  if (tid < K) {  // node tid claims its children, so every q below is fetched in one round trip
+    int c = next_s[tid];
+    for (int steps = 0; c != -1 && steps < K; ++steps, c = sibling_s[c]) parent_s[c] = tid;
+  }
+  __syncthreads();
+  if (tid < K) {
+    const int p = parent_s[tid];
+    const int64_t tok = cand_s[tid];
+    q_s[tid] = (p >= 0 && tok >= 0 && tok < V) ? target_probs[(base + p) * V + tok] : 0.f;
+  }
+  __syncthreads();
+
+  if (tid == 0) {
+    int32_t* accepted_out = accept_index + static_cast<int64_t>(b) * S;
+    accepted_out[0] = static_cast<int32_t>(ridx_s[0]);
+    float coin = coins[base], prob_acc = 0.f;
+    int last = 0, num_accepted = 0, examined = 0, num_rejected = 0;
+    for (int step = 1; step < S; ++step) {
+      int cur = next_s[last];
+      bool accepted = false;
+      while (cur != -1 && examined < K - 1) {
+        ++examined;
+        const int64_t tok = cand_s[cur];
+        float q = q_s[cur];
+        if (parent_s[cur] != last) {  // only for malformed links: read q at the node we are at
+          q = (tok >= 0 && tok < V) ? target_probs[(base + last) * V + tok] : 0.f;
+        }
+        prob_acc += q;
+        if (coin < prob_acc / threshold_acc || q >= threshold_single) {
+          predicts[ridx_s[last]] = static_cast<int32_t>(tok);
+          accepted_out[++num_accepted] = static_cast<int32_t>(ridx_s[cur]);
+          last = cur;
+          prob_acc = 0.f;
+          coin = coins[base + cur];
+          num_rejected = 0;
+          accepted = true;
+          break;
+        }
+        if (tok >= 0 && tok < V) rejected_s[num_rejected++] = static_cast<int>(tok);
+        cur = sibling_s[cur];
+      }
+      if (!accepted) break;
+    }
+    accept_token_num[b] = num_accepted;
+    last_s = last;
+    num_rejected_s = num_rejected;
+    owner_s = -1;
+  }
+  __syncthreads();
+
+  // Bonus token: inverse CDF over the residual row, thread tid owning [start, end).
+  const int last = last_s;
+  const float* row = target_probs + (base + last) * V;
+  const int chunk = ((V + kThreads - 1) / kThreads + 3) & ~3;
+  const int start = min(V, tid * chunk), end = min(V, start + chunk);
+  const bool vectorised = (V % 4 == 0) && ((reinterpret_cast<uintptr_t>(target_probs) & 15) == 0);
+  int num_rejected = num_rejected_s;
+  float partial = chunk_sum(row, start, end, rejected_s, num_rejected, vectorised);
+  float total;
+  float excl = block_exclusive_scan(partial, &total, warp_sums);
+  if (!(total > 0.f) && num_rejected > 0) {  // all mass was on rejected tokens: draw from q
+    num_rejected = 0;
+    partial = chunk_sum(row, start, end, rejected_s, 0, vectorised);
+    excl = block_exclusive_scan(partial, &total, warp_sums);
+  }
+  const float u = final_coins[b] * total;
+  // The owner is the last thread with mass whose chunk starts at or below u; it always exists
+  // when total > 0 (the first thread with mass starts at 0), also when rounding puts u >= total.
+  if (partial > 0.f && excl <= u) atomicMax(&owner_s, tid);
+  __syncthreads();
+  if (tid == owner_s) {
+    float running = excl;
+    int pick = -1;
+    for (int v = start; v < end; ++v) {
+      float x = __ldg(row + v);
+      for (int k = 0; k < num_rejected; ++k) x = (rejected_s[k] == v) ? 0.f : x;
+      if (x > 0.f) {
+        pick = v;
+        running += x;
+        if (running > u) break;
+      }
+    }
+    predicts[ridx_s[last]] = pick;
+  } else if (tid == 0 && owner_s == -1) {  // an all-zero row: sgl-kernel also falls back to V - 1
+    predicts[ridx_s[last]] = V - 1;
+  }
+}
+
+}  // namespace
+
+extern "C" int ngk_tree_speculative_sampling(
+    int32_t* predicts, int32_t* accept_index, int32_t* accept_token_num,
+    const int64_t* candidates, const int64_t* retrive_index, const int64_t* next_token,
+    const int64_t* next_sibling, const float* coins, const float* final_coins,
+    const float* target_probs, int batch_size, int K, int num_spec_steps, int vocab_size,
+    float threshold_single, float threshold_acc, cudaStream_t stream) {
+  NGK_REQUIRE(K >= 1 && K <= NGK_MAX_NODES);
+  NGK_REQUIRE(num_spec_steps >= 1);
+  NGK_REQUIRE(vocab_size >= 1);
+  if (batch_size == 0) return 0;
+  const float capped_acc = fmaxf(threshold_acc, 1e-9f);  // as sgl-kernel
+  tree_sampling_kernel<<<batch_size, kThreads, 0, stream>>>(
+      predicts, accept_index, accept_token_num, candidates, retrive_index, next_token,
+      next_sibling, coins, final_coins, target_probs, K, num_spec_steps, vocab_size,
+      threshold_single, capped_acc);
+  NGK_CHECK_LAUNCH();
+  return 0;
+}

@@ -1,0 +1,153 @@
+"""The native kernels as torch custom ops (``torch.ops.ngram_verifier.*``).
+
+Each op allocates its outputs with torch (so they come from the graph pool under CUDA graph
+capture) and launches on ``torch.cuda.current_stream()`` through ctypes; a fake implementation
+gives the output shapes to torch.compile. The ops trust their inputs: validate with
+``verifier.kernels.checks`` first (the public functions in ``verifier.kernels`` do).
+"""
+
+import math
+
+import torch
+from torch import Tensor
+
+from .native import library
+
+_NS = "ngram_verifier"
+
+
+def _stream(t: Tensor) -> int:
+    return torch.cuda.current_stream(t.device).cuda_stream
+
+
+def _ptr(t: Tensor) -> int:
+    return t.data_ptr()
+
+
+def _index_outputs(like: Tensor, bs: int, K: int):
+    i64 = dict(dtype=torch.int64, device=like.device)
+    return (torch.empty(bs * K, **i64), torch.empty(bs, K, **i64),
+            torch.empty(bs, K, **i64), torch.empty(bs, K, **i64))
+
+
+def _verify_outputs(like: Tensor, bs: int, K: int, S: int):
+    i32 = dict(dtype=torch.int32, device=like.device)
+    return torch.empty(bs * K, **i32), torch.empty(bs, S, **i32), torch.empty(bs, **i32)
+
+
+@torch.library.custom_op(f"{_NS}::tree_indices_from_mask", mutates_args=())
+def tree_indices_from_mask(tree_mask: Tensor, prefix_lens: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    bs, K = tree_mask.shape[0], tree_mask.shape[1]
+    out = _index_outputs(tree_mask, bs, K)
+    with torch.cuda.device(tree_mask.device):
+        library().call("ngk_tree_indices_from_mask", _ptr(tree_mask), _ptr(prefix_lens),
+                       *map(_ptr, out), bs, K, _stream(tree_mask))
+    return out
+
+
+@tree_indices_from_mask.register_fake
+def _(tree_mask, prefix_lens):
+    return _index_outputs(tree_mask, tree_mask.shape[0], tree_mask.shape[1])
+
+
+@torch.library.custom_op(f"{_NS}::tree_indices_from_parents", mutates_args=())
+def tree_indices_from_parents(parents: Tensor, prefix_lens: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    bs, K = parents.shape
+    mask = torch.empty(bs, K, K, dtype=torch.bool, device=parents.device)
+    out = _index_outputs(parents, bs, K)
+    with torch.cuda.device(parents.device):
+        library().call("ngk_tree_indices_from_parents", _ptr(parents), _ptr(prefix_lens), _ptr(mask),
+                       *map(_ptr, out), bs, K, _stream(parents))
+    return (mask, *out)
+
+
+@tree_indices_from_parents.register_fake
+def _(parents, prefix_lens):
+    bs, K = parents.shape
+    return (parents.new_empty(bs, K, K, dtype=torch.bool), *_index_outputs(parents, bs, K))
+
+
+@torch.library.custom_op(f"{_NS}::verify_tree_greedy", mutates_args=())
+def verify_tree_greedy(candidates: Tensor, retrive_index: Tensor, retrive_next_token: Tensor,
+                       retrive_next_sibling: Tensor, target_predict: Tensor,
+                       num_spec_steps: int) -> tuple[Tensor, Tensor, Tensor]:
+    bs, K = candidates.shape
+    out = _verify_outputs(candidates, bs, K, num_spec_steps)
+    with torch.cuda.device(candidates.device):
+        library().call("ngk_verify_tree_greedy", *map(_ptr, out), _ptr(candidates), _ptr(retrive_index),
+                       _ptr(retrive_next_token), _ptr(retrive_next_sibling), _ptr(target_predict),
+                       bs, K, num_spec_steps, _stream(candidates))
+    return out
+
+
+@verify_tree_greedy.register_fake
+def _(candidates, retrive_index, retrive_next_token, retrive_next_sibling, target_predict, num_spec_steps):
+    return _verify_outputs(candidates, *candidates.shape, num_spec_steps)
+
+
+@torch.library.custom_op(f"{_NS}::tree_speculative_sampling", mutates_args=())
+def tree_speculative_sampling(candidates: Tensor, retrive_index: Tensor, retrive_next_token: Tensor,
+                              retrive_next_sibling: Tensor, coins: Tensor, final_coins: Tensor,
+                              target_probs: Tensor, num_spec_steps: int, threshold_single: float,
+                              threshold_acc: float) -> tuple[Tensor, Tensor, Tensor]:
+    bs, K = candidates.shape
+    out = _verify_outputs(candidates, bs, K, num_spec_steps)
+    with torch.cuda.device(candidates.device):
+        library().call("ngk_tree_speculative_sampling", *map(_ptr, out), _ptr(candidates),
+                       _ptr(retrive_index), _ptr(retrive_next_token), _ptr(retrive_next_sibling),
+                       _ptr(coins), _ptr(final_coins), _ptr(target_probs), bs, K, num_spec_steps,
+                       target_probs.shape[2], float(threshold_single), float(threshold_acc),
+                       _stream(candidates))
+    return out
+
+
+@tree_speculative_sampling.register_fake
+def _(candidates, retrive_index, retrive_next_token, retrive_next_sibling, coins, final_coins,
+      target_probs, num_spec_steps, threshold_single, threshold_acc):
+    return _verify_outputs(candidates, *candidates.shape, num_spec_steps)
+
+
+@torch.library.custom_op(f"{_NS}::tree_attention_mask", mutates_args=())
+def tree_attention_mask(tree_mask: Tensor, prefix_lens: Tensor, kv_len: int) -> Tensor:
+    bs, K = tree_mask.shape[0], tree_mask.shape[1]
+    out = torch.empty(bs, K, kv_len, dtype=torch.bool, device=tree_mask.device)
+    with torch.cuda.device(tree_mask.device):
+        library().call("ngk_tree_attention_mask_dense", _ptr(tree_mask), _ptr(prefix_lens), _ptr(out),
+                       bs, K, kv_len, _stream(tree_mask))
+    return out
+
+
+@tree_attention_mask.register_fake
+def _(tree_mask, prefix_lens, kv_len):
+    return tree_mask.new_empty(tree_mask.shape[0], tree_mask.shape[1], kv_len, dtype=torch.bool)
+
+
+@torch.library.custom_op(f"{_NS}::tree_attention_mask_flat", mutates_args=())
+def tree_attention_mask_flat(tree_mask: Tensor, prefix_lens: Tensor, mask_indptr: Tensor, total_len: int) -> Tensor:
+    bs, K = tree_mask.shape[0], tree_mask.shape[1]
+    out = torch.empty(total_len, dtype=torch.bool, device=tree_mask.device)
+    with torch.cuda.device(tree_mask.device):
+        library().call("ngk_tree_attention_mask_flat", _ptr(tree_mask), _ptr(prefix_lens), _ptr(mask_indptr),
+                       _ptr(out), bs, K, _stream(tree_mask))
+    return out
+
+
+@tree_attention_mask_flat.register_fake
+def _(tree_mask, prefix_lens, mask_indptr, total_len):
+    return tree_mask.new_empty(total_len, dtype=torch.bool)
+
+
+@torch.library.custom_op(f"{_NS}::compact_kv_cache", mutates_args=("kv_cache",))
+def compact_kv_cache(kv_cache: Tensor, draft_slots: Tensor, accept_index: Tensor, accept_token_num: Tensor) -> None:
+    bs, K = draft_slots.shape
+    num_caches, num_slots = kv_cache.shape[0], kv_cache.shape[1]
+    row_bytes = math.prod(kv_cache.shape[2:]) * kv_cache.element_size()
+    with torch.cuda.device(kv_cache.device):
+        library().call("ngk_compact_kv_cache", _ptr(kv_cache), _ptr(draft_slots), _ptr(accept_index),
+                       _ptr(accept_token_num), bs, K, accept_index.shape[1], num_caches, num_slots,
+                       row_bytes, _stream(kv_cache))
+
+
+@compact_kv_cache.register_fake
+def _(kv_cache, draft_slots, accept_index, accept_token_num):
+    return None
