@@ -111,6 +111,7 @@ def replay_engine(traces: list[Trace], budget: int, config: CorpusConfig, replic
     res = rep.summary()
     res.update(
         us_per_draft=draft_ns / max(n_draft, 1) / 1e3,
+        us_per_draft_engine=1e6 * sum(s["draft_seconds"] for s in stats) / max(sum(s["drafts"] for s in stats), 1),
         us_per_extend=extend_ns / max(n_extend, 1) / 1e3,
         us_per_start=start_ns / max(len(traces), 1) / 1e3,
         learned_tokens=learned,
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> dict:
             if "prompt_lookup" in run:
                 line += f" | PLD {run['prompt_lookup']['mat']:.3f} ({e['mat'] / run['prompt_lookup']['mat']:.2f}x)"
                 line += f" | oracle {run['oracle_chain']['mat']:.3f}"
-            line += (f" | draft {e['us_per_draft']:.1f} us, extend {e['us_per_extend']:.1f} us, "
+            line += (f" | draft {e['us_per_draft']:.1f} us ({e['us_per_draft_engine']:.1f} in engine), extend {e['us_per_extend']:.1f} us, "
                      f"start {e['us_per_start']:.1f} us, {e['bytes_per_learned_token']:.1f} B/learned token")
             print(line, flush=True)
             for cat, mat in e["per_category"].items():

@@ -38,10 +38,11 @@ class CorpusConfig:
     learned_orders: tuple[int, ...] = (1, 2, 4, 8, 16)
     external_orders: tuple[int, ...] = (1, 2, 4, 8, 16)
     max_candidates: int = 32  # occurrences used per source per draft
-    max_chain: int = 48  # hash-chain steps per order per lookup
+    max_chain: int = 16  # hash-chain steps per order per lookup
     max_match: int = 64  # longest backward match measured (<= 256)
     max_depth: int = 64  # deepest draft node (<= 256)
-    alpha: float = 2.0
+    alpha: float = 2.0  # match-length exponent for the request's own context
+    shared_alpha: float = 2.0  # ... for the learned and external corpora
     lambda_: float = 16.0
     match_cap: int = 32
     depth_gain: float = 1.0  # accepted draft tokens count this much towards the match length
@@ -79,7 +80,7 @@ class CorpusConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
                 raise ValueError(f"{name}: expected an int in [{lo}, {hi}], got {v!r}")
-        for name in ("alpha", "lambda_", "depth_gain", "own_weight", "learned_weight", "external_weight", "request_ttl_s"):
+        for name in ("alpha", "shared_alpha", "lambda_", "depth_gain", "own_weight", "learned_weight", "external_weight", "request_ttl_s"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0 or v != v or v == float("inf"):
                 raise ValueError(f"{name}: expected a finite number >= 0, got {v!r}")
@@ -106,7 +107,7 @@ class CorpusConfig:
         c.own_orders = list(self.own_orders)
         c.learned_orders = list(self.learned_orders)
         c.external_orders = list(self.external_orders)
-        for name in ("max_candidates", "max_chain", "max_match", "max_depth", "min_prob", "own_weight",
+        for name in ("max_candidates", "max_chain", "max_match", "max_depth", "min_prob", "own_weight", "shared_alpha",
                      "learned_weight", "external_weight", "learn_prompts", "flush_tokens", "overlap",
                      "vocab_size", "request_ttl_s", "max_requests", "max_external_tokens"):
             setattr(c, name, getattr(self, name))

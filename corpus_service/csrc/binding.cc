@@ -44,6 +44,7 @@ PYBIND11_MODULE(_native, m) {
       .def_readwrite("max_depth", &CorpusConfig::max_depth)
       .def_readwrite("mode", &CorpusConfig::mode)
       .def_readwrite("score", &CorpusConfig::score)
+      .def_readwrite("shared_alpha", &CorpusConfig::shared_alpha)
       .def_readwrite("min_prob", &CorpusConfig::min_prob)
       .def_readwrite("own_weight", &CorpusConfig::own_weight)
       .def_readwrite("learned_weight", &CorpusConfig::learned_weight)

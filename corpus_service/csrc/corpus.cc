@@ -210,17 +210,19 @@ void Corpus::draft_one(RequestState& rs, int budget, const std::vector<std::shar
   tree.reset();
   if (ctx_len > 0) {
     rs.own.tail(ctx_len, ctx);
-    auto add_source = [&](const TokenIndex& idx, uint64_t exclude_from, float scale) {
+    ScoreParams shared = cfg_.score;
+    shared.alpha = cfg_.shared_alpha;
+    auto add_source = [&](const TokenIndex& idx, uint64_t exclude_from, float scale, const ScoreParams& sp) {
       int n = idx.find(ctx, ctx_len, cfg_.max_candidates, cfg_.max_chain, cfg_.max_match, exclude_from, cands);
       for (int i = 0; i < n; ++i) {
         int c = idx.continuation(cands[i].pos, depth, cont);
-        tree.add(cont, c, cands[i].match_len, scale, cands[i].pos, cfg_.mode, cfg_.score);
+        tree.add(cont, c, cands[i].match_len, scale, cands[i].pos, cfg_.mode, sp);
       }
     };
     // The request's current position trivially matches itself: exclude it.
-    add_source(rs.own, rs.own.end() - 1, cfg_.own_weight);
-    add_source(learned_, UINT64_MAX, cfg_.learned_weight);
-    for (auto& e : ext) add_source(*e, UINT64_MAX, cfg_.external_weight);
+    add_source(rs.own, rs.own.end() - 1, cfg_.own_weight, cfg_.score);
+    add_source(learned_, UINT64_MAX, cfg_.learned_weight, shared);
+    for (auto& e : ext) add_source(*e, UINT64_MAX, cfg_.external_weight, shared);
   }
   tree.select(budget, cfg_.min_prob, cfg_.mode, cfg_.score, tokens, parents, probs);
 }
@@ -239,6 +241,7 @@ void Corpus::draft(const std::vector<std::string>& ids, int budget, DraftOutput*
   thread_local DraftTree tree;
   thread_local std::vector<int32_t> t, p;
   thread_local std::vector<float> pr;
+  const int64_t t0 = now_ns();
   std::shared_lock<std::shared_mutex> lg(learned_mu_);
   uint64_t nodes = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -256,6 +259,7 @@ void Corpus::draft(const std::vector<std::string>& ids, int budget, DraftOutput*
   }
   n_drafts_ += ids.size();
   n_draft_nodes_ += nodes;
+  n_draft_ns_ += static_cast<uint64_t>(now_ns() - t0);
 }
 
 void Corpus::draft_flat(const std::vector<std::string>& ids, int k, std::vector<int64_t>* tokens,
@@ -629,6 +633,7 @@ std::map<std::string, double> Corpus::stats() {
   s["drafts"] = static_cast<double>(n_drafts_.load());
   s["draft_nodes"] = static_cast<double>(n_draft_nodes_.load());
   s["extend_tokens"] = static_cast<double>(n_extend_tokens_.load());
+  s["draft_seconds"] = static_cast<double>(n_draft_ns_.load()) * 1e-9;
   return s;
 }
 

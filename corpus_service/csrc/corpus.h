@@ -31,11 +31,12 @@ struct CorpusConfig {
   std::vector<int> learned_orders{1, 2, 4, 8, 16};   // ... in the learned corpus
   std::vector<int> external_orders{1, 2, 4, 8, 16};  // ... in external corpora
   int max_candidates = 32;       // occurrences used per source per draft
-  int max_chain = 48;            // chain steps per order per lookup
+  int max_chain = 16;            // chain steps per order per lookup
   int max_match = 64;            // longest backward match measured
   int max_depth = 64;            // deepest draft node
   DraftMode mode = DraftMode::kScore;
   ScoreParams score;
+  float shared_alpha = 2.0f;     // match-length exponent for the learned and external corpora
   float min_prob = 0.0f;         // stop adding nodes below this path probability
   float own_weight = 1.0f;       // source weights (kScore)
   float learned_weight = 0.1f;
@@ -157,7 +158,7 @@ class Corpus {
   std::unordered_map<uint64_t, uint64_t> chunk_end_;  // request serial -> end of its latest chunk
   std::atomic<uint64_t> next_serial_{0};
 
-  std::atomic<uint64_t> n_drafts_{0}, n_draft_nodes_{0}, n_extend_tokens_{0};
+  std::atomic<uint64_t> n_drafts_{0}, n_draft_nodes_{0}, n_extend_tokens_{0}, n_draft_ns_{0};
 };
 
 }  // namespace ngc

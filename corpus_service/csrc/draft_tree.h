@@ -45,6 +45,7 @@ class DraftTree {
   size_t nodes() const { return nodes_.size(); }
 
  private:
+  float weight(int match_len, int depth, float scale, DraftMode mode, const ScoreParams& sp);
   struct Node {
     int32_t token;
     int32_t first_child;
@@ -56,6 +57,12 @@ class DraftTree {
   };
   int32_t child(int32_t parent, int32_t token);
   std::vector<Node> nodes_;
+  // pow(m, alpha) for m = 0..match_cap, rebuilt when the parameters change (pow is the hot spot).
+  struct PowTable {
+    float alpha = -1.f;
+    std::vector<float> values;
+  };
+  PowTable tables_[2];  // the two exponents in use (own context; shared corpora)
 };
 
 }  // namespace ngc

@@ -32,9 +32,9 @@ class RefRequest:
 
 
 class RefCorpus:
-    def __init__(self, *, alpha, lambda_, match_cap, own_weight, learned_weight, external_weight,
+    def __init__(self, *, alpha, shared_alpha, lambda_, match_cap, own_weight, learned_weight, external_weight,
                  max_match, max_depth, flush_tokens, overlap, learn_prompts, mode="score"):
-        self.p = dict(alpha=alpha, lambda_=lambda_, match_cap=match_cap, max_match=max_match, max_depth=max_depth,
+        self.p = dict(alpha=alpha, shared_alpha=shared_alpha, lambda_=lambda_, match_cap=match_cap, max_match=max_match, max_depth=max_depth,
                       flush_tokens=flush_tokens, overlap=overlap, learn_prompts=learn_prompts, mode=mode)
         self.weights = {"own": own_weight, "learned": learned_weight, "external": external_weight}
         self.requests: dict[str, RefRequest] = {}
@@ -100,8 +100,10 @@ class RefCorpus:
         score = self.p["mode"] == "score"
         for name, docs, excl in sources:
             for cont, m in self._candidates(docs, ctx, excl):
+                alpha = self.p["alpha"] if name == "own" else self.p["shared_alpha"]
+
                 def w(d):
-                    return self.weights[name] * min(m + self.p.get("depth_gain", 1.0) * d, self.p["match_cap"]) ** self.p["alpha"] if score else 1.0
+                    return self.weights[name] * min(m + d, self.p["match_cap"]) ** alpha if score else 1.0
                 path: tuple = ()
                 mass[()] += w(0)
                 for i, t in enumerate(cont[:depth]):
