@@ -27,8 +27,8 @@
 namespace ngc {
 
 struct CorpusConfig {
-  std::vector<int> own_orders{1, 2, 4, 8, 16};       // n-gram orders indexed per request
-  std::vector<int> learned_orders{1, 2, 4, 8, 16};   // ... in the learned corpus
+  std::vector<int> own_orders{1, 2, 4, 8};            // n-gram orders indexed per request
+  std::vector<int> learned_orders{1, 2, 4, 8};        // ... in the learned corpus
   std::vector<int> external_orders{1, 2, 4, 8, 16};  // ... in external corpora
   int max_candidates = 32;       // occurrences used per source per draft
   int max_chain = 16;            // chain steps per order per lookup

@@ -26,29 +26,32 @@ int32_t DraftTree::child(int32_t parent, int32_t token) {
   return id;
 }
 
-float DraftTree::weight(int match_len, int depth, float scale, DraftMode mode, const ScoreParams& sp) {
-  if (mode != DraftMode::kScore) return 1.0f;
-  float m = std::min(static_cast<float>(match_len) + sp.depth_gain * static_cast<float>(depth),
-                     static_cast<float>(sp.match_cap));
+const float* DraftTree::pow_table(const ScoreParams& sp) {
   const size_t n = static_cast<size_t>(sp.match_cap) + 1;
-  PowTable* t = &tables_[0];
-  if (t->alpha != sp.alpha || t->values.size() != n) {
-    t = &tables_[1];
-    if (t->alpha != sp.alpha || t->values.size() != n) {
-      std::swap(tables_[0], tables_[1]);  // keep the most recent exponent in slot 0
-      t = &tables_[0];
-      t->values.resize(n);
-      for (size_t i = 0; i < n; ++i) t->values[i] = std::pow(static_cast<float>(i), sp.alpha);
-      t->alpha = sp.alpha;
-    }
-  }
-  int mi = static_cast<int>(m);
-  return scale * (static_cast<float>(mi) == m ? t->values[mi] : std::pow(m, sp.alpha));
+  for (PowTable& t : tables_)
+    if (t.alpha == sp.alpha && t.values.size() == n) return t.values.data();
+  std::swap(tables_[0], tables_[1]);  // keep the most recent exponent in slot 0
+  PowTable& t = tables_[0];
+  t.values.resize(n);
+  for (size_t i = 0; i < n; ++i) t.values[i] = std::pow(static_cast<float>(i), sp.alpha);
+  t.alpha = sp.alpha;
+  return t.values.data();
 }
 
 void DraftTree::add(const int32_t* tokens, int n, int match_len, float scale, uint64_t recency,
                     DraftMode mode, const ScoreParams& sp) {
-  auto weight = [&](int depth) { return this->weight(match_len, depth, scale, mode, sp); };
+  // weight(d) = scale * min(match_len + gain * d, cap)^alpha, from a table when it is an integer.
+  const bool score = mode == DraftMode::kScore;
+  const float* tab = score ? pow_table(sp) : nullptr;
+  const float cap = static_cast<float>(sp.match_cap);
+  const int gain = static_cast<int>(sp.depth_gain);
+  const bool integral = static_cast<float>(gain) == sp.depth_gain;  // the common case: a table lookup
+  auto weight = [&](int depth) -> float {
+    if (!score) return 1.0f;
+    if (integral) return scale * tab[std::min(match_len + gain * depth, sp.match_cap)];
+    float m = std::min(static_cast<float>(match_len) + sp.depth_gain * static_cast<float>(depth), cap);
+    return scale * std::pow(m, sp.alpha);
+  };
   int32_t u = 0;
   float w = weight(0);
   nodes_[0].mass += w;

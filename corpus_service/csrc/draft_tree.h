@@ -45,7 +45,7 @@ class DraftTree {
   size_t nodes() const { return nodes_.size(); }
 
  private:
-  float weight(int match_len, int depth, float scale, DraftMode mode, const ScoreParams& sp);
+  const float* pow_table(const ScoreParams& sp);
   struct Node {
     int32_t token;
     int32_t first_child;

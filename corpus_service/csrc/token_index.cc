@@ -32,6 +32,13 @@ TokenIndex::TokenIndex(std::vector<int> orders) : orders_(std::move(orders)) {
   heads_.assign(orders_.size(), std::vector<uint32_t>(size_t{1} << kMinHeadBits, 0));
 }
 
+void TokenIndex::reserve_more(size_t n) {
+  if (tokens_.size() + n + 1 <= tokens_.capacity()) return;
+  size_t cap = std::max(tokens_.size() + n + 1, tokens_.size() + tokens_.size() / 4 + 64);
+  tokens_.reserve(cap);
+  prev_.reserve(cap * orders_.size());
+}
+
 void TokenIndex::push(int32_t stored) {
   // Grow by 1.25x instead of libstdc++'s 2x: the learned store is the bulk of the memory bound.
   if (tokens_.size() == tokens_.capacity()) {
@@ -46,13 +53,13 @@ void TokenIndex::push(int32_t stored) {
 bool TokenIndex::key_at(uint64_t pos, int k, uint64_t* hash) const {
   if (pos + 1 < base_ + static_cast<uint64_t>(k)) return false;
   const int32_t* last = &tokens_[pos - shift_];
-  int32_t buf[kMaxOrder];
+  uint64_t h = 0;
   for (int i = 0; i < k; ++i) {
     int32_t v = decode_token(*(last - i));
     if (v == kSep) return false;
-    buf[k - 1 - i] = v;
+    h += hash_term(v, i);
   }
-  *hash = ngram_hash(buf + k - 1, k);
+  *hash = h;
   return true;
 }
 
@@ -66,13 +73,23 @@ uint64_t TokenIndex::decode_head(uint32_t stored) const {
 }
 
 void TokenIndex::index_position(uint64_t pos) {
-  for (size_t oi = 0; oi < orders_.size(); ++oi) {
-    uint64_t h;
-    if (!key_at(pos, orders_[oi], &h)) continue;
+  // One backward pass over the last max-order tokens gives the key of every order (orders are
+  // sorted ascending); a document boundary or evicted data ends the pass.
+  uint64_t h = 0;
+  size_t oi = 0;
+  const int32_t* p = &tokens_[pos - shift_];
+  const int max_k = orders_.back();
+  for (int i = 0; i < max_k && oi < orders_.size(); ++i) {
+    if (pos < base_ + static_cast<uint64_t>(i)) break;
+    int32_t v = decode_token(*(p - i));
+    if (v == kSep) break;
+    h += hash_term(v, i);
+    if (i + 1 != orders_[oi]) continue;
     uint32_t& head = heads_[oi][slot(h, oi)];
-    uint64_t p = decode_head(head);
-    prev(pos, oi) = (p == UINT64_MAX || pos - p > UINT32_MAX) ? 0 : static_cast<uint32_t>(pos - p);
+    uint64_t q = decode_head(head);
+    prev(pos, oi) = (q == UINT64_MAX || pos - q > UINT32_MAX) ? 0 : static_cast<uint32_t>(pos - q);
     head = static_cast<uint32_t>(pos + 1);
+    ++oi;
   }
   ++indexed_;
 }
@@ -85,28 +102,30 @@ uint64_t TokenIndex::append_document(const int32_t* tokens, size_t n, size_t con
   for (size_t i = 0; i < context; ++i) push(-tokens[i] - 1);
   if (continues != UINT64_MAX && continues >= base_ && continues < end() && n > context)
     links_[continues] = end();
+  maybe_grow_heads(indexed_ + (n - context));  // size the heads once, before indexing
+  reserve_more(n - context);
   for (size_t i = context; i < n; ++i) {
     push(tokens[i]);
     index_position(end() - 1);
   }
-  maybe_grow_heads();
   return end() - 1;
 }
 
 void TokenIndex::extend_last(const int32_t* tokens, size_t n) {
   if (live() == 0 && n > 0) ++documents_;
+  maybe_grow_heads(indexed_ + n);
+  reserve_more(n);
   for (size_t i = 0; i < n; ++i) {
     push(tokens[i]);
     index_position(end() - 1);
   }
-  maybe_grow_heads();
 }
 
-void TokenIndex::maybe_grow_heads() {
+void TokenIndex::maybe_grow_heads(size_t expected) {
   for (size_t oi = 0; oi < orders_.size(); ++oi) {
-    if (indexed_ <= kLoad << bits_[oi] || bits_[oi] >= kMaxHeadBits) continue;
+    if (expected <= kLoad << bits_[oi] || bits_[oi] >= kMaxHeadBits) continue;
     int bits = bits_[oi];
-    while (indexed_ > kLoad << bits && bits < kMaxHeadBits) ++bits;
+    while (expected > kLoad << bits && bits < kMaxHeadBits) ++bits;
     rebuild_heads(static_cast<int>(oi), bits);
   }
 }

@@ -37,13 +37,24 @@ struct Candidate {
   int32_t match_len;  // number of tokens matched backwards from pos (>= 1)
 };
 
-// Fibonacci-hash of the k tokens ending at `last` (walking backwards); seed keeps orders apart.
-inline uint64_t ngram_hash(const int32_t* last, int k) {
-  uint64_t h = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(k + 1);
-  for (int i = 0; i < k; ++i) {
-    h = (h ^ static_cast<uint64_t>(static_cast<uint32_t>(*(last - i)) + 1)) * 0xBF58476D1CE4E5B9ull;
-    h ^= h >> 31;
+// Hash of the k tokens ending at `last`: sum over i < k of (token[-i] + 1) * P^i mod 2^64. Its
+// prefix sums over i are the hashes of every order, so one backward pass keys all orders, and the
+// terms are independent multiplies (no serial dependency chain). Slots take the top bits after a
+// Fibonacci multiply, which mixes the polynomial's weak low bits.
+struct HashPowers {
+  uint64_t p[kMaxOrder];
+  constexpr HashPowers() : p() {
+    uint64_t x = 1;
+    for (int i = 0; i < kMaxOrder; ++i, x *= 0xC2B2AE3D27D4EB4Full) p[i] = x;
   }
+};
+inline constexpr HashPowers kHashPowers{};
+inline uint64_t hash_term(int32_t token, int i) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(token)) + 1) * kHashPowers.p[i];
+}
+inline uint64_t ngram_hash(const int32_t* last, int k) {
+  uint64_t h = 0;
+  for (int i = 0; i < k; ++i) h += hash_term(*(last - i), i);
   return h;
 }
 
@@ -96,9 +107,13 @@ class TokenIndex {
   void push(int32_t stored);
   void index_position(uint64_t pos);
   bool key_at(uint64_t pos, int k, uint64_t* hash) const;
-  size_t slot(uint64_t hash, int oi) const { return static_cast<size_t>(hash >> (64 - bits_[oi])); }
+  size_t slot(uint64_t hash, int oi) const {
+    hash ^= hash >> 29;
+    return static_cast<size_t>((hash * 0x9E3779B97F4A7C15ull) >> (64 - bits_[oi]));
+  }
   uint64_t decode_head(uint32_t stored) const;
-  void maybe_grow_heads();
+  void maybe_grow_heads(size_t expected);
+  void reserve_more(size_t n);
   void rebuild_heads(int oi, int bits);
   int match_backwards(uint64_t pos, const int32_t* ctx, int ctx_len, int max_match) const;
 
