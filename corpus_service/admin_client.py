@@ -1,0 +1,92 @@
+"""A small client of the REST admin (used by the CLI and the tests)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+_CHUNK = 1 << 20
+
+
+class AdminError(RuntimeError):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+class AdminClient:
+    def __init__(self, url: str, token: str | None = None, timeout: float = 30.0) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "AdminClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        r = self._http.request(method, path, **kw)
+        if r.status_code >= 400:
+            try:
+                msg = r.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                msg = r.text[:500]
+            raise AdminError(r.status_code, msg)
+        return r.json() if r.content else None
+
+    def upload(self, namespace: str, name: str, path: str | os.PathLike[str], fmt: str,
+               on_bytes: Callable[[int], None] | None = None) -> dict:
+        """Streams a file; returns the job once the server acknowledged the upload (durable)."""
+        size = Path(path).stat().st_size
+
+        def chunks() -> Iterator[bytes]:
+            with open(path, "rb") as f:
+                while chunk := f.read(_CHUNK):
+                    yield chunk
+                    if on_bytes:
+                        on_bytes(len(chunk))
+
+        return self._call("PUT", f"/v1/namespaces/{namespace}/corpora/{name}", params={"format": fmt},
+                          content=chunks(), headers={"Content-Length": str(size),
+                                                     "Content-Type": "application/octet-stream"})
+
+    def job(self, job_id: str) -> dict:
+        return self._call("GET", f"/v1/jobs/{job_id}")
+
+    def wait_job(self, job_id: str, timeout: float = 3600.0, poll_s: float = 0.05,
+                 on_progress: Callable[[dict], None] | None = None) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.job(job_id)
+            if on_progress:
+                on_progress(job)
+            if job["state"] not in ("queued", "running"):
+                return job
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {job['state']} after {timeout}s")
+            time.sleep(poll_s)
+
+    def corpora(self, namespace: str) -> list[dict]:
+        return self._call("GET", f"/v1/namespaces/{namespace}/corpora")
+
+    def delete(self, namespace: str, name: str) -> None:
+        self._call("DELETE", f"/v1/namespaces/{namespace}/corpora/{name}")
+
+    def namespaces(self) -> list[dict]:
+        return self._call("GET", "/v1/namespaces")
+
+    def stats(self) -> dict:
+        return self._call("GET", "/v1/stats")
+
+    def snapshot(self) -> dict:
+        return self._call("POST", "/v1/snapshot")

@@ -1,0 +1,195 @@
+"""AsyncCorpusClient: ``CorpusClient`` for asyncio (grpc.aio), same semantics and errors."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Sequence
+
+import grpc
+import numpy as np
+
+from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
+from corpus_service._proto.ngram_corpus.v1 import corpus_pb2_grpc as pb_grpc
+from corpus_service.circuit_breaker import CircuitBreaker
+from corpus_service.client_policy import CHANNEL_OPTIONS, RetryPolicy, check_response, decode_drafts
+from corpus_service.engine import DraftBatch
+from corpus_service.errors import (TRANSIENT, CorpusDeadlineExceeded, CorpusError, CorpusUnavailable,
+                                   from_rpc_error)
+from corpus_service.request_log import RequestLog, req_id, token_array
+
+
+class _AioStream:
+    def __init__(self, stub: pb_grpc.CorpusStub) -> None:
+        self._call = stub.Session()
+        self._futures: dict[int, asyncio.Future] = {}
+        self.broken: CorpusError | None = None
+        self.replayed = False
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def send(self, msg: pb.SessionRequest) -> asyncio.Future:
+        if self.broken is not None:
+            raise self.broken
+        fut = asyncio.get_running_loop().create_future()
+        self._futures[msg.seq] = fut
+        try:
+            await self._call.write(msg)
+        except grpc.RpcError as e:
+            self._fail(from_rpc_error(e))
+        except asyncio.InvalidStateError:
+            self._fail(CorpusUnavailable("the session stream is closed"))
+        return fut
+
+    async def _read(self) -> None:
+        try:
+            async for resp in self._call:
+                fut = self._futures.pop(resp.seq, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(resp)
+            self._fail(CorpusUnavailable("the corpus server closed the session"))
+        except grpc.RpcError as e:
+            self._fail(from_rpc_error(e))
+        except asyncio.CancelledError:
+            self._fail(CorpusUnavailable("the session stream was closed"))
+
+    def _fail(self, err: CorpusError) -> None:
+        if self.broken is None:
+            self.broken = err
+        futures, self._futures = self._futures, {}
+        for fut in futures.values():
+            if not fut.done():
+                fut.set_exception(err)
+
+    def close(self) -> None:
+        self._call.cancel()
+        self._reader.cancel()
+
+
+class AsyncCorpusClient:
+    def __init__(self, target: str, namespace: str = "default", *, timeout: float = 2.0,
+                 retry: RetryPolicy | None = None, breaker: CircuitBreaker | None = None,
+                 channel: grpc.aio.Channel | None = None) -> None:
+        self.target, self.namespace, self.timeout = target, namespace, float(timeout)
+        self.retry = retry or RetryPolicy()
+        self.breaker = breaker or CircuitBreaker()
+        self._own_channel = channel is None
+        self._channel = channel or grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self.stub = pb_grpc.CorpusStub(self._channel)
+        self._log = RequestLog()
+        self._stream: _AioStream | None = None
+        self._seq = itertools.count(1)
+        self._lock = asyncio.Lock()  # one step at a time: steps mutate the request log
+
+    # Buffered operations are synchronous: they only touch the local log.
+    def start_request(self, req_id_: object, prompt_ids: Sequence[int] | np.ndarray) -> None:
+        rid = req_id(req_id_)
+        if self._log.needs_flush_before_start(rid):
+            raise ValueError(f"request '{rid}' is finished in the pending step; await flush() before restarting it")
+        self._log.start(rid, token_array(prompt_ids, "prompt"))
+
+    def extend(self, req_id_: object, token_ids: Sequence[int] | np.ndarray) -> None:
+        self._log.extend(req_id(req_id_), token_array(token_ids, "tokens"))
+
+    def finish(self, req_id_: object) -> None:
+        self._log.finish(req_id(req_id_))
+
+    def has_request(self, req_id_: object) -> bool:
+        return self._log.is_live(req_id(req_id_))
+
+    async def draft(self, req_ids: Sequence[object], budget: int, timeout: float | None = None) -> DraftBatch:
+        ids = [req_id(r) for r in req_ids]
+        if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 1:
+            raise ValueError(f"budget: expected an int >= 1, got {budget!r}")
+        for rid in ids:
+            if not self._log.is_live(rid):
+                raise ValueError(f"unknown request id '{rid}' (never started, or finished)")
+        async with self._lock:
+            return decode_drafts(await self._step(ids, int(budget), timeout), len(ids))
+
+    async def flush(self, timeout: float | None = None) -> None:
+        async with self._lock:
+            if self._log.has_pending():
+                await self._step([], 0, timeout)
+
+    async def synchronize(self, timeout: float | None = None) -> None:
+        """Sends the buffered operations, then waits until the server applied every queued
+        learned-corpus insert (inserts are asynchronous, as in the engine)."""
+        await self.flush(timeout)
+        await self.unary(self.stub.BatchPut, pb.BatchPutRequest(namespace=self.namespace, synchronize=True), timeout)
+
+    async def stats(self, timeout: float | None = None) -> dict[str, float]:
+        resp = await self.unary(self.stub.Stats, pb.StatsRequest(namespace=self.namespace), timeout)
+        return dict(resp.namespaces[self.namespace].values)
+
+    async def reset(self, timeout: float | None = None) -> None:
+        await self.unary(self.stub.Reset, pb.ResetRequest(namespace=self.namespace), timeout)
+
+    async def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+        if self._own_channel:
+            await self._channel.close()
+
+    async def __aenter__(self) -> "AsyncCorpusClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _step(self, draft_ids: list[str], budget: int, timeout: float | None) -> pb.SessionResponse:
+        self.breaker.check()
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        for attempt in itertools.count():
+            try:
+                if self._stream is None or self._stream.broken is not None:
+                    self._stream = _AioStream(self.stub)
+                stream = self._stream
+                msg = self._log.build(next(self._seq), self.namespace, draft_ids, budget, replay=not stream.replayed)
+                fut = await stream.send(msg)
+                try:
+                    resp = await asyncio.wait_for(fut, max(0.0, deadline - time.monotonic()))
+                except asyncio.TimeoutError:
+                    raise CorpusDeadlineExceeded(f"no answer from the corpus within the deadline ({self.target})") from None
+            except CorpusError as e:
+                if e.code in TRANSIENT:
+                    self._drop_stream()
+                    self.breaker.record_failure(str(e))
+                    if self.retry.should_retry(e, attempt, deadline - time.monotonic()):
+                        await asyncio.sleep(self.retry.delay(attempt))
+                        continue
+                raise
+            self.breaker.record_success()
+            try:
+                check_response(resp)
+            except CorpusError:
+                self._log.discard()
+                raise
+            stream.replayed = True
+            self._log.commit()
+            return resp
+        raise AssertionError("unreachable")
+
+    def _drop_stream(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+    async def unary(self, method, request, timeout: float | None):
+        self.breaker.check()
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        for attempt in itertools.count():
+            try:
+                resp = await method(request, timeout=max(0.0, deadline - time.monotonic()))
+            except grpc.RpcError as rpc_error:
+                e = from_rpc_error(rpc_error)
+                if e.code in TRANSIENT:
+                    self.breaker.record_failure(str(e))
+                    if self.retry.should_retry(e, attempt, deadline - time.monotonic()):
+                        await asyncio.sleep(self.retry.delay(attempt))
+                        continue
+                raise e from None
+            self.breaker.record_success()
+            return resp
+        raise AssertionError("unreachable")

@@ -1,0 +1,55 @@
+"""What the sync and asyncio clients share: channel options, the retry schedule, response decoding."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import grpc
+
+from corpus_service import wire
+from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
+from corpus_service.engine import DraftBatch
+from corpus_service.errors import CorpusError, code_from_value, to_exception
+
+# Reconnect quickly after a server restart (gRPC's default backoff starts at 1 s and grows to 120 s).
+CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 50),
+    ("grpc.min_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.keepalive_time_ms", 30_000),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Retries on UNAVAILABLE with exponential backoff and jitter, within the call's deadline."""
+
+    retries: int = 2
+    backoff_s: float = 0.02
+    max_backoff_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
+            raise ValueError(f"retries: expected an int >= 0, got {self.retries!r}")
+        if not 0 <= self.backoff_s <= self.max_backoff_s:
+            raise ValueError(f"backoff: expected 0 <= backoff_s <= max_backoff_s, got {self.backoff_s}, {self.max_backoff_s}")
+
+    def delay(self, attempt: int) -> float:
+        return min(self.max_backoff_s, self.backoff_s * 2 ** attempt) * (0.5 + random.random() / 2)
+
+    def should_retry(self, err: CorpusError, attempt: int, time_left: float) -> bool:
+        return err.code == grpc.StatusCode.UNAVAILABLE and attempt < self.retries and time_left > self.delay(attempt)
+
+
+def check_response(resp: pb.SessionResponse) -> None:
+    if resp.HasField("error"):
+        raise to_exception(code_from_value(resp.error.code), resp.error.message)
+
+
+def decode_drafts(resp: pb.SessionResponse, n: int) -> DraftBatch:
+    if n == 0:
+        return DraftBatch(*(wire.np.zeros((0, 0), dt) for dt in ("int32", "int32", "float32")), wire.np.zeros(0, "int32"))
+    return wire.unpack_drafts(resp.drafts, n)

@@ -1,0 +1,108 @@
+"""Errors on both sides of the wire: engine exceptions -> gRPC status codes -> client exceptions.
+
+The client's exceptions subclass the built-in ones the in-process engine raises (``ValueError``,
+``TimeoutError``), so code written against ``NgramCorpus`` keeps its ``except`` clauses.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class CorpusError(Exception):
+    """A failed corpus call; ``code`` is the gRPC status code."""
+
+    code = grpc.StatusCode.UNKNOWN
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class CorpusInvalidArgument(CorpusError, ValueError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class CorpusNotFound(CorpusError, ValueError):
+    """Unknown namespace, request or corpus (the engine raises ValueError for these too)."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class CorpusAlreadyExists(CorpusError, ValueError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class CorpusResourceExhausted(CorpusError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class CorpusDeadlineExceeded(CorpusError, TimeoutError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class CorpusUnavailable(CorpusError):
+    """The corpus cannot be reached (down, draining, or the circuit breaker is open). A verifier
+    catches this and drafts locally or not at all; with the breaker open it costs microseconds."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+_BY_CODE: dict[grpc.StatusCode, type[CorpusError]] = {
+    cls.code: cls
+    for cls in (CorpusInvalidArgument, CorpusNotFound, CorpusAlreadyExists, CorpusResourceExhausted,
+                CorpusDeadlineExceeded, CorpusUnavailable)
+}
+_CODE_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
+
+# Transport-level failures: retried (UNAVAILABLE) and counted by the circuit breaker.
+TRANSIENT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
+def code_from_value(value: int) -> grpc.StatusCode:
+    return _CODE_BY_VALUE.get(value, grpc.StatusCode.UNKNOWN)
+
+
+def to_exception(code: grpc.StatusCode, message: str) -> CorpusError:
+    cls = _BY_CODE.get(code, CorpusError)
+    return cls(message, code) if cls is CorpusError else cls(message)
+
+
+def from_rpc_error(e: grpc.RpcError) -> CorpusError:
+    code = e.code() if callable(getattr(e, "code", None)) else grpc.StatusCode.UNKNOWN
+    details = e.details() if callable(getattr(e, "details", None)) else str(e)
+    return to_exception(code, details or code.name)
+
+
+# The engine raises ValueError for every bad input; its messages name the kind of failure.
+_ENGINE_PATTERNS = (
+    ("unknown request id", grpc.StatusCode.NOT_FOUND),
+    ("no external corpus named", grpc.StatusCode.NOT_FOUND),
+    ("was never started", grpc.StatusCode.NOT_FOUND),
+    ("unknown namespace", grpc.StatusCode.NOT_FOUND),
+    ("already exists", grpc.StatusCode.ALREADY_EXISTS),
+    ("is already live", grpc.StatusCode.ALREADY_EXISTS),
+    ("too many live requests", grpc.StatusCode.RESOURCE_EXHAUSTED),
+    ("would exceed", grpc.StatusCode.RESOURCE_EXHAUSTED),
+)
+
+
+def status_for(exc: BaseException) -> grpc.StatusCode:
+    """The status code for an exception raised while serving a call."""
+    if isinstance(exc, CorpusError):
+        return exc.code
+    if isinstance(exc, (ValueError, TypeError, KeyError)):
+        text = str(exc)
+        for pattern, code in _ENGINE_PATTERNS:
+            if pattern in text:
+                return code
+        return grpc.StatusCode.NOT_FOUND if isinstance(exc, KeyError) else grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(exc, MemoryError):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+    return grpc.StatusCode.INTERNAL
+
+
+def message_for(exc: BaseException) -> str:
+    # KeyError's str() quotes its argument; the message itself is what the caller needs.
+    return str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)

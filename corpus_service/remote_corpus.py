@@ -1,0 +1,105 @@
+"""RemoteNgramCorpus: SGLang's ``NgramCorpus`` interface over the network (a drop-in for its ngram
+worker). Same arguments and returns as ``corpus_service.NgramCorpus``' SGLang API; ``batch_put``
+is asynchronous as in SGLang (its errors surface at the next ``synchronize``)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+
+import grpc
+import numpy as np
+
+from corpus_service import wire
+from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
+from corpus_service.client import CorpusClient
+from corpus_service.errors import from_rpc_error
+from corpus_service.request_log import req_id, token_array
+
+
+class RemoteNgramCorpus:
+    def __init__(self, target: str, namespace: str = "default", *, draft_token_num: int = 8,
+                 client_id: str | None = None, timeout: float = 2.0, **client_kwargs) -> None:
+        if isinstance(draft_token_num, bool) or not isinstance(draft_token_num, int) or draft_token_num < 2:
+            raise ValueError(f"draft_token_num: expected an int >= 2, got {draft_token_num!r}")
+        self.draft_token_num = draft_token_num
+        self.client_id = client_id or uuid.uuid4().hex  # scopes this worker's request state on the server
+        self._client = CorpusClient(target, namespace, timeout=timeout, **client_kwargs)
+        self.namespace = namespace
+        self._puts: list[grpc.Future] = []
+
+    def batch_get(self, req_ids: Sequence[object], batch_tokens: Sequence[Sequence[int]],
+                  total_lens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        if not (len(req_ids) == len(batch_tokens) == len(total_lens)):
+            raise ValueError(f"batch_get: req_ids, batch_tokens and total_lens must have one entry per request, got "
+                             f"{len(req_ids)}, {len(batch_tokens)}, {len(total_lens)}")
+        ids = [req_id(r) for r in req_ids]
+        windows = [token_array(w, f"batch_tokens[{i}]") for i, w in enumerate(batch_tokens)]
+        request = pb.BatchGetRequest(namespace=self.namespace, client_id=self.client_id,
+                                     total_lens=wire.pack(total_lens, wire.I64), draft_token_num=self.draft_token_num)
+        wire.pack_runs(request.windows, ids, windows)
+        resp = self._client.unary(self._client.stub.BatchGet, request, None)
+        k, n = resp.draft_token_num, len(ids)
+        drafts = wire.unpack(resp.drafts, wire.I32, "drafts", n * k).astype(np.int64)
+        mask = wire.unpack(resp.mask, wire.U8, "mask", n * k * k).astype(np.int64)
+        return drafts, mask
+
+    def batch_put(self, batch_tokens: Sequence[Sequence[int]]) -> None:
+        runs = [token_array(t, f"batch_tokens[{i}]") for i, t in enumerate(batch_tokens)]
+        request = pb.BatchPutRequest(namespace=self.namespace, lengths=wire.pack([r.size for r in runs]),
+                                     tokens=b"".join(wire.pack(r) for r in runs))
+        self._client.breaker.check()
+        self._puts = [f for f in self._puts if not f.done() or f.exception() is not None]
+        self._puts.append(self._client.stub.BatchPut.future(request, timeout=self._client.timeout))
+
+    def synchronize(self) -> None:
+        """Waits for this client's puts, then for the server to apply every queued insert."""
+        puts, self._puts = self._puts, []
+        for f in puts:
+            try:
+                f.result()
+            except grpc.RpcError as e:
+                raise from_rpc_error(e) from None
+        self._client.unary(self._client.stub.BatchPut, pb.BatchPutRequest(namespace=self.namespace, synchronize=True), None)
+
+    def reset(self) -> None:
+        self._client.reset()
+
+    def erase_match_state(self, req_ids: Sequence[object]) -> None:
+        request = pb.EraseMatchStateRequest(namespace=self.namespace, client_id=self.client_id,
+                                            req_ids=[req_id(r) for r in req_ids])
+        self._client.unary(self._client.stub.EraseMatchState, request, None)
+
+    def load_external_corpus_named(self, corpus_id: str, chunks: Iterable[Sequence[int] | np.ndarray]) -> int:
+        def messages():
+            first = True
+            for i, chunk in enumerate(chunks):
+                tokens = wire.pack(token_array(chunk, f"chunk {i}"))
+                yield pb.ExternalChunk(namespace=self.namespace if first else "", name=corpus_id if first else "", tokens=tokens)
+                first = False
+            if first:  # no chunks: still create the (empty) staged corpus, as the engine does
+                yield pb.ExternalChunk(namespace=self.namespace, name=corpus_id)
+
+        self._client.breaker.check()
+        try:
+            resp = self._client.stub.LoadExternalCorpus(messages(), timeout=max(self._client.timeout, 600.0))
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        return int(resp.loaded_tokens)
+
+    def commit_external_corpus_load(self, corpus_id: str, loaded_token_count: int | None = None) -> None:
+        request = pb.CommitExternalCorpusRequest(namespace=self.namespace, name=corpus_id,
+                                                 expected_tokens=-1 if loaded_token_count is None else int(loaded_token_count))
+        self._client.unary(self._client.stub.CommitExternalCorpus, request, None)
+
+    def remove_external_corpus(self, corpus_id: str) -> None:
+        request = pb.RemoveExternalCorpusRequest(namespace=self.namespace, name=corpus_id)
+        self._client.unary(self._client.stub.RemoveExternalCorpus, request, None)
+
+    def list_external_corpora(self) -> dict[str, int]:
+        resp = self._client.unary(self._client.stub.ListExternalCorpora,
+                                   pb.ListExternalCorporaRequest(namespace=self.namespace), None)
+        return dict(resp.corpora)
+
+    def close(self) -> None:
+        self._client.close()

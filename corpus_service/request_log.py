@@ -1,0 +1,118 @@
+"""The client's record of its live requests, and the steps it sends.
+
+Operations are buffered and ride on the next draft (one message each way per decode step). The
+log keeps every live request's tokens (prompt, then committed output) so a new session, after a
+server restart or a broken stream, can re-create the requests in one replay message. Confirmed
+state changes only when the server acknowledges a step: a refused step changes nothing on either
+side, and the caller gets the error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from corpus_service import wire
+from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
+
+
+def req_id(value: object) -> str:
+    if isinstance(value, str):
+        if not value:
+            raise ValueError("request id: expected a non-empty string")
+        return value
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return str(int(value))
+    raise TypeError(f"request id: expected str or int, got {type(value).__name__}")
+
+
+def token_array(tokens: Sequence[int] | np.ndarray, what: str) -> np.ndarray:
+    arr = np.asarray(tokens)
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise ValueError(f"{what}: expected a 1-D sequence of ints, got shape {list(arr.shape)} dtype {arr.dtype}")
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= 1 << 31):
+        raise ValueError(f"{what}: token ids must be in [0, 2**31), got {int(arr.min())}..{int(arr.max())}")
+    return arr.astype(np.int32, copy=True)
+
+
+class RequestLog:
+    def __init__(self) -> None:
+        self.prompts: dict[str, np.ndarray] = {}  # confirmed live requests
+        self.outputs: dict[str, list[np.ndarray]] = {}
+        self._starts: dict[str, np.ndarray] = {}  # pending, not yet acknowledged
+        self._extends: dict[str, list[np.ndarray]] = {}
+        self._finishes: list[str] = []
+
+    # ------------------------------------------------------------------ buffering
+
+    def is_live(self, rid: str) -> bool:
+        """Live once the pending operations are applied."""
+        return (rid in self.prompts or rid in self._starts) and rid not in self._finishes
+
+    def needs_flush_before_start(self, rid: str) -> bool:
+        # A step applies start before finish: restarting an id finished in the same step must wait.
+        return rid in self._finishes
+
+    def start(self, rid: str, prompt: np.ndarray) -> None:
+        if self.is_live(rid):
+            raise ValueError(f"request id '{rid}' is already live")
+        self._starts[rid] = prompt
+
+    def extend(self, rid: str, tokens: np.ndarray) -> None:
+        if not self.is_live(rid):
+            raise ValueError(f"unknown request id '{rid}' (never started, or finished)")
+        self._extends.setdefault(rid, []).append(tokens)
+
+    def finish(self, rid: str) -> None:
+        if not self.is_live(rid):
+            raise ValueError(f"unknown request id '{rid}' (never started, or finished)")
+        self._finishes.append(rid)
+
+    def has_pending(self) -> bool:
+        return bool(self._starts or self._extends or self._finishes)
+
+    def pending_tokens(self) -> int:
+        return sum(p.size for p in self._starts.values()) + sum(t.size for ts in self._extends.values() for t in ts)
+
+    # ------------------------------------------------------------------ messages
+
+    def build(self, seq: int, namespace: str, draft_ids: Sequence[str], budget: int, replay: bool) -> pb.SessionRequest:
+        """The next step: the pending delta, or (``replay``) every live request in full plus it."""
+        msg = pb.SessionRequest(seq=seq, namespace=namespace)
+        if replay:
+            live = [r for r in self.prompts if r not in self._finishes]
+            starts = {r: self.prompts[r] for r in live} | self._starts
+            extends = {r: list(self.outputs[r]) for r in live}
+            for r, ts in self._extends.items():
+                extends.setdefault(r, []).extend(ts)
+            # Requests finished after a replay were finished by the old session's end already;
+            # only those started in this very step need their finish sent.
+            finishes = [r for r in self._finishes if r in self._starts]
+        else:
+            starts, extends, finishes = self._starts, self._extends, self._finishes
+        if starts:
+            wire.pack_runs(msg.start, list(starts), list(starts.values()))
+        ext = {r: np.concatenate(ts) if len(ts) > 1 else ts[0] for r, ts in extends.items() if ts}
+        if ext:
+            wire.pack_runs(msg.extend, list(ext), list(ext.values()))
+        msg.finish.extend(finishes)
+        if draft_ids:
+            msg.draft.req_ids.extend(draft_ids)
+            msg.draft.budget = budget
+        return msg
+
+    def commit(self) -> None:
+        """The server applied the pending step."""
+        for r, p in self._starts.items():
+            self.prompts[r], self.outputs[r] = p, []
+        for r, ts in self._extends.items():
+            self.outputs[r].extend(ts)
+        for r in self._finishes:
+            self.prompts.pop(r, None)
+            self.outputs.pop(r, None)
+        self.discard()
+
+    def discard(self) -> None:
+        """The server refused the pending step: nothing of it was applied."""
+        self._starts, self._extends, self._finishes = {}, {}, []

@@ -1,0 +1,247 @@
+"""The gRPC servicer (grpc.aio): Session streams, SGLang-style unary calls, stats, reset.
+
+Engine calls release the GIL; steps that draft more than ``inline_work`` nodes run on the thread
+pool so one client's large batch does not stall every other stream, while small steps run on the
+loop itself (a thread hop costs about as much as drafting a few trees).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+import numpy as np
+
+from corpus_service import wire
+from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
+from corpus_service._proto.ngram_corpus.v1 import corpus_pb2_grpc as pb_grpc
+from corpus_service.errors import CorpusError, message_for, status_for
+from corpus_service.persistence import check_corpus_name
+from corpus_service.service_state import ServiceState
+from corpus_service.session import Session, check_req_ids, check_tokens
+
+log = logging.getLogger("corpus_service.server")
+MAX_CLIENT_ID_CHARS = 128
+
+
+def _unary(method: Callable) -> Callable:
+    """Maps exceptions to status codes, refuses calls while draining, records metrics."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    async def wrapper(self: "CorpusServicer", request, context: grpc.aio.ServicerContext):
+        t0 = time.perf_counter()
+        code = grpc.StatusCode.OK
+        try:
+            if self.state.draining:
+                raise CorpusError("the corpus server is draining (shutting down)", grpc.StatusCode.UNAVAILABLE)
+            remaining = context.time_remaining()
+            if remaining is not None and remaining <= 0:
+                raise CorpusError(f"{name}: deadline exceeded before the call started", grpc.StatusCode.DEADLINE_EXCEEDED)
+            return await method(self, request, context)
+        except Exception as e:  # noqa: BLE001 - every failure becomes a status code
+            code = status_for(e)
+            if code == grpc.StatusCode.INTERNAL:
+                log.exception("%s failed", name)
+            await context.abort(code, message_for(e))
+        finally:
+            self.state.metrics.rpc_total.labels(name, code.name).inc()
+            self.state.metrics.rpc_latency.labels(name).observe(time.perf_counter() - t0)
+
+    return wrapper
+
+
+def _check_client_id(client_id: str) -> str:
+    if len(client_id) > MAX_CLIENT_ID_CHARS or "/" in client_id:
+        raise CorpusError(f"client_id: expected at most {MAX_CLIENT_ID_CHARS} characters without '/', got {client_id!r:.80}",
+                          grpc.StatusCode.INVALID_ARGUMENT)
+    return f"u:{client_id}/"
+
+
+class CorpusServicer(pb_grpc.CorpusServicer):
+    def __init__(self, state: ServiceState) -> None:
+        self.state = state
+        self._batch_get_locks: dict[str, threading.Lock] = {}
+
+    # ------------------------------------------------------------------ streaming session
+
+    async def Session(self, request_iterator: AsyncIterator[pb.SessionRequest], context) -> AsyncIterator[pb.SessionResponse]:
+        state = self.state
+        if state.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the corpus server is draining (shutting down)")
+        session = Session(state)
+        state.live_sessions += 1
+        state.metrics.sessions.inc()
+        steps = state.metrics.rpc_total
+        latency = state.metrics.rpc_latency.labels("Session")
+        try:
+            async for msg in request_iterator:
+                if state.draining:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "the corpus server is draining (shutting down)")
+                t0 = time.perf_counter()
+                out = pb.SessionResponse(seq=msg.seq)
+                try:
+                    step = session.parse(msg)
+                    if step.work() <= state.config.inline_work:
+                        nodes = session.apply(step, out)
+                    else:
+                        nodes = await state.run(session.apply, step, out)
+                    if step.draft:
+                        state.metrics.draft_nodes.labels(step.namespace).observe(nodes / len(step.draft))
+                    code = grpc.StatusCode.OK
+                except Exception as e:  # noqa: BLE001 - answered in-band, the session lives on
+                    code = status_for(e)
+                    if code == grpc.StatusCode.INTERNAL:
+                        log.exception("session step failed")
+                    out = pb.SessionResponse(seq=msg.seq, error=pb.Error(code=code.value[0], message=message_for(e)))
+                steps.labels("Session", code.name).inc()
+                latency.observe(time.perf_counter() - t0)
+                yield out
+        finally:
+            # Synchronous on purpose: a cancelled stream's handler must not await here (a second
+            # cancellation would skip the cleanup and leak the session's requests until their TTL).
+            state.live_sessions -= 1
+            session.close()
+
+    # ------------------------------------------------------------------ SGLang-style unary calls
+
+    @_unary
+    async def BatchGet(self, request: pb.BatchGetRequest, context) -> pb.BatchGetResponse:
+        cfg = self.state.config
+        corpus = self.state.corpus(request.namespace)
+        prefix = _check_client_id(request.client_id)
+        ids, windows = wire.unpack_runs(request.windows, "windows")
+        check_req_ids(ids, "windows.req_ids", cfg.max_batch)
+        total_lens = wire.unpack(request.total_lens, wire.I64, "total_lens", len(ids))
+        k = request.draft_token_num
+        if not 2 <= k <= cfg.max_budget + 1:
+            raise ValueError(f"draft_token_num: expected an int in [2, {cfg.max_budget + 1}], got {k}")
+        if sum(w.size for w in windows) > cfg.max_tokens_per_message:
+            raise CorpusError(f"windows carry more than max_tokens_per_message = {cfg.max_tokens_per_message} tokens",
+                              grpc.StatusCode.RESOURCE_EXHAUSTED)
+        check_tokens(windows, corpus.config.vocab_size, "windows")
+        for rid, w, total in zip(ids, windows, total_lens.tolist()):
+            if w.size == 0 or total < w.size:
+                raise ValueError(f"windows: request '{rid}' needs a non-empty window no longer than its "
+                                 f"total length, got {w.size} tokens and total_lens {total}")
+
+        lock = self._batch_get_locks.setdefault(request.namespace, threading.Lock())
+
+        def run() -> tuple[np.ndarray, np.ndarray]:
+            # batch_get reads corpus.draft_token_num; K is per call here, so calls with different K
+            # are serialized in the worker thread (never holding a lock across an await).
+            with lock:
+                old_k = corpus.draft_token_num
+                corpus.draft_token_num = k
+                try:
+                    return corpus.batch_get([prefix + r for r in ids], windows, total_lens.tolist())
+                finally:
+                    corpus.draft_token_num = old_k
+
+        drafts, mask = await self.state.run(run)
+        return pb.BatchGetResponse(draft_token_num=k, drafts=wire.pack(drafts), mask=wire.pack(mask, wire.U8))
+
+    @_unary
+    async def BatchPut(self, request: pb.BatchPutRequest, context) -> pb.BatchPutResponse:
+        cfg = self.state.config
+        corpus = self.state.corpus(request.namespace)
+        n = len(request.lengths) // 4
+        if n > cfg.max_batch:
+            raise CorpusError(f"BatchPut: {n} sequences exceed max_batch = {cfg.max_batch}", grpc.StatusCode.RESOURCE_EXHAUSTED)
+        runs = wire.split_runs(request.lengths, request.tokens, n, "BatchPut")
+        total = sum(r.size for r in runs)
+        if total > cfg.max_tokens_per_message:
+            raise CorpusError(f"BatchPut: {total} tokens exceed max_tokens_per_message = {cfg.max_tokens_per_message}",
+                              grpc.StatusCode.RESOURCE_EXHAUSTED)
+        check_tokens(runs, corpus.config.vocab_size, "BatchPut")
+
+        def run() -> None:
+            corpus.batch_put(runs)
+            if request.synchronize:
+                corpus.synchronize()
+
+        await self.state.run(run)
+        return pb.BatchPutResponse(tokens=total)
+
+    @_unary
+    async def EraseMatchState(self, request: pb.EraseMatchStateRequest, context) -> pb.EraseMatchStateResponse:
+        corpus = self.state.corpus(request.namespace)
+        prefix = _check_client_id(request.client_id)
+        ids = list(request.req_ids)
+        check_req_ids(ids, "req_ids", self.state.config.max_batch)
+        await self.state.run(corpus.erase_match_state, [prefix + r for r in ids])
+        return pb.EraseMatchStateResponse()
+
+    # ------------------------------------------------------------------ external corpora
+
+    @_unary
+    async def LoadExternalCorpus(self, request_iterator, context) -> pb.LoadExternalCorpusResponse:
+        corpus, ns, name, loaded = None, "", "", 0
+        try:
+            async for chunk in request_iterator:
+                if corpus is None:
+                    ns, corpus = chunk.namespace, self.state.corpus(chunk.namespace)
+                    name = check_corpus_name(chunk.name)
+                    await self.state.run(corpus.begin_external_corpus, name)
+                elif chunk.namespace not in ("", ns) or chunk.name not in ("", name):
+                    raise ValueError("LoadExternalCorpus: every chunk must name the same namespace and corpus")
+                tokens = wire.unpack(chunk.tokens, wire.I32, "tokens")
+                check_tokens([tokens], corpus.config.vocab_size, "tokens")
+                await self.state.run(corpus.add_external_chunk, name, tokens)
+                loaded += tokens.size
+        except BaseException:
+            if corpus is not None and corpus.is_loading_external_corpus(name):
+                corpus.abort_external_corpus(name)
+            raise
+        if corpus is None:
+            raise ValueError("LoadExternalCorpus: the stream carried no chunk")
+        return pb.LoadExternalCorpusResponse(loaded_tokens=loaded)
+
+    @_unary
+    async def CommitExternalCorpus(self, request: pb.CommitExternalCorpusRequest, context) -> pb.CommitExternalCorpusResponse:
+        corpus = self.state.corpus(request.namespace)
+        name = check_corpus_name(request.name)
+        count = await self.state.run(corpus.commit_external_corpus, name)
+        if request.expected_tokens >= 0 and request.expected_tokens != count:
+            await self.state.run(corpus.remove_external_corpus, name)
+            raise ValueError(f"CommitExternalCorpus: corpus '{name}' holds {count} tokens, caller expected "
+                             f"{request.expected_tokens}; the load was discarded")
+        return pb.CommitExternalCorpusResponse(tokens=count)
+
+    @_unary
+    async def RemoveExternalCorpus(self, request: pb.RemoveExternalCorpusRequest, context) -> pb.RemoveExternalCorpusResponse:
+        corpus = self.state.corpus(request.namespace)
+        await self.state.run(corpus.remove_external_corpus, check_corpus_name(request.name))
+        return pb.RemoveExternalCorpusResponse()
+
+    @_unary
+    async def ListExternalCorpora(self, request: pb.ListExternalCorporaRequest, context) -> pb.ListExternalCorporaResponse:
+        corpus = self.state.corpus(request.namespace)
+        return pb.ListExternalCorporaResponse(corpora=corpus.list_external_corpora())
+
+    # ------------------------------------------------------------------ inspection
+
+    @_unary
+    async def Stats(self, request: pb.StatsRequest, context) -> pb.StatsResponse:
+        names = [request.namespace] if request.namespace else sorted(self.state.specs)
+        out = pb.StatsResponse()
+        for ns in names:
+            corpus = self.state.corpus(ns)
+            s = out.namespaces[ns]
+            s.values.update(corpus.stats())
+            s.external_corpora.update(corpus.list_external_corpora())
+            s.sessions = self.state.live_sessions
+        return out
+
+    @_unary
+    async def Reset(self, request: pb.ResetRequest, context) -> pb.ResetResponse:
+        corpus = self.state.corpus(request.namespace)
+        await self.state.run(corpus.reset)
+        return pb.ResetResponse()
+
+
+__all__ = ["CorpusServicer"]

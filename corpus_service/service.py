@@ -1,0 +1,166 @@
+"""CorpusService: one process serving gRPC (drafts) and the REST admin on one event loop.
+
+Start-up: restore snapshots and rebuild acknowledged uploads, bind both ports (0 = ephemeral; the
+bound ports are logged and written to ``ports_file``), mark health SERVING. SIGTERM/SIGINT: refuse
+new work (UNAVAILABLE / 503), give open streams ``drain_timeout_s`` to finish, stop, snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import tempfile
+from pathlib import Path
+
+import grpc
+import uvicorn
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from corpus_service._proto.ngram_corpus.v1 import corpus_pb2, corpus_pb2_grpc
+from corpus_service.admin import create_admin_app
+from corpus_service.catalog import Catalog
+from corpus_service.persistence import DataDir
+from corpus_service.server import CorpusServicer
+from corpus_service.service_config import ServiceConfig
+from corpus_service.service_state import ServiceState
+
+log = logging.getLogger("corpus_service")
+SERVICE_NAME = corpus_pb2.DESCRIPTOR.services_by_name["Corpus"].full_name
+
+
+class _AdminServer(uvicorn.Server):
+    """uvicorn without its own signal handling: the service owns SIGTERM and shuts both down."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class CorpusService:
+    def __init__(self, config: ServiceConfig) -> None:
+        self.config = config
+        self.state = ServiceState(config)
+        self._tmp = None if config.data_dir else tempfile.TemporaryDirectory(prefix="ngram-corpus-")
+        self.data = DataDir(config.data_dir or self._tmp.name)
+        self.catalog = Catalog(self.state, self.data, persistent=config.data_dir is not None)
+        self.grpc_port: int | None = None
+        self.admin_port: int | None = None
+        self._grpc: grpc.aio.Server | None = None
+        self._admin: _AdminServer | None = None
+        self._admin_task: asyncio.Task | None = None
+        self._snapshot_task: asyncio.Task | None = None
+        self._health = health_aio.HealthServicer()
+        self._stopped = asyncio.Event()
+
+    async def start(self) -> None:
+        cfg = self.config
+        await asyncio.to_thread(self.catalog.restore)
+        opts = [("grpc.max_receive_message_length", cfg.max_message_bytes),
+                ("grpc.max_send_message_length", cfg.max_message_bytes),
+                ("grpc.so_reuseport", 0)]  # two servers must never share a port by accident
+        self._grpc = grpc.aio.server(options=opts)
+        corpus_pb2_grpc.add_CorpusServicer_to_server(CorpusServicer(self.state), self._grpc)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), self._grpc)
+        self.grpc_port = self._grpc.add_insecure_port(_hostport(cfg.host, cfg.grpc_port))
+        if not self.grpc_port:
+            raise OSError(f"cannot bind gRPC to {_hostport(cfg.host, cfg.grpc_port)}")
+        await self._grpc.start()
+        if cfg.admin_port >= 0:
+            await self._start_admin()
+        for name in ("", SERVICE_NAME):
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self.state.ready = True
+        if cfg.snapshot_interval_s > 0 and self.catalog.persistent:
+            self._snapshot_task = asyncio.create_task(self._snapshot_loop())
+        admin = f"http://{_hostport(cfg.host, self.admin_port)}" if self.admin_port is not None else "off"
+        log.info("ngram-corpus listening: grpc=%s admin=%s namespaces=%s data_dir=%s",
+                 _hostport(cfg.host, self.grpc_port), admin, ",".join(self.state.specs), cfg.data_dir or "(none)")
+        if cfg.ports_file:
+            tmp = Path(cfg.ports_file).with_name(Path(cfg.ports_file).name + ".tmp")
+            tmp.write_text(json.dumps({"grpc_port": self.grpc_port, "admin_port": self.admin_port, "pid": os.getpid()}))
+            os.replace(tmp, cfg.ports_file)
+
+    async def _start_admin(self) -> None:
+        cfg = self.config
+        family = socket.AF_INET6 if ":" in cfg.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((cfg.host, cfg.admin_port))
+        self.admin_port = sock.getsockname()[1]
+        app = create_admin_app(self.state, self.catalog)
+        ucfg = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                              timeout_graceful_shutdown=max(1, int(cfg.drain_timeout_s)))
+        self._admin = _AdminServer(ucfg)
+        self._admin_task = asyncio.create_task(self._admin.serve(sockets=[sock]))
+        while not self._admin.started:
+            if self._admin_task.done():
+                self._admin_task.result()  # re-raises the start-up failure
+                raise OSError("the REST admin stopped during start-up")
+            await asyncio.sleep(0.01)
+
+    async def _snapshot_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.snapshot_interval_s)
+            try:
+                await self.catalog.snapshot()
+            except Exception:  # noqa: BLE001 - a failed periodic snapshot must not stop serving
+                log.exception("periodic snapshot failed")
+
+    def request_stop(self) -> None:
+        self._stopped.set()
+
+    async def wait(self) -> None:
+        await self._stopped.wait()
+
+    async def stop(self) -> None:
+        """Drain, stop both servers, finish builds, snapshot."""
+        state = self.state
+        state.draining = True
+        await self._health.enter_graceful_shutdown()
+        log.info("draining: %d open session(s), %.1fs grace", state.live_sessions, self.config.drain_timeout_s)
+        if self._snapshot_task is not None:
+            self._snapshot_task.cancel()
+        if self._grpc is not None:
+            await self._grpc.stop(self.config.drain_timeout_s)
+        if self._admin is not None:
+            self._admin.should_exit = True
+            await self._admin_task
+        await asyncio.to_thread(self.catalog.jobs.shutdown)
+        if self.catalog.persistent:
+            try:
+                done = await self.catalog.snapshot()
+                log.info("shutdown snapshot written: %s", ", ".join(done.values()))
+            except Exception:  # noqa: BLE001
+                log.exception("shutdown snapshot failed")
+        state.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+        log.info("stopped")
+
+
+async def serve(config: ServiceConfig) -> None:
+    """Runs until SIGTERM or SIGINT."""
+    service = CorpusService(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, service.request_stop)
+    try:
+        await service.start()
+    except BaseException:
+        await service.stop()
+        raise
+    await service.wait()
+    await service.stop()
