@@ -104,9 +104,14 @@ class NgramCorpus:
 
     # ------------------------------------------------------------------ request-level API
 
-    def start_request(self, req_id: ReqId, prompt_ids: Sequence[int] | np.ndarray) -> None:
-        """Starts a request: its prompt is indexed for prompt lookup. Raises ValueError if live."""
-        self._native.start_request(_rid(req_id), prompt_ids)
+    def start_request(
+        self, req_id: ReqId, prompt_ids: Sequence[int] | np.ndarray, *, learn_prompt: bool | None = None
+    ) -> None:
+        """Starts a request: its prompt is indexed for prompt lookup. ``learn_prompt`` overrides
+        ``config.learn_prompts`` for this request (False suits a request re-established after a
+        restart, whose tokens the learned corpus already holds). Raises AlreadyExistsError if live."""
+        flag = -1 if learn_prompt is None else int(bool(learn_prompt))
+        self._native.start_request(_rid(req_id), prompt_ids, flag)
 
     def extend(self, req_id: ReqId, token_ids: Sequence[int] | np.ndarray) -> None:
         """Appends committed tokens (accepted drafts plus the bonus token) to a live request."""
@@ -151,15 +156,28 @@ class NgramCorpus:
                 )
             if lengths.size and (lengths.min() < 0 or lengths.max() > token_ids.shape[1]):
                 raise ValueError(f"extend_batch: lengths must be in [0, {token_ids.shape[1]}]")
-            rows = [token_ids[i, : int(lengths[i])] for i in range(len(req_ids))]
+            if token_ids.dtype.kind not in "iu":
+                raise ValueError(f"extend_batch: expected an integer array, got dtype {token_ids.dtype}")
+            if token_ids.size and (token_ids.min() < 0 or token_ids.max() > np.iinfo(np.int32).max):
+                raise ValueError("extend_batch: token ids must be in [0, 2^31)")
+            keep = np.arange(token_ids.shape[1])[None, :] < lengths[:, None]
+            flat = token_ids[keep].astype(np.int32)  # row-major: row i's first lengths[i] tokens
         else:
             if lengths is not None:
                 raise ValueError("extend_batch: lengths is only for a 2-D token array")
             rows = list(token_ids)
             if len(rows) != len(req_ids):
                 raise ValueError(f"extend_batch: {len(req_ids)} request ids but {len(rows)} token sequences")
-        for rid, row in zip(req_ids, rows):
-            self.extend(rid, row)
+            arrays = [np.asarray(r) for r in rows]
+            for i, a in enumerate(arrays):
+                if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
+                    raise ValueError(f"extend_batch: sequence {i} is not a 1-D sequence of token ids")
+                if a.size and (a.min() < 0 or a.max() > np.iinfo(np.int32).max):
+                    raise ValueError(f"extend_batch: sequence {i} has token ids outside [0, 2^31)")
+            lengths = np.array([a.size for a in arrays], dtype=np.int64)
+            flat = np.concatenate(arrays).astype(np.int32) if arrays else np.zeros(0, np.int32)
+        # One native call, all or nothing: unknown ids or bad tokens leave every request unchanged.
+        self._native.extend_many([_rid(r) for r in req_ids], flat, np.asarray(lengths, dtype=np.int64))
 
     def finish_batch(self, req_ids: Sequence[ReqId]) -> None:
         for rid in req_ids:
@@ -168,12 +186,19 @@ class NgramCorpus:
     # ------------------------------------------------------------------ SGLang-compatible API
 
     def batch_get(
-        self, req_ids: Sequence[ReqId], batch_tokens: Sequence[Sequence[int]], total_lens: Sequence[int]
+        self,
+        req_ids: Sequence[ReqId],
+        batch_tokens: Sequence[Sequence[int]],
+        total_lens: Sequence[int],
+        draft_token_num: int | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """SGLang's stateful match: ``batch_tokens[i]`` is the last window of request i's tokens and
         ``total_lens[i]`` its full length. Returns ``(drafts, mask)``: int64 ``[B*K]`` tokens, each
-        row starting with the last token, and int64 ``[B*K*K]`` ancestor masks (K = draft_token_num),
-        padded with token 0 under the root as SGLang pads."""
+        row starting with the last token, and int64 ``[B*K*K]`` ancestor masks, padded with token 0
+        under the root as SGLang pads. K is ``draft_token_num`` (default: the constructor's)."""
+        k = self.draft_token_num if draft_token_num is None else draft_token_num
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= MAX_BUDGET + 1:
+            raise ValueError(f"draft_token_num: expected an int in [1, {MAX_BUDGET + 1}], got {k!r}")
         if not (len(req_ids) == len(batch_tokens) == len(total_lens)):
             raise ValueError(
                 f"batch_get: req_ids, batch_tokens and total_lens must have one entry per request, got "
@@ -184,7 +209,7 @@ class NgramCorpus:
             if len(window) == 0:
                 raise ValueError(f"batch_get: request '{rid}' has an empty token window")
             self._native.sync_window(rid, window, int(total))
-        return self._native.draft_flat(ids, self.draft_token_num)
+        return self._native.draft_flat(ids, int(k))
 
     def batch_put(self, batch_tokens: Sequence[Sequence[int]]) -> None:
         """Queues token sequences for the learned corpus (asynchronous; see ``synchronize``).
@@ -262,11 +287,9 @@ class NgramCorpus:
 
     def load(self, path: str | os.PathLike[str]) -> None:
         """Replaces the learned and external corpora with a snapshot's. A corrupt, truncated or
-        incompatible file raises ValueError and changes nothing."""
-        try:
-            self._native.load(os.fspath(path))
-        except RuntimeError as e:
-            raise ValueError(str(e)) from None
+        incompatible file raises CorruptSnapshotError (a ValueError), an unreadable one OSError;
+        either way nothing changes."""
+        self._native.load(os.fspath(path))
 
     def stats(self) -> dict[str, float]:
         return dict(self._native.stats())

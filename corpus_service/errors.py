@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import grpc
 
+from corpus_service import exceptions
+
 
 class CorpusError(Exception):
     """A failed corpus call; ``code`` is the gRPC status code."""
@@ -75,16 +77,16 @@ def from_rpc_error(e: grpc.RpcError) -> CorpusError:
     return to_exception(code, details or code.name)
 
 
-# The engine raises ValueError for every bad input; its messages name the kind of failure.
-_ENGINE_PATTERNS = (
-    ("unknown request id", grpc.StatusCode.NOT_FOUND),
-    ("no external corpus named", grpc.StatusCode.NOT_FOUND),
-    ("was never started", grpc.StatusCode.NOT_FOUND),
-    ("unknown namespace", grpc.StatusCode.NOT_FOUND),
-    ("already exists", grpc.StatusCode.ALREADY_EXISTS),
-    ("is already live", grpc.StatusCode.ALREADY_EXISTS),
-    ("too many live requests", grpc.StatusCode.RESOURCE_EXHAUSTED),
-    ("would exceed", grpc.StatusCode.RESOURCE_EXHAUSTED),
+# The engine's exception classes name the kind of failure; plain ValueError/TypeError is bad input.
+_ENGINE_CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
+    (exceptions.UnknownRequestError, grpc.StatusCode.NOT_FOUND),
+    (exceptions.NotFoundError, grpc.StatusCode.NOT_FOUND),
+    (exceptions.AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
+    (exceptions.LimitExceededError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (KeyError, grpc.StatusCode.NOT_FOUND),  # unknown namespace
+    (ValueError, grpc.StatusCode.INVALID_ARGUMENT),
+    (TypeError, grpc.StatusCode.INVALID_ARGUMENT),
+    (MemoryError, grpc.StatusCode.RESOURCE_EXHAUSTED),
 )
 
 
@@ -92,14 +94,9 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
     """The status code for an exception raised while serving a call."""
     if isinstance(exc, CorpusError):
         return exc.code
-    if isinstance(exc, (ValueError, TypeError, KeyError)):
-        text = str(exc)
-        for pattern, code in _ENGINE_PATTERNS:
-            if pattern in text:
-                return code
-        return grpc.StatusCode.NOT_FOUND if isinstance(exc, KeyError) else grpc.StatusCode.INVALID_ARGUMENT
-    if isinstance(exc, MemoryError):
-        return grpc.StatusCode.RESOURCE_EXHAUSTED
+    for cls, code in _ENGINE_CODES:
+        if isinstance(exc, cls):
+            return code
     return grpc.StatusCode.INTERNAL
 
 

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from corpus_service.exceptions import CorruptSnapshotError
 from corpus_service.namespaces import check_namespace_name
 
 log = logging.getLogger("corpus_service.persistence")
@@ -98,7 +99,7 @@ class DataDir:
             return None
         try:
             corpus.load(path)
-        except ValueError as e:
+        except CorruptSnapshotError as e:
             aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
             os.replace(path, aside)
             msg = f"snapshot {path} refused ({e}); moved to {aside.name}, namespace '{namespace}' starts empty"

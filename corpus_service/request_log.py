@@ -78,25 +78,19 @@ class RequestLog:
     # ------------------------------------------------------------------ messages
 
     def build(self, seq: int, namespace: str, draft_ids: Sequence[str], budget: int, replay: bool) -> pb.SessionRequest:
-        """The next step: the pending delta, or (``replay``) every live request in full plus it."""
+        """The next step: the pending delta, plus (``replay``) every live request's whole context
+        as ``restore`` runs, which the server indexes without learning them a second time."""
         msg = pb.SessionRequest(seq=seq, namespace=namespace)
-        if replay:
-            live = [r for r in self.prompts if r not in self._finishes]
-            starts = {r: self.prompts[r] for r in live} | self._starts
-            extends = {r: list(self.outputs[r]) for r in live}
-            for r, ts in self._extends.items():
-                extends.setdefault(r, []).extend(ts)
-            # Requests finished after a replay were finished by the old session's end already;
-            # only those started in this very step need their finish sent.
-            finishes = [r for r in self._finishes if r in self._starts]
-        else:
-            starts, extends, finishes = self._starts, self._extends, self._finishes
-        if starts:
-            wire.pack_runs(msg.start, list(starts), list(starts.values()))
-        ext = {r: np.concatenate(ts) if len(ts) > 1 else ts[0] for r, ts in extends.items() if ts}
+        if replay and self.prompts:
+            live = list(self.prompts)
+            contexts = [np.concatenate([self.prompts[r], *self.outputs[r]]) for r in live]
+            wire.pack_runs(msg.restore, live, contexts)
+        if self._starts:
+            wire.pack_runs(msg.start, list(self._starts), list(self._starts.values()))
+        ext = {r: np.concatenate(ts) if len(ts) > 1 else ts[0] for r, ts in self._extends.items() if ts}
         if ext:
             wire.pack_runs(msg.extend, list(ext), list(ext.values()))
-        msg.finish.extend(finishes)
+        msg.finish.extend(self._finishes)
         if draft_ids:
             msg.draft.req_ids.extend(draft_ids)
             msg.draft.budget = budget

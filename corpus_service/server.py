@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -65,7 +64,6 @@ def _check_client_id(client_id: str) -> str:
 class CorpusServicer(pb_grpc.CorpusServicer):
     def __init__(self, state: ServiceState) -> None:
         self.state = state
-        self._batch_get_locks: dict[str, threading.Lock] = {}
 
     # ------------------------------------------------------------------ streaming session
 
@@ -129,18 +127,8 @@ class CorpusServicer(pb_grpc.CorpusServicer):
                 raise ValueError(f"windows: request '{rid}' needs a non-empty window no longer than its "
                                  f"total length, got {w.size} tokens and total_lens {total}")
 
-        lock = self._batch_get_locks.setdefault(request.namespace, threading.Lock())
-
         def run() -> tuple[np.ndarray, np.ndarray]:
-            # batch_get reads corpus.draft_token_num; K is per call here, so calls with different K
-            # are serialized in the worker thread (never holding a lock across an await).
-            with lock:
-                old_k = corpus.draft_token_num
-                corpus.draft_token_num = k
-                try:
-                    return corpus.batch_get([prefix + r for r in ids], windows, total_lens.tolist())
-                finally:
-                    corpus.draft_token_num = old_k
+            return corpus.batch_get([prefix + r for r in ids], windows, total_lens.tolist(), draft_token_num=k)
 
         drafts, mask = await self.state.run(run)
         return pb.BatchGetResponse(draft_token_num=k, drafts=wire.pack(drafts), mask=wire.pack(mask, wire.U8))

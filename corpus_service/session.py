@@ -51,6 +51,7 @@ class Step:
     """A validated step, ready to apply."""
 
     namespace: str
+    restore: tuple[list[str], list[np.ndarray]]
     start: tuple[list[str], list[np.ndarray]]
     extend: tuple[list[str], list[np.ndarray]]
     finish: list[str]
@@ -59,8 +60,8 @@ class Step:
 
     def work(self) -> int:
         """Rough cost in draft nodes + tokens/16: small steps run on the event loop itself."""
-        tokens = sum(r.size for r in self.start[1]) + sum(r.size for r in self.extend[1])
-        return len(self.draft) * self.budget + tokens // 16 + 8 * len(self.start[0])
+        tokens = sum(r.size for runs in (self.restore[1], self.start[1], self.extend[1]) for r in runs)
+        return len(self.draft) * self.budget + tokens // 16 + 8 * (len(self.start[0]) + len(self.restore[0]))
 
 
 class Session:
@@ -74,28 +75,33 @@ class Session:
         cfg = self.state.config
         ns = msg.namespace
         corpus = self.state.corpus(ns)
+        restore = wire.unpack_runs(msg.restore, "restore")
         start = wire.unpack_runs(msg.start, "start")
         extend = wire.unpack_runs(msg.extend, "extend")
         finish = list(msg.finish)
         draft = list(msg.draft.req_ids)
-        for ids, field in ((start[0], "start"), (extend[0], "extend"), (finish, "finish"), (draft, "draft")):
+        for ids, field in ((restore[0], "restore"), (start[0], "start"), (extend[0], "extend"), (finish, "finish"),
+                           (draft, "draft")):
             check_req_ids(ids, field, cfg.max_batch)
-        num_tokens = sum(r.size for r in start[1]) + sum(r.size for r in extend[1])
+        if set(restore[0]) & set(start[0]):
+            raise CorpusError("a request id is both restored and started", grpc.StatusCode.INVALID_ARGUMENT)
+        num_tokens = sum(r.size for runs in (restore[1], start[1], extend[1]) for r in runs)
         if num_tokens > cfg.max_tokens_per_message:
             raise CorpusError(f"step carries {num_tokens} tokens, more than max_tokens_per_message = "
                               f"{cfg.max_tokens_per_message}", grpc.StatusCode.RESOURCE_EXHAUSTED)
         vocab = corpus.config.vocab_size
+        check_tokens(restore[1], vocab, "restore")
         check_tokens(start[1], vocab, "start")
         check_tokens(extend[1], vocab, "extend")
         # Membership against the live set plus this step's starts/finishes, without copying the set.
         live = self.live.get(ns, set())
-        started, finished = set(start[0]), set(finish)
-        for rid in start[0]:
+        started, finished = set(start[0]) | set(restore[0]), set(finish)
+        for rid in started:
             if rid in live:
                 raise CorpusError(f"start: request '{rid}' is already live", grpc.StatusCode.ALREADY_EXISTS)
         num_live = sum(len(v) for v in self.live.values())
-        if num_live + len(start[0]) > cfg.max_live_requests_per_session:
-            raise CorpusError(f"start: {num_live + len(start[0])} live requests would exceed "
+        if num_live + len(started) > cfg.max_live_requests_per_session:
+            raise CorpusError(f"start: {num_live + len(started)} live requests would exceed "
                               f"max_live_requests_per_session = {cfg.max_live_requests_per_session}",
                               grpc.StatusCode.RESOURCE_EXHAUSTED)
         for ids, field in ((extend[0], "extend"), (finish, "finish")):
@@ -112,19 +118,21 @@ class Session:
                 if (rid not in live and rid not in started) or rid in finished:
                     raise CorpusError(f"draft: unknown request '{rid}' (never started in this session, or finished)",
                                       grpc.StatusCode.NOT_FOUND)
-        return Step(ns, start, extend, finish, draft, budget)
+        return Step(ns, restore, start, extend, finish, draft, budget)
 
     def apply(self, step: Step, out: pb.SessionResponse) -> int:
         """Applies a validated step to the engine; fills ``out.drafts``. Returns drafted nodes."""
         corpus = self.state.corpus(step.namespace)
         p, ns = self.prefix, step.namespace
         live = self.live.setdefault(ns, set())
+        for rid, context in zip(*step.restore):
+            corpus.start_request(p + rid, context, learn_prompt=False)  # learned before the restart
+            live.add(rid)
         for rid, prompt in zip(*step.start):
             corpus.start_request(p + rid, prompt)
             live.add(rid)
-        for rid, tokens in zip(*step.extend):
-            if tokens.size:
-                corpus.extend(p + rid, tokens)
+        if step.extend[0]:
+            corpus.extend_batch([p + rid for rid in step.extend[0]], step.extend[1])
         for rid in step.finish:
             live.discard(rid)
             corpus.finish(p + rid)

@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include "corpus.h"
+#include "errors.h"
 #include "pyconvert.h"
 
 namespace py = pybind11;
@@ -61,10 +62,25 @@ PYBIND11_MODULE(_native, m) {
   py::class_<Corpus>(m, "Corpus")
       .def(py::init<CorpusConfig>())
       .def("start_request",
-           [](Corpus& c, const std::string& id, py::handle prompt) {
+           [](Corpus& c, const std::string& id, py::handle prompt, int learn_prompt) {
              auto t = to_tokens(prompt, "prompt_ids");
              py::gil_scoped_release nogil;
-             c.start_request(id, t.data(), t.size());
+             c.start_request(id, t.data(), t.size(), learn_prompt);
+           },
+           py::arg("req_id"), py::arg("prompt_ids"), py::arg("learn_prompt") = -1)
+      .def("extend_many",
+           [](Corpus& c, py::handle ids_obj, py::array_t<int32_t, py::array::c_style> tokens,
+              py::array_t<int64_t, py::array::c_style> lengths) {
+             auto ids = to_ids(ids_obj, "req_ids");
+             if (tokens.ndim() != 1 || lengths.ndim() != 1 || static_cast<size_t>(lengths.shape(0)) != ids.size())
+               throw std::invalid_argument("extend_many: expected 1-D tokens and one length per request id");
+             int64_t total = 0;
+             for (py::ssize_t i = 0; i < lengths.shape(0); ++i) total += lengths.data()[i];
+             if (total != tokens.shape(0))
+               throw std::invalid_argument("extend_many: lengths add up to " + std::to_string(total) + " but " +
+                                           std::to_string(tokens.shape(0)) + " tokens were given");
+             py::gil_scoped_release nogil;
+             c.extend_many(ids, tokens.data(), lengths.data());
            })
       .def("extend",
            [](Corpus& c, const std::string& id, py::handle tokens) {
@@ -143,18 +159,34 @@ PYBIND11_MODULE(_native, m) {
         return to_array(std::move(t), {n});
       });
 
-  // std::runtime_error (corrupt snapshots, I/O) surfaces as ValueError/OSError-like RuntimeError;
-  // std::length_error (limits) as ValueError too, so every bad input is a ValueError.
+  // Engine errors become the Python classes of corpus_service.exceptions (ValueError subclasses);
+  // other std::invalid_argument / std::length_error become ValueError, IOFailure OSError, and a
+  // violated invariant (std::logic_error from check_integrity) AssertionError.
   py::register_exception_translator([](std::exception_ptr p) {
+    auto raise = [](const char* cls, const char* what) {
+      py::object type = py::module_::import("corpus_service.exceptions").attr(cls);
+      PyErr_SetString(type.ptr(), what);
+    };
     try {
       if (p) std::rethrow_exception(p);
+    } catch (const UnknownRequest& e) {
+      raise("UnknownRequestError", e.what());
+    } catch (const AlreadyExists& e) {
+      raise("AlreadyExistsError", e.what());
+    } catch (const NotFound& e) {
+      raise("NotFoundError", e.what());
+    } catch (const LimitExceeded& e) {
+      raise("LimitExceededError", e.what());
+    } catch (const CorruptSnapshot& e) {
+      raise("CorruptSnapshotError", e.what());
+    } catch (const IOFailure& e) {
+      PyErr_SetString(PyExc_OSError, e.what());
     } catch (const std::length_error& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const std::invalid_argument& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
     } catch (const std::logic_error& e) {
-      if (dynamic_cast<const std::invalid_argument*>(&e))
-        PyErr_SetString(PyExc_ValueError, e.what());
-      else
-        PyErr_SetString(PyExc_AssertionError, e.what());
+      PyErr_SetString(PyExc_AssertionError, e.what());
     }
   });
 }

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <stdexcept>
 
+#include "errors.h"
 #include "snapshot.h"
 
 namespace ngc {
@@ -23,8 +24,8 @@ int64_t now_ns() {
              std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-std::invalid_argument unknown_request(const std::string& id) {
-  return std::invalid_argument("unknown request id '" + id + "' (never started, finished, or expired)");
+UnknownRequest unknown_request(const std::string& id) {
+  return UnknownRequest("unknown request id '" + id + "' (never started, finished, or expired)");
 }
 }  // namespace
 
@@ -98,18 +99,18 @@ void Corpus::sweep_idle() {
   }
 }
 
-void Corpus::start_request(const std::string& id, const int32_t* prompt, size_t n) {
+void Corpus::start_request(const std::string& id, const int32_t* prompt, size_t n, int learn_prompt) {
   check_tokens(prompt, n, "prompt");
   sweep_idle();
   auto rs = std::make_shared<RequestState>(cfg_.own_orders, true, next_serial_++);
   rs->own.extend_last(prompt, n);
   rs->total_len = n;
-  if (cfg_.learn_prompts) rs->pending.assign(prompt, prompt + n);
+  if (learn_prompt > 0 || (learn_prompt < 0 && cfg_.learn_prompts)) rs->pending.assign(prompt, prompt + n);
   rs->touch();
   std::lock_guard<std::mutex> g(req_mu_);
-  if (requests_.count(id)) throw std::invalid_argument("request id '" + id + "' is already live");
+  if (requests_.count(id)) throw AlreadyExists("request id '" + id + "' is already live");
   if (requests_.size() >= cfg_.max_requests)
-    throw std::length_error("too many live requests (max_requests = " + std::to_string(cfg_.max_requests) + ")");
+    throw LimitExceeded("too many live requests (max_requests = " + std::to_string(cfg_.max_requests) + ")");
   requests_.emplace(id, std::move(rs));
 }
 
@@ -126,6 +127,34 @@ void Corpus::extend(const std::string& id, const int32_t* tokens, size_t n) {
   }
   n_extend_tokens_ += n;
   if (flush) enqueue_chunk(std::move(c));
+}
+
+void Corpus::extend_many(const std::vector<std::string>& ids, const int32_t* tokens, const int64_t* lengths) {
+  // Everything is checked before anything is applied: a refused batch changes nothing.
+  std::vector<std::shared_ptr<RequestState>> states;
+  states.reserve(ids.size());
+  size_t total = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (lengths[i] < 0) throw std::invalid_argument("lengths must be >= 0, got " + std::to_string(lengths[i]));
+    total += static_cast<size_t>(lengths[i]);
+    states.push_back(get(ids[i]));
+  }
+  check_tokens(tokens, total, "tokens");
+  const int32_t* t = tokens;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    size_t n = static_cast<size_t>(lengths[i]);
+    LearnChunk c;
+    bool flush;
+    {
+      std::lock_guard<std::mutex> g(states[i]->mu);
+      states[i]->append(t, n);
+      states[i]->touch();
+      flush = states[i]->take_chunk(cfg_.flush_tokens, cfg_.overlap, false, &c);
+    }
+    if (flush) enqueue_chunk(std::move(c));
+    t += n;
+  }
+  n_extend_tokens_ += total;
 }
 
 void Corpus::finish(const std::string& id) {
@@ -185,7 +214,7 @@ void Corpus::sync_window(const std::string& id, const int32_t* window, size_t n,
   rs->touch();
   std::lock_guard<std::mutex> g(req_mu_);
   if (requests_.size() >= cfg_.max_requests)
-    throw std::length_error("too many live requests (max_requests = " + std::to_string(cfg_.max_requests) + ")");
+    throw LimitExceeded("too many live requests (max_requests = " + std::to_string(cfg_.max_requests) + ")");
   requests_.emplace(id, std::move(rs));
 }
 
@@ -485,7 +514,7 @@ void Corpus::begin_external(const std::string& name) {
   if (name.empty()) throw std::invalid_argument("external corpus name must not be empty");
   std::lock_guard<std::mutex> g(ext_mu_);
   if (externals_.count(name) || staging_.count(name))
-    throw std::invalid_argument("external corpus '" + name + "' already exists; remove it first");
+    throw AlreadyExists("external corpus '" + name + "' already exists; remove it first");
   staging_.emplace(name, std::make_shared<TokenIndex>(cfg_.external_orders));
 }
 
@@ -496,11 +525,11 @@ void Corpus::add_external(const std::string& name, const int32_t* tokens, size_t
     std::lock_guard<std::mutex> g(ext_mu_);
     auto it = staging_.find(name);
     if (it == staging_.end())
-      throw std::invalid_argument("external corpus '" + name + "' is not being loaded (call begin first)");
+      throw NotFound("external corpus '" + name + "' is not being loaded (call begin first)");
     size_t staged = 0;
     for (auto& [k, v] : staging_) staged += v->live();
     if (external_tokens_ + staged + n > cfg_.max_external_tokens)
-      throw std::length_error("external corpora would exceed max_external_tokens = " +
+      throw LimitExceeded("external corpora would exceed max_external_tokens = " +
                               std::to_string(cfg_.max_external_tokens));
     idx = it->second;
   }
@@ -512,7 +541,7 @@ size_t Corpus::commit_external(const std::string& name) {
   std::lock_guard<std::mutex> g(ext_mu_);
   auto it = staging_.find(name);
   if (it == staging_.end())
-    throw std::invalid_argument("external corpus '" + name + "' was never started (nothing to commit)");
+    throw NotFound("external corpus '" + name + "' was never started (nothing to commit)");
   size_t n = it->second->indexed_tokens();
   external_tokens_ += it->second->live();
   externals_[name] = std::move(it->second);
@@ -533,7 +562,7 @@ bool Corpus::is_loading(const std::string& name) const {
 void Corpus::remove_external(const std::string& name) {
   std::lock_guard<std::mutex> g(ext_mu_);
   auto it = externals_.find(name);
-  if (it == externals_.end()) throw std::invalid_argument("no external corpus named '" + name + "'");
+  if (it == externals_.end()) throw NotFound("no external corpus named '" + name + "'");
   external_tokens_ -= it->second->live();
   externals_.erase(it);
 }
@@ -570,14 +599,14 @@ void Corpus::save(const std::string& path) {
 void Corpus::load(const std::string& path) {
   auto payload = read_snapshot_file(path);
   ByteReader r(payload.data(), payload.size());
-  if (r.get_str() != "corpus") throw std::runtime_error("snapshot does not hold a corpus: '" + path + "'");
+  if (r.get_str() != "corpus") throw CorruptSnapshot("snapshot does not hold a corpus: '" + path + "'");
   TokenIndex learned = TokenIndex::load(r);
   if (learned.orders() != cfg_.learned_orders && learned.orders() != [&] {
         auto o = cfg_.learned_orders;
         std::sort(o.begin(), o.end());
         return o;
       }())
-    throw std::runtime_error("snapshot was written with other learned_orders than this corpus uses");
+    throw CorruptSnapshot("snapshot was written with other learned_orders than this corpus uses");
   uint64_t n_ext = r.get<uint64_t>();
   std::map<std::string, std::shared_ptr<const TokenIndex>> ext;
   size_t ext_tokens = 0;
@@ -587,7 +616,7 @@ void Corpus::load(const std::string& path) {
     ext_tokens += idx->live();
     ext[name] = std::move(idx);
   }
-  if (!r.done()) throw std::runtime_error("corrupt snapshot: trailing bytes: '" + path + "'");
+  if (!r.done()) throw CorruptSnapshot("corrupt snapshot: trailing bytes: '" + path + "'");
   learned.check_integrity();
   for (auto& [name, idx] : ext) idx->check_integrity();
   synchronize();

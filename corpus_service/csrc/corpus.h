@@ -67,8 +67,12 @@ class Corpus {
   void check_tokens(const int32_t* t, size_t n, const char* what) const;
 
   // Request-level API.
-  void start_request(const std::string& id, const int32_t* prompt, size_t n);
+  // learn_prompt: 1 feeds the prompt to the learned corpus, 0 does not, -1 follows the config
+  // (0 suits a request re-established after a restart, whose tokens were learned already).
+  void start_request(const std::string& id, const int32_t* prompt, size_t n, int learn_prompt = -1);
   void extend(const std::string& id, const int32_t* tokens, size_t n);
+  // Extends ids[i] by the next lengths[i] tokens of `tokens`; all or nothing.
+  void extend_many(const std::vector<std::string>& ids, const int32_t* tokens, const int64_t* lengths);
   void finish(const std::string& id);
   bool has_request(const std::string& id) const;
   // Drafts at most `budget` nodes per request: tokens/parents/probs padded to budget per row

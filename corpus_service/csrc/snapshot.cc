@@ -22,7 +22,7 @@ void write_all(int fd, const uint8_t* p, size_t n, const std::string& path) {
     ssize_t w = ::write(fd, p, n);
     if (w < 0) {
       if (errno == EINTR) continue;
-      throw std::runtime_error(errno_text("cannot write", path));
+      throw IOFailure(errno_text("cannot write", path));
     }
     p += w;
     n -= static_cast<size_t>(w);
@@ -58,11 +58,11 @@ void write_snapshot_file(const std::string& path, const std::vector<uint8_t>& pa
 
   std::string tmp = path + ".tmp";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw std::runtime_error(errno_text("cannot create", tmp));
+  if (fd < 0) throw IOFailure(errno_text("cannot create", tmp));
   try {
     write_all(fd, header.data(), header.size(), tmp);
     write_all(fd, payload.data(), payload.size(), tmp);
-    if (::fsync(fd) != 0) throw std::runtime_error(errno_text("cannot fsync", tmp));
+    if (::fsync(fd) != 0) throw IOFailure(errno_text("cannot fsync", tmp));
   } catch (...) {
     ::close(fd);
     ::unlink(tmp.c_str());
@@ -71,7 +71,7 @@ void write_snapshot_file(const std::string& path, const std::vector<uint8_t>& pa
   ::close(fd);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     ::unlink(tmp.c_str());
-    throw std::runtime_error(errno_text("cannot rename into", path));
+    throw IOFailure(errno_text("cannot rename into", path));
   }
   std::string dir = std::filesystem::path(path).parent_path().string();
   int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -83,12 +83,12 @@ void write_snapshot_file(const std::string& path, const std::vector<uint8_t>& pa
 
 std::vector<uint8_t> read_snapshot_file(const std::string& path) {
   FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) throw std::runtime_error(errno_text("cannot open snapshot", path));
+  if (!f) throw IOFailure(errno_text("cannot open snapshot", path));
   std::vector<uint8_t> header(kHeaderBytes);
   size_t got = std::fread(header.data(), 1, kHeaderBytes, f);
   if (got != kHeaderBytes || std::memcmp(header.data(), kMagic, 8) != 0) {
     std::fclose(f);
-    throw std::runtime_error("not a corpus snapshot (bad or missing header): '" + path + "'");
+    throw CorruptSnapshot("not a corpus snapshot (bad or missing header): '" + path + "'");
   }
   uint32_t version;
   uint64_t size, sum;
@@ -97,23 +97,23 @@ std::vector<uint8_t> read_snapshot_file(const std::string& path) {
   std::memcpy(&sum, header.data() + 24, 8);
   if (version != kSnapshotVersion) {
     std::fclose(f);
-    throw std::runtime_error("unsupported snapshot version " + std::to_string(version) + " (expected " +
+    throw CorruptSnapshot("unsupported snapshot version " + std::to_string(version) + " (expected " +
                              std::to_string(kSnapshotVersion) + "): '" + path + "'");
   }
   std::error_code ec;
   auto file_size = std::filesystem::file_size(path, ec);
   if (ec || file_size != kHeaderBytes + size) {
     std::fclose(f);
-    throw std::runtime_error("truncated or oversized snapshot: header says " + std::to_string(size) +
+    throw CorruptSnapshot("truncated or oversized snapshot: header says " + std::to_string(size) +
                              " payload bytes, file holds " + std::to_string(ec ? 0 : file_size - kHeaderBytes) +
                              ": '" + path + "'");
   }
   std::vector<uint8_t> payload(size);
   got = std::fread(payload.data(), 1, size, f);
   std::fclose(f);
-  if (got != size) throw std::runtime_error("truncated snapshot: '" + path + "'");
+  if (got != size) throw CorruptSnapshot("truncated snapshot: '" + path + "'");
   if (checksum64(payload.data(), payload.size()) != sum)
-    throw std::runtime_error("corrupt snapshot (checksum mismatch): '" + path + "'");
+    throw CorruptSnapshot("corrupt snapshot (checksum mismatch): '" + path + "'");
   return payload;
 }
 

@@ -3,7 +3,7 @@
 //   magic "NGCORPUS" | u32 format version | u32 reserved | u64 payload bytes | u64 checksum | payload
 //
 // A file with another magic, an unknown version, a short payload or a checksum mismatch is refused
-// with std::runtime_error before anything is built from it, so a corrupt or truncated file can
+// with CorruptSnapshot before anything is built from it, so a corrupt or truncated file can
 // never be half-loaded. Files are written to a temporary name, fsync'd and renamed into place.
 #pragma once
 
@@ -12,6 +12,8 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "errors.h"
 
 namespace ngc {
 
@@ -56,7 +58,7 @@ class ByteReader {
   template <class T>
   std::vector<T> get_vec() {
     uint64_t n = get<uint64_t>();
-    if (n > static_cast<uint64_t>(end_ - p_) / sizeof(T)) throw std::runtime_error("corrupt snapshot: array runs past the end");
+    if (n > static_cast<uint64_t>(end_ - p_) / sizeof(T)) throw CorruptSnapshot("corrupt snapshot: array runs past the end");
     std::vector<T> v(n);
     std::memcpy(v.data(), p_, n * sizeof(T));
     p_ += n * sizeof(T);
@@ -70,7 +72,7 @@ class ByteReader {
 
  private:
   void need(size_t n) {
-    if (static_cast<size_t>(end_ - p_) < n) throw std::runtime_error("corrupt snapshot: truncated payload");
+    if (static_cast<size_t>(end_ - p_) < n) throw CorruptSnapshot("corrupt snapshot: truncated payload");
   }
   const uint8_t* p_;
   const uint8_t* end_;

@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "errors.h"
 #include "snapshot.h"
 
 namespace ngc {
@@ -319,17 +320,17 @@ TokenIndex TokenIndex::load(ByteReader& r) {
   for (size_t oi = 0; oi < idx.orders_.size(); ++oi) {
     idx.bits_[oi] = r.get<int32_t>();
     if (idx.bits_[oi] < kMinHeadBits || idx.bits_[oi] > kMaxHeadBits)
-      throw std::runtime_error("corrupt snapshot: head table size out of range");
+      throw CorruptSnapshot("corrupt snapshot: head table size out of range");
     idx.heads_[oi] = r.get_vec<uint32_t>();
   }
   auto links = r.get_vec<uint64_t>();
-  if (links.size() % 2) throw std::runtime_error("corrupt snapshot: odd link array");
+  if (links.size() % 2) throw CorruptSnapshot("corrupt snapshot: odd link array");
   for (size_t i = 0; i < links.size(); i += 2) idx.links_[links[i]] = links[i + 1];
   if (idx.prev_.size() != idx.tokens_.size() * idx.orders_.size())
-    throw std::runtime_error("corrupt snapshot: chain array size mismatch");
+    throw CorruptSnapshot("corrupt snapshot: chain array size mismatch");
   for (size_t oi = 0; oi < idx.orders_.size(); ++oi)
     if (idx.heads_[oi].size() != size_t{1} << idx.bits_[oi])
-      throw std::runtime_error("corrupt snapshot: head table size mismatch");
+      throw CorruptSnapshot("corrupt snapshot: head table size mismatch");
   return idx;
 }
 

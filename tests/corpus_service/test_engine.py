@@ -207,3 +207,58 @@ def test_namespaces_are_independent():
         ns.get("qwen")
     ns.drop("llama3")
     assert "llama3" not in ns
+
+
+def test_typed_exceptions_are_value_errors():
+    from corpus_service import exceptions as ex
+
+    c = NgramCorpus(max_requests=1, max_external_tokens=4)
+    c.start_request("a", [1])
+    cases = [
+        (lambda: c.extend("zz", [1]), ex.UnknownRequestError),
+        (lambda: c.start_request("a", [1]), ex.AlreadyExistsError),
+        (lambda: c.start_request("b", [1]), ex.LimitExceededError),
+        (lambda: c.remove_external_corpus("none"), ex.NotFoundError),
+        (lambda: c.load_external_corpus_named("big", [[1, 2, 3, 4, 5]]), ex.LimitExceededError),
+    ]
+    for call, cls in cases:
+        with pytest.raises(cls) as info:
+            call()
+        assert isinstance(info.value, ValueError)
+
+
+def test_start_without_learning_the_prompt():
+    c = NgramCorpus(learn_prompts=True)
+    c.start_request("restored", [1, 2, 3, 4], learn_prompt=False)
+    c.extend("restored", [5, 6])
+    c.finish("restored")
+    c.start_request("fresh", [7, 8], learn_prompt=None)
+    c.finish("fresh")
+    c.synchronize()
+    assert c.stats()["learned_tokens"] == 2 + 2  # only the new output and the fresh prompt
+
+
+def test_extend_batch_is_all_or_nothing():
+    c = NgramCorpus(vocab_size=100)
+    c.start_requests(["x", "y"], [[1], [2]])
+    with pytest.raises(ValueError, match="unknown request id 'nope'"):
+        c.extend_batch(["x", "nope"], [[3], [4]])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        c.extend_batch(["x", "y"], [[3], [400]])
+    with pytest.raises(ValueError, match="integer array"):
+        c.extend_batch(["x"], np.array([[1.5]]))
+    c.finish_batch(["x", "y"])
+    c.synchronize()
+    assert c.stats()["learned_tokens"] == 2  # the refused batches left nothing behind
+
+
+def test_batch_get_with_per_call_draft_token_num():
+    c = NgramCorpus(draft_token_num=8)
+    c.batch_put([[1, 2, 3, 4, 5, 6]])
+    c.synchronize()
+    d4, m4 = c.batch_get(["a"], [[1, 2]], [2], draft_token_num=4)
+    assert d4.shape == (4,) and m4.shape == (16,) and d4.tolist()[:4] == [2, 3, 4, 5]
+    d8, _ = c.batch_get(["b"], [[1, 2]], [2])
+    assert d8.shape == (8,)
+    with pytest.raises(ValueError, match="draft_token_num"):
+        c.batch_get(["a"], [[1, 2]], [2], draft_token_num=0)

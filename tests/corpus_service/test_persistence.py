@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from corpus_service import NgramCorpus
+from corpus_service.exceptions import CorruptSnapshotError
 
 
 def populated() -> NgramCorpus:
@@ -64,17 +65,17 @@ def test_corrupt_files_are_refused_and_change_nothing(tmp_path):
     for name, blob, message in corrupt_cases(data):
         bad = tmp_path / f"{name.replace(' ', '_')}.ngc"
         bad.write_bytes(blob)
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(CorruptSnapshotError, match=message):
             b.load(bad)
         assert b.learned_tokens().tolist() == before, name
-    with pytest.raises(ValueError, match="cannot open"):
+    with pytest.raises(OSError, match="cannot open"):
         b.load(tmp_path / "missing.ngc")
 
 
 def test_incompatible_orders_are_refused(tmp_path):
     a = populated()
     a.save(tmp_path / "c.ngc")
-    with pytest.raises(ValueError, match="learned_orders"):
+    with pytest.raises(CorruptSnapshotError, match="learned_orders"):
         NgramCorpus(learned_orders=(1, 3)).load(tmp_path / "c.ngc")
 
 

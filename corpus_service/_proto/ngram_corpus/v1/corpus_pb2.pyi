@@ -25,20 +25,22 @@ class DraftRequest(_message.Message):
     def __init__(self, req_ids: _Optional[_Iterable[str]] = ..., budget: _Optional[int] = ...) -> None: ...
 
 class SessionRequest(_message.Message):
-    __slots__ = ("seq", "namespace", "start", "extend", "finish", "draft")
+    __slots__ = ("seq", "namespace", "start", "extend", "finish", "draft", "restore")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     EXTEND_FIELD_NUMBER: _ClassVar[int]
     FINISH_FIELD_NUMBER: _ClassVar[int]
     DRAFT_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_FIELD_NUMBER: _ClassVar[int]
     seq: int
     namespace: str
     start: TokenRuns
     extend: TokenRuns
     finish: _containers.RepeatedScalarFieldContainer[str]
     draft: DraftRequest
-    def __init__(self, seq: _Optional[int] = ..., namespace: _Optional[str] = ..., start: _Optional[_Union[TokenRuns, _Mapping]] = ..., extend: _Optional[_Union[TokenRuns, _Mapping]] = ..., finish: _Optional[_Iterable[str]] = ..., draft: _Optional[_Union[DraftRequest, _Mapping]] = ...) -> None: ...
+    restore: TokenRuns
+    def __init__(self, seq: _Optional[int] = ..., namespace: _Optional[str] = ..., start: _Optional[_Union[TokenRuns, _Mapping]] = ..., extend: _Optional[_Union[TokenRuns, _Mapping]] = ..., finish: _Optional[_Iterable[str]] = ..., draft: _Optional[_Union[DraftRequest, _Mapping]] = ..., restore: _Optional[_Union[TokenRuns, _Mapping]] = ...) -> None: ...
 
 class DraftTrees(_message.Message):
     __slots__ = ("budget", "counts", "tokens", "parents", "probs")

@@ -1,0 +1,29 @@
+"""Exceptions of the corpus engine. All are ValueError subclasses (bad input), so code that catches
+ValueError keeps working; the classes let callers and the gRPC layer tell the cases apart."""
+
+from __future__ import annotations
+
+
+class CorpusEngineError(ValueError):
+    """Base class of the engine's specific errors."""
+
+
+class UnknownRequestError(CorpusEngineError):
+    """A request id that is not live (never started, finished, or expired)."""
+
+
+class AlreadyExistsError(CorpusEngineError):
+    """A live request id, or an external corpus name, used again."""
+
+
+class NotFoundError(CorpusEngineError):
+    """An external corpus that does not exist, or is not being loaded."""
+
+
+class LimitExceededError(CorpusEngineError):
+    """A configured bound (live requests, external corpus tokens) would be exceeded."""
+
+
+class CorruptSnapshotError(CorpusEngineError):
+    """A snapshot file that is corrupt, truncated, of another version or incompatible; nothing of it
+    was loaded."""
