@@ -49,6 +49,10 @@ class CorpusConfig:
     match_cap: int = 32
     depth_gain: float = 1.0  # accepted draft tokens count this much towards the match length
     min_prob: float = 0.0  # early stop: no node below this path probability (0 = always fill)
+    # Candidates weighing less than weak_weight read only weak_depth continuation tokens: their deep
+    # nodes never rank within a budget (unchanged MAT on the dev traces, less work per draft).
+    weak_weight: float = 1.0
+    weak_depth: int = 5
     own_weight: float = 1.0
     learned_weight: float = 0.1  # own-context matches are the more reliable evidence (measured)
     external_weight: float = 1.0
@@ -73,6 +77,7 @@ class CorpusConfig:
             "max_chain": (1, 1 << 20),
             "max_match": (1, 256),
             "max_depth": (1, 256),
+            "weak_depth": (1, 256),
             "match_cap": (1, 1 << 16),
             "flush_tokens": (1, 1 << 24),
             "overlap": (0, 256),
@@ -82,7 +87,7 @@ class CorpusConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
                 raise ValueError(f"{name}: expected an int in [{lo}, {hi}], got {v!r}")
-        for name in ("alpha", "shared_alpha", "lambda_", "depth_gain", "own_weight", "learned_weight", "external_weight", "request_ttl_s"):
+        for name in ("alpha", "shared_alpha", "lambda_", "depth_gain", "weak_weight", "own_weight", "learned_weight", "external_weight", "request_ttl_s"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0 or v != v or v == float("inf"):
                 raise ValueError(f"{name}: expected a finite number >= 0, got {v!r}")
@@ -109,7 +114,7 @@ class CorpusConfig:
         c.own_orders = list(self.own_orders)
         c.learned_orders = list(self.learned_orders)
         c.external_orders = list(self.external_orders)
-        for name in ("max_candidates", "max_chain", "max_match", "max_depth", "min_prob", "own_weight", "shared_alpha",
+        for name in ("max_candidates", "max_chain", "max_match", "max_depth", "min_prob", "own_weight", "shared_alpha", "weak_weight", "weak_depth",
                      "learned_weight", "external_weight", "learn_prompts", "flush_tokens", "overlap",
                      "vocab_size", "request_ttl_s", "max_requests", "max_external_tokens"):
             setattr(c, name, getattr(self, name))

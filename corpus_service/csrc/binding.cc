@@ -47,6 +47,8 @@ PYBIND11_MODULE(_native, m) {
       .def_readwrite("score", &CorpusConfig::score)
       .def_readwrite("shared_alpha", &CorpusConfig::shared_alpha)
       .def_readwrite("min_prob", &CorpusConfig::min_prob)
+      .def_readwrite("weak_weight", &CorpusConfig::weak_weight)
+      .def_readwrite("weak_depth", &CorpusConfig::weak_depth)
       .def_readwrite("own_weight", &CorpusConfig::own_weight)
       .def_readwrite("learned_weight", &CorpusConfig::learned_weight)
       .def_readwrite("external_weight", &CorpusConfig::external_weight)

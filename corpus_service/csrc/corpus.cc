@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <stdexcept>
 
 #include "errors.h"
@@ -244,7 +245,11 @@ void Corpus::draft_one(RequestState& rs, int budget, const std::vector<std::shar
     auto add_source = [&](const TokenIndex& idx, uint64_t exclude_from, float scale, const ScoreParams& sp) {
       int n = idx.find(ctx, ctx_len, cfg_.max_candidates, cfg_.max_chain, cfg_.max_match, exclude_from, cands);
       for (int i = 0; i < n; ++i) {
-        int c = idx.continuation(cands[i].pos, depth, cont);
+        // A weak candidate's deep nodes never rank within a budget: read only a short continuation.
+        bool weak = cfg_.mode == DraftMode::kScore &&
+                    scale * std::pow(static_cast<float>(std::min(cands[i].match_len, sp.match_cap)), sp.alpha) <
+                        cfg_.weak_weight;
+        int c = idx.continuation(cands[i].pos, weak ? std::min(depth, cfg_.weak_depth) : depth, cont);
         tree.add(cont, c, cands[i].match_len, scale, cands[i].pos, cfg_.mode, sp);
       }
     };

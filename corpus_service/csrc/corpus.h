@@ -38,6 +38,8 @@ struct CorpusConfig {
   ScoreParams score;
   float shared_alpha = 2.0f;     // match-length exponent for the learned and external corpora
   float min_prob = 0.0f;         // stop adding nodes below this path probability
+  float weak_weight = 1.0f;      // candidates weighing less than this ...
+  int weak_depth = 5;            // ... read at most this many continuation tokens
   float own_weight = 1.0f;       // source weights (kScore)
   float learned_weight = 0.1f;
   float external_weight = 1.0f;

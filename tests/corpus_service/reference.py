@@ -32,9 +32,9 @@ class RefRequest:
 
 
 class RefCorpus:
-    def __init__(self, *, alpha, shared_alpha, lambda_, match_cap, own_weight, learned_weight, external_weight,
+    def __init__(self, *, alpha, shared_alpha, weak_weight, weak_depth, lambda_, match_cap, own_weight, learned_weight, external_weight,
                  max_match, max_depth, flush_tokens, overlap, learn_prompts, mode="score"):
-        self.p = dict(alpha=alpha, shared_alpha=shared_alpha, lambda_=lambda_, match_cap=match_cap, max_match=max_match, max_depth=max_depth,
+        self.p = dict(alpha=alpha, shared_alpha=shared_alpha, weak_weight=weak_weight, weak_depth=weak_depth, lambda_=lambda_, match_cap=match_cap, max_match=max_match, max_depth=max_depth,
                       flush_tokens=flush_tokens, overlap=overlap, learn_prompts=learn_prompts, mode=mode)
         self.weights = {"own": own_weight, "learned": learned_weight, "external": external_weight}
         self.requests: dict[str, RefRequest] = {}
@@ -106,7 +106,8 @@ class RefCorpus:
                     return self.weights[name] * min(m + d, self.p["match_cap"]) ** alpha if score else 1.0
                 path: tuple = ()
                 mass[()] += w(0)
-                for i, t in enumerate(cont[:depth]):
+                weak = score and self.weights[name] * min(m, self.p["match_cap"]) ** alpha < self.p["weak_weight"]
+                for i, t in enumerate(cont[:min(depth, self.p["weak_depth"]) if weak else depth]):
                     path = path + (t,)
                     vote[path] = vote.get(path, 0.0) + w(i)
                     mass[path] = mass.get(path, 0.0) + w(i + 1)

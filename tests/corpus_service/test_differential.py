@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from corpus_service import CorpusConfig, NgramCorpus
 from tests.corpus_service.reference import RefCorpus
 
-PARAMS = dict(alpha=1.5, shared_alpha=2.5, lambda_=4.0, match_cap=32, own_weight=2.0, learned_weight=0.5, external_weight=1.0,
+PARAMS = dict(alpha=1.5, shared_alpha=2.5, weak_weight=2.0, weak_depth=2, lambda_=4.0, match_cap=32, own_weight=2.0, learned_weight=0.5, external_weight=1.0,
               max_match=64, max_depth=64, flush_tokens=6, overlap=3)
 
 
