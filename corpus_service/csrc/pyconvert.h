@@ -25,6 +25,16 @@ inline std::vector<int32_t> to_tokens(py::handle obj, const char* what) {
     if (kind != 'i' && kind != 'u')
       throw std::invalid_argument(std::string(what) + ": expected an integer array, got dtype " +
                                   std::string(py::str(arr.dtype())));
+    if (arr.dtype().is(py::dtype::of<int32_t>()) && (arr.flags() & py::array::c_style)) {
+      // The common case (int32 token arrays): one copy, one pass for the range check.
+      const auto* p = static_cast<const int32_t*>(arr.data());
+      out.assign(p, p + arr.shape(0));
+      for (size_t i = 0; i < out.size(); ++i)
+        if (out[i] < 0)
+          throw std::invalid_argument(std::string(what) + ": token ids must be in [0, 2^31), got " +
+                                      std::to_string(out[i]) + " at index " + std::to_string(i));
+      return out;
+    }
     auto a64 = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(arr);
     auto r = a64.unchecked<1>();
     out.resize(static_cast<size_t>(r.shape(0)));

@@ -35,6 +35,15 @@ struct RequestState {
   uint64_t total_len = 0;          // tokens in the request so far (may exceed own.live() for windows)
   int64_t last_used_ns = 0;        // for the idle timeout
 
+  // Makes a finished request's state reusable for a new one, keeping its allocations.
+  void recycle(bool learn_tokens, uint64_t new_serial) {
+    own.reset();
+    pending.clear();
+    learn = learn_tokens;
+    serial = new_serial;
+    total_len = 0;
+  }
+
   void touch() {
     last_used_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                        std::chrono::steady_clock::now().time_since_epoch()).count();

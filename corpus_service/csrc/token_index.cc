@@ -180,6 +180,18 @@ void TokenIndex::clear() {
   }
 }
 
+void TokenIndex::reset() {
+  uint64_t e = end();
+  tokens_.clear();
+  prev_.clear();
+  first_ = 0;
+  shift_ = base_ = e;
+  indexed_ = 0;
+  documents_ = 0;
+  links_.clear();
+  for (auto& h : heads_) std::fill(h.begin(), h.end(), 0u);
+}
+
 int TokenIndex::match_backwards(uint64_t pos, const int32_t* ctx, int ctx_len, int max_match) const {
   int limit = std::min(ctx_len, max_match);
   int m = 0;

@@ -73,6 +73,8 @@ class TokenIndex {
   // Drops the oldest tokens until at most max_live remain (whole store if max_live == 0).
   void evict_to(size_t max_live);
   void clear();
+  // Empties the index but keeps its allocations (a recycled per-request index starts warm).
+  void reset();
 
   // Finds up to max_cands distinct positions p < exclude_from whose preceding tokens match the
   // tail of ctx[0..ctx_len), longest orders first, each chain walked at most max_chain steps.
