@@ -43,6 +43,10 @@ class CorpusConfig:
     max_chain: int = 16  # hash-chain steps per order per lookup
     max_match: int = 64  # longest backward match measured (<= 256)
     max_depth: int = 64  # deepest draft node (<= 256)
+    # Once enough_candidates are found, orders below enough_order are not searched: short matches
+    # weigh little beside them and cost the longest chain walks (0: search every order).
+    enough_candidates: int = 8
+    enough_order: int = 4
     alpha: float = 2.0  # match-length exponent for the request's own context
     shared_alpha: float = 2.0  # ... for the learned and external corpora
     lambda_: float = 16.0
@@ -78,6 +82,8 @@ class CorpusConfig:
             "max_match": (1, 256),
             "max_depth": (1, 256),
             "weak_depth": (1, 256),
+            "enough_candidates": (0, 1024),
+            "enough_order": (1, 32),
             "match_cap": (1, 1 << 16),
             "flush_tokens": (1, 1 << 24),
             "overlap": (0, 256),
@@ -115,6 +121,7 @@ class CorpusConfig:
         c.learned_orders = list(self.learned_orders)
         c.external_orders = list(self.external_orders)
         for name in ("max_candidates", "max_chain", "max_match", "max_depth", "min_prob", "own_weight", "shared_alpha", "weak_weight", "weak_depth",
+                     "enough_candidates", "enough_order",
                      "learned_weight", "external_weight", "learn_prompts", "flush_tokens", "overlap",
                      "vocab_size", "request_ttl_s", "max_requests", "max_external_tokens"):
             setattr(c, name, getattr(self, name))

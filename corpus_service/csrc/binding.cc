@@ -43,6 +43,8 @@ PYBIND11_MODULE(_native, m) {
       .def_readwrite("max_chain", &CorpusConfig::max_chain)
       .def_readwrite("max_match", &CorpusConfig::max_match)
       .def_readwrite("max_depth", &CorpusConfig::max_depth)
+      .def_readwrite("enough_candidates", &CorpusConfig::enough_candidates)
+      .def_readwrite("enough_order", &CorpusConfig::enough_order)
       .def_readwrite("mode", &CorpusConfig::mode)
       .def_readwrite("score", &CorpusConfig::score)
       .def_readwrite("shared_alpha", &CorpusConfig::shared_alpha)

@@ -235,7 +235,7 @@ void Corpus::sync_window(const std::string& id, const int32_t* window, size_t n,
   }
   sweep_idle();
   // The SGLang path feeds the learned corpus through batch_put, so this state does not.
-  rs = std::make_shared<RequestState>(cfg_.own_orders, false, next_serial_++);
+  rs = new_state(false);
   rs->own.extend_last(window, n);
   rs->total_len = total_len;
   rs->touch();
@@ -266,10 +266,12 @@ void Corpus::draft_one(RequestState& rs, int budget, const std::vector<std::shar
   tree.reset();
   if (ctx_len > 0) {
     rs.own.tail(ctx_len, ctx);
+    const FindLimits limits{cfg_.max_candidates, cfg_.max_chain, cfg_.max_match, cfg_.enough_candidates,
+                            cfg_.enough_order};
     ScoreParams shared = cfg_.score;
     shared.alpha = cfg_.shared_alpha;
     auto add_source = [&](const TokenIndex& idx, uint64_t exclude_from, float scale, const ScoreParams& sp) {
-      int n = idx.find(ctx, ctx_len, cfg_.max_candidates, cfg_.max_chain, cfg_.max_match, exclude_from, cands);
+      int n = idx.find(ctx, ctx_len, limits, exclude_from, cands);
       for (int i = 0; i < n; ++i) {
         // A weak candidate's deep nodes never rank within a budget: read only a short continuation.
         bool weak = cfg_.mode == DraftMode::kScore &&
@@ -632,11 +634,9 @@ void Corpus::load(const std::string& path) {
   ByteReader r(payload.data(), payload.size());
   if (r.get_str() != "corpus") throw CorruptSnapshot("snapshot does not hold a corpus: '" + path + "'");
   TokenIndex learned = TokenIndex::load(r);
-  if (learned.orders() != cfg_.learned_orders && learned.orders() != [&] {
-        auto o = cfg_.learned_orders;
-        std::sort(o.begin(), o.end());
-        return o;
-      }())
+  auto expected = cfg_.learned_orders;  // TokenIndex keeps its orders sorted
+  std::sort(expected.begin(), expected.end());
+  if (learned.orders() != expected)
     throw CorruptSnapshot("snapshot was written with other learned_orders than this corpus uses");
   uint64_t n_ext = r.get<uint64_t>();
   std::map<std::string, std::shared_ptr<const TokenIndex>> ext;

@@ -34,6 +34,8 @@ struct CorpusConfig {
   int max_chain = 16;            // chain steps per order per lookup
   int max_match = 64;            // longest backward match measured
   int max_depth = 64;            // deepest draft node
+  int enough_candidates = 8;     // with this many candidates found ...
+  int enough_order = 4;          // ... orders below this one are not searched (0 candidates: never)
   DraftMode mode = DraftMode::kScore;
   ScoreParams score;
   float shared_alpha = 2.0f;     // match-length exponent for the learned and external corpora

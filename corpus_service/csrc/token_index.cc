@@ -203,11 +203,13 @@ int TokenIndex::match_backwards(uint64_t pos, const int32_t* ctx, int ctx_len, i
   return m;
 }
 
-int TokenIndex::find(const int32_t* ctx, int ctx_len, int max_cands, int max_chain, int max_match,
-                     uint64_t exclude_from, Candidate* out) const {
+int TokenIndex::find(const int32_t* ctx, int ctx_len, const FindLimits& lim, uint64_t exclude_from,
+                     Candidate* out) const {
+  const int max_cands = lim.max_candidates, max_chain = lim.max_chain, max_match = lim.max_match;
   int found = 0;
   for (int oi = static_cast<int>(orders_.size()) - 1; oi >= 0 && found < max_cands; --oi) {
     int k = orders_[oi];
+    if (lim.enough > 0 && found >= lim.enough && k < lim.enough_order) break;
     if (ctx_len < k) continue;
     uint64_t p = decode_head(heads_[oi][slot(ngram_hash(ctx + ctx_len - 1, k), oi)]);
     for (int step = 0; p != UINT64_MAX && step < max_chain && found < max_cands; ++step) {

@@ -58,6 +58,16 @@ inline uint64_t ngram_hash(const int32_t* last, int k) {
   return h;
 }
 
+// Bounds of one lookup. Once `enough` candidates are found, orders below `enough_order` are not
+// searched: short matches weigh little next to them and cost the longest chain walks.
+struct FindLimits {
+  int max_candidates = 32;
+  int max_chain = 16;
+  int max_match = 64;
+  int enough = 0;  // 0: always search every order
+  int enough_order = 4;
+};
+
 class TokenIndex {
  public:
   // orders: distinct n-gram orders in [1, kMaxOrder], at most kMaxOrders of them.
@@ -76,11 +86,11 @@ class TokenIndex {
   // Empties the index but keeps its allocations (a recycled per-request index starts warm).
   void reset();
 
-  // Finds up to max_cands distinct positions p < exclude_from whose preceding tokens match the
-  // tail of ctx[0..ctx_len), longest orders first, each chain walked at most max_chain steps.
+  // Finds up to max_candidates distinct positions p < exclude_from whose preceding tokens match
+  // the tail of ctx[0..ctx_len), longest orders first, each chain walked at most max_chain steps.
   // Returns how many were written to out.
-  int find(const int32_t* ctx, int ctx_len, int max_cands, int max_chain, int max_match,
-           uint64_t exclude_from, Candidate* out) const;
+  int find(const int32_t* ctx, int ctx_len, const FindLimits& limits, uint64_t exclude_from,
+           Candidate* out) const;
   // Copies up to n tokens that follow pos in its document into out; returns how many.
   int continuation(uint64_t pos, int n, int32_t* out) const;
 

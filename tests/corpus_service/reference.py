@@ -32,8 +32,10 @@ class RefRequest:
 
 
 class RefCorpus:
-    def __init__(self, *, alpha, shared_alpha, weak_weight, weak_depth, lambda_, match_cap, own_weight, learned_weight, external_weight,
+    def __init__(self, *, orders, enough_candidates, enough_order, alpha, shared_alpha, weak_weight, weak_depth, lambda_, match_cap, own_weight, learned_weight, external_weight,
                  max_match, max_depth, flush_tokens, overlap, learn_prompts, mode="score"):
+        self.orders = orders  # source name -> n-gram orders
+        self.enough = (enough_candidates, enough_order)
         self.p = dict(alpha=alpha, shared_alpha=shared_alpha, weak_weight=weak_weight, weak_depth=weak_depth, lambda_=lambda_, match_cap=match_cap, max_match=max_match, max_depth=max_depth,
                       flush_tokens=flush_tokens, overlap=overlap, learn_prompts=learn_prompts, mode=mode)
         self.weights = {"own": own_weight, "learned": learned_weight, "external": external_weight}
@@ -76,7 +78,20 @@ class RefCorpus:
         return out
 
     # ---------------------------------------------------------------- drafting
-    def _candidates(self, docs: list[Doc], ctx: list[int], exclude_last: bool):
+    def _candidates(self, docs: list[Doc], ctx: list[int], exclude_last: bool, orders: tuple[int, ...]):
+        cands = self._all_candidates(docs, ctx, exclude_last)
+        # The engine searches orders longest first (uncapped, order k finds exactly the candidates
+        # matching >= k tokens) and, once `enough` are found, skips orders below `enough_order`.
+        enough, enough_order = self.enough
+        kept_min = None
+        for k in sorted(orders, reverse=True):
+            found = sum(1 for _, m in cands if kept_min is not None and m >= kept_min)
+            if enough and found >= enough and k < enough_order:
+                break
+            kept_min = k
+        return [(c, m) for c, m in cands if kept_min is not None and m >= kept_min]
+
+    def _all_candidates(self, docs: list[Doc], ctx: list[int], exclude_last: bool):
         cands = []
         for di, d in enumerate(docs):
             last = len(d.tokens) - (1 if exclude_last else 0)
@@ -99,7 +114,7 @@ class RefCorpus:
         mass: dict[tuple, float] = {(): 0.0}
         score = self.p["mode"] == "score"
         for name, docs, excl in sources:
-            for cont, m in self._candidates(docs, ctx, excl):
+            for cont, m in self._candidates(docs, ctx, excl, self.orders[name]):
                 alpha = self.p["alpha"] if name == "own" else self.p["shared_alpha"]
 
                 def w(d):

@@ -14,10 +14,14 @@ PARAMS = dict(alpha=1.5, shared_alpha=2.5, weak_weight=2.0, weak_depth=2, lambda
               max_match=64, max_depth=64, flush_tokens=6, overlap=3)
 
 
-def make_pair(learn_prompts: bool, mode: str = "score"):
-    # Caps that never bind on these small corpora, so candidate sets are exact.
-    cfg = CorpusConfig(mode=mode, max_candidates=1024, max_chain=1 << 20, learn_prompts=learn_prompts, **PARAMS)
-    ref = RefCorpus(learn_prompts=learn_prompts, mode=mode, **PARAMS)
+def make_pair(learn_prompts: bool, mode: str = "score", enough: int = 3):
+    # Caps that never bind on these small corpora, so candidate sets are exact. A small `enough`
+    # makes the early stop of the order search happen often.
+    cfg = CorpusConfig(mode=mode, max_candidates=1024, max_chain=1 << 20, learn_prompts=learn_prompts,
+                       enough_candidates=enough, enough_order=3, **PARAMS)
+    orders = {"own": cfg.own_orders, "learned": cfg.learned_orders, "external": cfg.external_orders}
+    ref = RefCorpus(learn_prompts=learn_prompts, mode=mode, orders=orders, enough_candidates=enough,
+                    enough_order=3, **PARAMS)
     return NgramCorpus(cfg), ref
 
 
@@ -53,9 +57,10 @@ op = st.one_of(
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=st.lists(op, min_size=1, max_size=40), learn_prompts=st.booleans(), mode=st.sampled_from(["score", "prob"]))
-def test_random_operations_match_reference(ops, learn_prompts, mode):
-    eng, ref = make_pair(learn_prompts, mode)
+@given(ops=st.lists(op, min_size=1, max_size=40), learn_prompts=st.booleans(), mode=st.sampled_from(["score", "prob"]),
+       enough=st.sampled_from([0, 2, 5]))
+def test_random_operations_match_reference(ops, learn_prompts, mode, enough):
+    eng, ref = make_pair(learn_prompts, mode, enough)
     for kind, r, arg in ops:
         rid = f"req{r}"
         live = rid in ref.requests
