@@ -262,3 +262,14 @@ def test_batch_get_with_per_call_draft_token_num():
     assert d8.shape == (8,)
     with pytest.raises(ValueError, match="draft_token_num"):
         c.batch_get(["a"], [[1, 2]], [2], draft_token_num=0)
+
+
+def test_enough_long_candidates_skip_short_orders():
+    seq = [7, 3, 8, 1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3]  # "... 1 2 3": two long matches, one "7 3"
+    for enough, expect_short in ((2, False), (0, True)):
+        c = NgramCorpus(enough_candidates=enough, enough_order=3, learn_prompts=False)
+        c.start_request("a", seq)
+        toks, parents, _ = c.draft(["a"], 8).tree(0)
+        roots = {t for t, p in zip(toks, parents) if p == -1}
+        assert {4, 5} <= roots
+        assert (8 in roots) == expect_short
