@@ -269,7 +269,7 @@ def test_enough_long_candidates_skip_short_orders():
     for enough, expect_short in ((2, False), (0, True)):
         c = NgramCorpus(enough_candidates=enough, enough_order=3, learn_prompts=False)
         c.start_request("a", seq)
-        toks, parents, _ = c.draft(["a"], 8).tree(0)
+        toks, parents, _ = c.draft(["a"], 30).tree(0)  # room for every candidate
         roots = {t for t, p in zip(toks, parents) if p == -1}
         assert {4, 5} <= roots
         assert (8 in roots) == expect_short
