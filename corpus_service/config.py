@@ -10,10 +10,14 @@ from corpus_service import _native
 
 MODES = {"score": _native.DraftMode.SCORE, "prob": _native.DraftMode.PROB, "bfs": _native.DraftMode.BFS}
 MAX_BUDGET = 1024
-# Bytes the learned corpus spends per stored token with the default orders (4 B token, 4 B chain
-# per order, 2-4 B of head slots per order); used to turn a byte bound into a token bound.
-_BYTES_PER_TOKEN_PER_ORDER = 7
-_BYTES_PER_TOKEN_BASE = 4
+
+
+def worst_case_bytes_per_token(num_orders: int) -> float:
+    """Upper bound of the learned corpus' bytes per stored token, used to turn the byte bound into a
+    token bound that is never exceeded: 4 B token + 4 B chain link per order, times 1.25 for storage
+    growth and 1.25 for the evicted prefix awaiting compaction; plus at most 4 B of head slots per
+    order (slots never outnumber stored tokens)."""
+    return 1.25 * 1.25 * (4 + 4 * num_orders) + 4 * num_orders
 
 
 def _check_orders(name: str, orders: tuple[int, ...]) -> None:
@@ -109,8 +113,8 @@ class CorpusConfig:
                 f"(~{self.bytes_per_token()} B per token); use 0 for unbounded"
             )
 
-    def bytes_per_token(self) -> int:
-        return _BYTES_PER_TOKEN_BASE + _BYTES_PER_TOKEN_PER_ORDER * len(self.learned_orders)
+    def bytes_per_token(self) -> float:
+        return worst_case_bytes_per_token(len(self.learned_orders))
 
     def replace(self, **changes: Any) -> "CorpusConfig":
         return dataclasses.replace(self, **changes)
@@ -130,5 +134,5 @@ class CorpusConfig:
         score.alpha, score.lambda_, score.match_cap = self.alpha, self.lambda_, self.match_cap
         score.depth_gain = self.depth_gain
         c.score = score
-        c.learned_max_tokens = self.learned_max_bytes // self.bytes_per_token() if self.learned_max_bytes else 0
+        c.learned_max_tokens = int(self.learned_max_bytes / self.bytes_per_token()) if self.learned_max_bytes else 0
         return c

@@ -91,7 +91,7 @@ class NgramCorpus:
                 raise ValueError(f"match_type: expected 'BFS' or 'PROB', got {match_type!r}")
             overrides.setdefault("mode", str(match_type).lower())
         if capacity is not None:
-            overrides.setdefault("learned_max_bytes", int(capacity) * cfg.bytes_per_token())
+            overrides.setdefault("learned_max_bytes", int(int(capacity) * cfg.bytes_per_token()))
         if max_trie_depth is not None:
             overrides.setdefault("max_depth", int(max_trie_depth))
         if external_corpus_max_tokens is not None:

@@ -400,8 +400,10 @@ void Corpus::worker() {
           } else {
             apply_chunk(it.chunk);
           }
+          // Evict after every item, not once per batch: a long queue must not grow the store (and
+          // its allocations) past the bound first.
+          if (cfg_.learned_max_tokens) learned_.evict_to(cfg_.learned_max_tokens);
         }
-        if (cfg_.learned_max_tokens) learned_.evict_to(cfg_.learned_max_tokens);
       } catch (const std::exception& e) {  // e.g. std::bad_alloc: report at synchronize()
         std::lock_guard<std::mutex> g(q_mu_);
         worker_error_ = e.what();

@@ -154,8 +154,9 @@ void TokenIndex::evict_to(size_t max_live) {
   first_ += drop;
   base_ += drop;
   links_.erase(links_.begin(), links_.lower_bound(base_));
-  // Compact once the dead prefix outweighs the live part: amortized O(1) per evicted token.
-  if (first_ > live() && first_ > 4096) {
+  // Compact once the dead prefix exceeds a quarter of the live part: amortized O(1) per evicted
+  // token, and storage stays within 1.25x of the live tokens (the memory bound counts on it).
+  if (first_ > live() / 4 && first_ >= 64) {
     tokens_.erase(tokens_.begin(), tokens_.begin() + static_cast<std::ptrdiff_t>(first_));
     prev_.erase(prev_.begin(), prev_.begin() + static_cast<std::ptrdiff_t>(first_ * orders_.size()));
     shift_ += first_;

@@ -164,7 +164,8 @@ def test_external_budget_is_enforced():
 
 
 def test_eviction_under_a_tiny_bound_never_fails():
-    cfg = CorpusConfig(learned_max_bytes=CorpusConfig().bytes_per_token() * 1024, learn_prompts=False)
+    bound = int(CorpusConfig().bytes_per_token() * 1024)
+    cfg = CorpusConfig(learned_max_bytes=bound, learn_prompts=False)
     c = NgramCorpus(cfg)
     rng = np.random.default_rng(0)
     for r in range(40):
@@ -176,6 +177,7 @@ def test_eviction_under_a_tiny_bound_never_fails():
     s = c.stats()
     assert s["learned_stored_tokens"] <= 1024
     assert s["learned_tokens"] > 0
+    assert s["learned_bytes"] <= bound + 1024  # the byte bound holds (plus the object itself)
     c.check_integrity()
     c.start_request("q", c.learned_tokens()[-20:-10].clip(0))
     assert c.draft(["q"], 5).counts[0] > 0  # recent data is still found
@@ -273,3 +275,18 @@ def test_enough_long_candidates_skip_short_orders():
         roots = {t for t, p in zip(toks, parents) if p == -1}
         assert {4, 5} <= roots
         assert (8 in roots) == expect_short
+
+
+def test_memory_bound_holds_with_a_long_insert_queue():
+    bound = int(CorpusConfig().bytes_per_token() * 4096)
+    c = NgramCorpus(learned_max_bytes=bound)
+    rng = np.random.default_rng(5)
+    for r in range(100):  # finishes queue inserts faster than the worker applies them
+        c.start_request(r, rng.integers(0, 1000, 50))
+        c.extend(r, rng.integers(0, 1000, 300))
+        c.finish(r)
+    c.synchronize()
+    s = c.stats()
+    assert s["learned_stored_tokens"] <= 4096
+    assert s["learned_bytes"] <= bound + 1024
+    c.check_integrity()
