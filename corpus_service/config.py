@@ -71,6 +71,7 @@ class CorpusConfig:
     vocab_size: int = 0  # if > 0, token ids must be below it
     request_ttl_s: float = 600.0  # idle requests are dropped (0 = never)
     max_requests: int = 1 << 20
+    max_request_tokens: int = 1 << 22  # tokens of one request (prompt + output): bounds its memory
     max_external_tokens: int = 1 << 32
 
     def __post_init__(self) -> None:
@@ -92,6 +93,7 @@ class CorpusConfig:
             "flush_tokens": (1, 1 << 24),
             "overlap": (0, 256),
             "max_requests": (1, 1 << 30),
+            "max_request_tokens": (1, 1 << 31),
         }
         for name, (lo, hi) in bounds.items():
             v = getattr(self, name)
@@ -127,7 +129,7 @@ class CorpusConfig:
         for name in ("max_candidates", "max_chain", "max_match", "max_depth", "min_prob", "own_weight", "shared_alpha", "weak_weight", "weak_depth",
                      "enough_candidates", "enough_order",
                      "learned_weight", "external_weight", "learn_prompts", "flush_tokens", "overlap",
-                     "vocab_size", "request_ttl_s", "max_requests", "max_external_tokens"):
+                     "vocab_size", "request_ttl_s", "max_requests", "max_request_tokens", "max_external_tokens"):
             setattr(c, name, getattr(self, name))
         c.mode = MODES[self.mode]
         score = _native.ScoreParams()

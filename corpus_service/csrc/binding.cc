@@ -61,6 +61,7 @@ PYBIND11_MODULE(_native, m) {
       .def_readwrite("vocab_size", &CorpusConfig::vocab_size)
       .def_readwrite("request_ttl_s", &CorpusConfig::request_ttl_s)
       .def_readwrite("max_requests", &CorpusConfig::max_requests)
+      .def_readwrite("max_request_tokens", &CorpusConfig::max_request_tokens)
       .def_readwrite("max_external_tokens", &CorpusConfig::max_external_tokens);
 
   py::class_<Corpus>(m, "Corpus")

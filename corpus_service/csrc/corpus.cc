@@ -123,8 +123,15 @@ void Corpus::sweep_idle() {
   }
 }
 
+void Corpus::check_request_size(size_t have, size_t more) const {
+  if (have + more > cfg_.max_request_tokens)
+    throw LimitExceeded("a request would hold " + std::to_string(have + more) +
+                        " tokens, more than max_request_tokens = " + std::to_string(cfg_.max_request_tokens));
+}
+
 void Corpus::start_request(const std::string& id, const int32_t* prompt, size_t n, int learn_prompt) {
   check_tokens(prompt, n, "prompt");
+  check_request_size(0, n);
   sweep_idle();
   auto rs = new_state(true);
   rs->own.extend_last(prompt, n);
@@ -145,6 +152,7 @@ void Corpus::extend(const std::string& id, const int32_t* tokens, size_t n) {
   bool flush;
   {
     std::lock_guard<std::mutex> g(rs->mu);
+    check_request_size(rs->own.live(), n);
     rs->append(tokens, n);
     rs->touch();
     flush = rs->take_chunk(cfg_.flush_tokens, cfg_.overlap, false, &c);
@@ -164,6 +172,10 @@ void Corpus::extend_many(const std::vector<std::string>& ids, const int32_t* tok
     states.push_back(get(ids[i]));
   }
   check_tokens(tokens, total, "tokens");
+  for (size_t i = 0; i < ids.size(); ++i) {
+    std::lock_guard<std::mutex> g(states[i]->mu);
+    check_request_size(states[i]->own.live(), static_cast<size_t>(lengths[i]));
+  }
   const int32_t* t = tokens;
   for (size_t i = 0; i < ids.size(); ++i) {
     size_t n = static_cast<size_t>(lengths[i]);
@@ -204,6 +216,7 @@ void Corpus::erase(const std::string& id) {
 
 void Corpus::sync_window(const std::string& id, const int32_t* window, size_t n, uint64_t total_len) {
   check_tokens(window, n, "batch_tokens");
+  check_request_size(0, n);
   if (total_len < n)
     throw std::invalid_argument("total_len " + std::to_string(total_len) + " is shorter than the " +
                                 std::to_string(n) + " tokens given");
@@ -224,6 +237,12 @@ void Corpus::sync_window(const std::string& id, const int32_t* window, size_t n,
       std::vector<int32_t> mine(overlap);
       if (overlap) rs->own.tail(static_cast<int>(overlap), mine.data());
       if (std::equal(mine.begin(), mine.end(), window + (n - fresh - overlap))) {
+        if (rs->own.live() + fresh > cfg_.max_request_tokens) {
+          rs->own.clear();  // keep only the window: drafting needs the recent context most
+          rs->own.extend_last(window, n);
+          rs->total_len = total_len;
+          return;
+        }
         rs->append(window + (n - fresh), fresh);
         return;
       }

@@ -52,6 +52,7 @@ struct CorpusConfig {
   int64_t vocab_size = 0;        // if > 0, token ids must be below it
   double request_ttl_s = 600.0;  // idle requests are dropped after this long (0 = never)
   size_t max_requests = 1 << 20; // live requests at most
+  size_t max_request_tokens = 1 << 22;  // tokens of one request (prompt + output) at most
   size_t max_external_tokens = size_t{1} << 32;  // tokens in all external corpora together
 };
 
@@ -114,6 +115,7 @@ class Corpus {
  private:
   std::shared_ptr<RequestState> get(const std::string& id) const;
   std::shared_ptr<RequestState> new_state(bool learn);
+  void check_request_size(size_t have, size_t more) const;
   void release(std::shared_ptr<RequestState> rs);
   void draft_one(RequestState& rs, int budget, const std::vector<std::shared_ptr<const TokenIndex>>& ext,
                  DraftTree& tree, std::vector<int32_t>& tokens, std::vector<int32_t>& parents,

@@ -290,3 +290,18 @@ def test_memory_bound_holds_with_a_long_insert_queue():
     assert s["learned_stored_tokens"] <= 4096
     assert s["learned_bytes"] <= bound + 1024
     c.check_integrity()
+
+
+def test_request_size_is_bounded():
+    from corpus_service.exceptions import LimitExceededError
+
+    c = NgramCorpus(max_request_tokens=10)
+    with pytest.raises(LimitExceededError, match="max_request_tokens"):
+        c.start_request("big", list(range(11)))
+    c.start_request("a", list(range(8)))
+    with pytest.raises(LimitExceededError):
+        c.extend("a", [1, 2, 3])
+    with pytest.raises(LimitExceededError):
+        c.extend_batch(["a"], [[1, 2, 3]])
+    c.extend("a", [1, 2])  # exactly at the bound is fine
+    c.check_integrity()
