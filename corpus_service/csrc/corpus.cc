@@ -323,6 +323,7 @@ void Corpus::draft(const std::vector<std::string>& ids, int budget, DraftOutput*
   thread_local std::vector<int32_t> t, p;
   thread_local std::vector<float> pr;
   const int64_t t0 = now_ns();
+  { std::lock_guard<std::mutex> turn(turnstile_); }  // a waiting writer goes first (see corpus.h)
   std::shared_lock<std::shared_mutex> lg(learned_mu_);
   uint64_t nodes = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -409,6 +410,7 @@ void Corpus::worker() {
     batch.swap(queue_);
     lk.unlock();
     {
+      std::lock_guard<std::mutex> turn(turnstile_);
       std::unique_lock<std::shared_mutex> wl(learned_mu_);
       try {
         for (auto& it : batch) {

@@ -132,6 +132,10 @@ class Corpus {
   CorpusConfig cfg_;
 
   mutable std::shared_mutex learned_mu_;
+  // glibc's rwlock prefers readers: under a steady stream of overlapping drafts the insert thread
+  // could wait forever. Drafts pass through this turnstile first, and the insert thread holds it
+  // while it waits for and holds the exclusive lock, so new drafts queue behind it.
+  std::mutex turnstile_;
   TokenIndex learned_;
 
   mutable std::mutex req_mu_;

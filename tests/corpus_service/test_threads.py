@@ -63,3 +63,35 @@ def test_concurrent_drafts_inserts_and_loads():
     c.synchronize()
     c.check_integrity()
     assert c.stats()["learned_tokens"] > 3 * 150 * 20
+
+
+def test_inserts_progress_under_continuous_drafting():
+    """Readers that always overlap must not starve the insert thread (synchronize returns)."""
+    c = NgramCorpus()
+    rng = np.random.default_rng(7)
+    ids = [f"r{i}" for i in range(64)]
+    c.start_requests(ids, [rng.integers(0, 50, 200) for _ in ids])
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            c.draft(ids, 15)
+
+    readers = [threading.Thread(target=reader, daemon=True) for _ in range(3)]
+    for t in readers:
+        t.start()
+    done = threading.Event()
+
+    def writer() -> None:
+        for _ in range(20):
+            c.batch_put([rng.integers(0, 50, 100).tolist()])
+            c.synchronize()
+        done.set()
+
+    w = threading.Thread(target=writer, daemon=True)
+    w.start()
+    w.join(timeout=60)
+    stop.set()
+    for t in readers:
+        t.join(timeout=10)
+    assert done.is_set(), "inserts starved by concurrent drafts"
