@@ -289,9 +289,17 @@ void Corpus::draft_one(RequestState& rs, int budget, const std::vector<std::shar
                             cfg_.enough_order};
     ScoreParams shared = cfg_.score;
     shared.alpha = cfg_.shared_alpha;
-    auto add_source = [&](const TokenIndex& idx, uint64_t exclude_from, float scale, const ScoreParams& sp) {
+    // The request's own chunks in the learned corpus repeat its own context: not a second source.
+    auto mine = live_chunks_.find(rs.serial);
+    const ChunkRanges* own_chunks = mine == live_chunks_.end() ? nullptr : &mine->second;
+    auto add_source = [&](const TokenIndex& idx, uint64_t exclude_from, float scale, const ScoreParams& sp,
+                          const ChunkRanges* skip = nullptr) {
       int n = idx.find(ctx, ctx_len, limits, exclude_from, cands);
       for (int i = 0; i < n; ++i) {
+        if (skip && std::any_of(skip->begin(), skip->end(), [&](const auto& r) {
+              return cands[i].pos >= r.first && cands[i].pos <= r.second;
+            }))
+          continue;
         // A weak candidate's deep nodes never rank within a budget: read only a short continuation.
         bool weak = cfg_.mode == DraftMode::kScore &&
                     scale * std::pow(static_cast<float>(std::min(cands[i].match_len, sp.match_cap)), sp.alpha) <
@@ -302,7 +310,7 @@ void Corpus::draft_one(RequestState& rs, int budget, const std::vector<std::shar
     };
     // The request's current position trivially matches itself: exclude it.
     add_source(rs.own, rs.own.end() - 1, cfg_.own_weight, cfg_.score);
-    add_source(learned_, UINT64_MAX, cfg_.learned_weight, shared);
+    add_source(learned_, UINT64_MAX, cfg_.learned_weight, shared, own_chunks);
     for (auto& e : ext) add_source(*e, UINT64_MAX, cfg_.external_weight, shared);
   }
   tree.select(budget, cfg_.min_prob, cfg_.mode, cfg_.score, tokens, parents, probs);
@@ -437,14 +445,14 @@ void Corpus::worker() {
 }
 
 void Corpus::apply_chunk(const LearnChunk& c) {
-  auto it = chunk_end_.find(c.doc);
-  uint64_t prev_end = it == chunk_end_.end() ? UINT64_MAX : it->second;
+  auto it = live_chunks_.find(c.doc);
+  uint64_t prev_end = it == live_chunks_.end() ? UINT64_MAX : it->second.back().second;
   uint64_t e = UINT64_MAX;
   if (c.tokens.size() > c.context) e = learned_.append_document(c.tokens.data(), c.tokens.size(), c.context, prev_end);
   if (c.last) {
-    if (it != chunk_end_.end()) chunk_end_.erase(it);
+    if (it != live_chunks_.end()) live_chunks_.erase(it);
   } else if (e != UINT64_MAX) {
-    chunk_end_[c.doc] = e;
+    live_chunks_[c.doc].emplace_back(e + 1 - (c.tokens.size() - c.context), e);
   }
 }
 
@@ -555,7 +563,7 @@ void Corpus::reset() {
   learned_.clear();
   open_docs_.clear();
   open_by_tail_.clear();
-    chunk_end_.clear();
+    live_chunks_.clear();
 }
 
 std::vector<int32_t> Corpus::learned_tokens() {
@@ -679,7 +687,7 @@ void Corpus::load(const std::string& path) {
     learned_ = std::move(learned);
     open_docs_.clear();
     open_by_tail_.clear();
-    chunk_end_.clear();
+    live_chunks_.clear();
   }
   std::lock_guard<std::mutex> g(ext_mu_);
   externals_ = std::move(ext);

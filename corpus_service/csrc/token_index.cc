@@ -73,6 +73,50 @@ uint64_t TokenIndex::decode_head(uint32_t stored) const {
   return pos >= base_ ? pos : UINT64_MAX;
 }
 
+void TokenIndex::link(uint64_t pos, int oi, uint64_t h) {
+  uint32_t& head = heads_[oi][slot(h, oi)];
+  uint64_t q = decode_head(head);
+  prev(pos, oi) = (q == UINT64_MAX || pos - q > UINT32_MAX) ? 0 : static_cast<uint32_t>(pos - q);
+  head = static_cast<uint32_t>(pos + 1);
+}
+
+void TokenIndex::index_range(uint64_t a, uint64_t b) {
+  // Rolling keys: H_k(p) = (v(p)+1) + P * (H_k(p-1) - (v(p-k)+1) * P^(k-1)), so each order costs
+  // O(1) per position once its first key in the run is computed directly (index_position).
+  if (a >= b) return;
+  index_position(a);
+  const size_t n_orders = orders_.size();
+  const int max_k = orders_.back();
+  // run: consecutive tokens (no separator, not evicted) ending at the current position, <= max_k.
+  int run = 0;
+  for (uint64_t q = a; run < max_k && q + 1 > base_ && decode_token(at(q)) != kSep; --q) {
+    ++run;
+    if (q == 0) break;
+  }
+  uint64_t h[kMaxOrders];
+  for (size_t oi = 0; oi < n_orders; ++oi)
+    if (run >= orders_[oi]) key_at(a, orders_[oi], &h[oi]);
+  const uint64_t P = kHashPowers.p[1];
+  for (uint64_t pos = a + 1; pos < b; ++pos) {
+    const uint64_t v = static_cast<uint64_t>(static_cast<uint32_t>(decode_token(at(pos)))) + 1;
+    const int prev_run = run;
+    run = std::min(run + 1, max_k);
+    for (size_t oi = 0; oi < n_orders; ++oi) {
+      const int k = orders_[oi];
+      if (prev_run >= k) {
+        const uint64_t old = static_cast<uint64_t>(static_cast<uint32_t>(decode_token(at(pos - k)))) + 1;
+        h[oi] = v + P * (h[oi] - old * kHashPowers.p[k - 1]);
+      } else if (run >= k) {
+        key_at(pos, k, &h[oi]);
+      } else {
+        continue;
+      }
+      link(pos, static_cast<int>(oi), h[oi]);
+    }
+    ++indexed_;
+  }
+}
+
 void TokenIndex::index_position(uint64_t pos) {
   // One backward pass over the last max-order tokens gives the key of every order (orders are
   // sorted ascending); a document boundary or evicted data ends the pass.
@@ -86,10 +130,7 @@ void TokenIndex::index_position(uint64_t pos) {
     if (v == kSep) break;
     h += hash_term(v, i);
     if (i + 1 != orders_[oi]) continue;
-    uint32_t& head = heads_[oi][slot(h, oi)];
-    uint64_t q = decode_head(head);
-    prev(pos, oi) = (q == UINT64_MAX || pos - q > UINT32_MAX) ? 0 : static_cast<uint32_t>(pos - q);
-    head = static_cast<uint32_t>(pos + 1);
+    link(pos, static_cast<int>(oi), h);
     ++oi;
   }
   ++indexed_;
@@ -105,10 +146,9 @@ uint64_t TokenIndex::append_document(const int32_t* tokens, size_t n, size_t con
     links_[continues] = end();
   maybe_grow_heads(indexed_ + (n - context));  // size the heads once, before indexing
   reserve_more(n - context);
-  for (size_t i = context; i < n; ++i) {
-    push(tokens[i]);
-    index_position(end() - 1);
-  }
+  const uint64_t first = end();
+  for (size_t i = context; i < n; ++i) push(tokens[i]);
+  index_range(first, end());
   return end() - 1;
 }
 
@@ -116,10 +156,9 @@ void TokenIndex::extend_last(const int32_t* tokens, size_t n) {
   if (live() == 0 && n > 0) ++documents_;
   maybe_grow_heads(indexed_ + n);
   reserve_more(n);
-  for (size_t i = 0; i < n; ++i) {
-    push(tokens[i]);
-    index_position(end() - 1);
-  }
+  const uint64_t first = end();
+  for (size_t i = 0; i < n; ++i) push(tokens[i]);
+  index_range(first, end());
 }
 
 void TokenIndex::maybe_grow_heads(size_t expected) {

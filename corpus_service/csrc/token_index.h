@@ -118,6 +118,8 @@ class TokenIndex {
   uint32_t prev(uint64_t pos, int oi) const { return prev_[(pos - shift_) * orders_.size() + oi]; }
   void push(int32_t stored);
   void index_position(uint64_t pos);
+  void index_range(uint64_t a, uint64_t b);  // indexes positions [a, b) (all real tokens)
+  void link(uint64_t pos, int oi, uint64_t hash);
   bool key_at(uint64_t pos, int k, uint64_t* hash) const;
   size_t slot(uint64_t hash, int oi) const {
     hash ^= hash >> 29;

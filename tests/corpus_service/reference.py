@@ -29,6 +29,7 @@ class RefRequest:
     tokens: list[int]
     pending: list[int] = field(default_factory=list)
     last_chunk: Doc | None = None
+    chunks: list = field(default_factory=list)  # its own chunks in the learned corpus (not a source for it)
 
 
 class RefCorpus:
@@ -57,6 +58,7 @@ class RefCorpus:
         if r.last_chunk is not None:
             r.last_chunk.next = doc
         r.last_chunk = doc
+        r.chunks.append(doc)
         r.pending = []
 
     def extend(self, rid, toks):
@@ -108,7 +110,8 @@ class RefCorpus:
         r = self.requests[rid]
         ctx = r.tokens[-self.p["max_match"]:]
         depth = min(budget, self.p["max_depth"])
-        sources = [("own", [Doc(r.tokens)], True), ("learned", self.learned, False)]
+        learned = [d for d in self.learned if not any(d is c for c in r.chunks)]
+        sources = [("own", [Doc(r.tokens)], True), ("learned", learned, False)]
         sources += [("external", docs, False) for docs in self.externals.values()]
         vote: dict[tuple, float] = {}
         mass: dict[tuple, float] = {(): 0.0}
