@@ -291,15 +291,11 @@ void Corpus::draft_one(RequestState& rs, int budget, const std::vector<std::shar
     shared.alpha = cfg_.shared_alpha;
     // The request's own chunks in the learned corpus repeat its own context: not a second source.
     auto mine = live_chunks_.find(rs.serial);
-    const ChunkRanges* own_chunks = mine == live_chunks_.end() ? nullptr : &mine->second;
+    const PositionRanges* own_chunks = mine == live_chunks_.end() ? nullptr : &mine->second;
     auto add_source = [&](const TokenIndex& idx, uint64_t exclude_from, float scale, const ScoreParams& sp,
-                          const ChunkRanges* skip = nullptr) {
-      int n = idx.find(ctx, ctx_len, limits, exclude_from, cands);
+                          const PositionRanges* skip = nullptr) {
+      int n = idx.find(ctx, ctx_len, limits, exclude_from, cands, skip);
       for (int i = 0; i < n; ++i) {
-        if (skip && std::any_of(skip->begin(), skip->end(), [&](const auto& r) {
-              return cands[i].pos >= r.first && cands[i].pos <= r.second;
-            }))
-          continue;
         // A weak candidate's deep nodes never rank within a budget: read only a short continuation.
         bool weak = cfg_.mode == DraftMode::kScore &&
                     scale * std::pow(static_cast<float>(std::min(cands[i].match_len, sp.match_cap)), sp.alpha) <

@@ -175,8 +175,7 @@ class Corpus {
   // Live requests' chunks in the learned corpus (first and last indexed position), by request
   // serial: the latest one is continued by the next chunk, and drafts for the request skip them all.
   // Written by the insert thread under the exclusive lock, read by drafts under the shared one.
-  using ChunkRanges = std::vector<std::pair<uint64_t, uint64_t>>;
-  std::unordered_map<uint64_t, ChunkRanges> live_chunks_;
+  std::unordered_map<uint64_t, PositionRanges> live_chunks_;
   std::atomic<uint64_t> next_serial_{0};
 
   std::atomic<uint64_t> n_drafts_{0}, n_draft_nodes_{0}, n_extend_tokens_{0}, n_draft_ns_{0};

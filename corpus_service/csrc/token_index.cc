@@ -244,7 +244,13 @@ int TokenIndex::match_backwards(uint64_t pos, const int32_t* ctx, int ctx_len, i
 }
 
 int TokenIndex::find(const int32_t* ctx, int ctx_len, const FindLimits& lim, uint64_t exclude_from,
-                     Candidate* out) const {
+                     Candidate* out, const PositionRanges* skip) const {
+  auto skipped = [&](uint64_t p) {
+    if (!skip) return false;
+    for (const auto& r : *skip)
+      if (p >= r.first && p <= r.second) return true;
+    return false;
+  };
   const int max_cands = lim.max_candidates, max_chain = lim.max_chain, max_match = lim.max_match;
   int found = 0;
   for (int oi = static_cast<int>(orders_.size()) - 1; oi >= 0 && found < max_cands; --oi) {
@@ -253,7 +259,7 @@ int TokenIndex::find(const int32_t* ctx, int ctx_len, const FindLimits& lim, uin
     if (ctx_len < k) continue;
     uint64_t p = decode_head(heads_[oi][slot(ngram_hash(ctx + ctx_len - 1, k), oi)]);
     for (int step = 0; p != UINT64_MAX && step < max_chain && found < max_cands; ++step) {
-      if (p < exclude_from) {
+      if (p < exclude_from && !skipped(p)) {
         int m = match_backwards(p, ctx, ctx_len, max_match);
         if (m >= k) {
           bool dup = false;

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <utility>
 #include <vector>
 
 namespace ngc {
@@ -58,6 +59,9 @@ inline uint64_t ngram_hash(const int32_t* last, int k) {
   return h;
 }
 
+// Inclusive position ranges a lookup must skip.
+using PositionRanges = std::vector<std::pair<uint64_t, uint64_t>>;
+
 // Bounds of one lookup. Once `enough` candidates are found, orders below `enough_order` are not
 // searched: short matches weigh little next to them and cost the longest chain walks.
 struct FindLimits {
@@ -90,7 +94,7 @@ class TokenIndex {
   // the tail of ctx[0..ctx_len), longest orders first, each chain walked at most max_chain steps.
   // Returns how many were written to out.
   int find(const int32_t* ctx, int ctx_len, const FindLimits& limits, uint64_t exclude_from,
-           Candidate* out) const;
+           Candidate* out, const PositionRanges* skip = nullptr) const;
   // Copies up to n tokens that follow pos in its document into out; returns how many.
   int continuation(uint64_t pos, int n, int32_t* out) const;
 

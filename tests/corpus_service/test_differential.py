@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -56,7 +57,8 @@ op = st.one_of(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=int(os.environ.get("NGRAM_HYPOTHESIS_EXAMPLES", "60")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(op, min_size=1, max_size=40), learn_prompts=st.booleans(), mode=st.sampled_from(["score", "prob"]),
        enough=st.sampled_from([0, 2, 5]))
 def test_random_operations_match_reference(ops, learn_prompts, mode, enough):
