@@ -1,15 +1,19 @@
 """Corpus service benchmark: closed-loop decode steps over gRPC vs the in-process engine, and the
 transport floor (a bare grpc.aio bidirectional echo with the same message sizes).
 
-C clients (one Session each, asyncio tasks in this process) each keep a batch of B live requests
-from the traces; a step sends the batch's newly committed tokens (accepted draft + bonus, replayed
-from the true outputs) and drafts budget-15 trees for the whole batch, then waits for them. The
+C clients (one Session each: asyncio tasks of this process, or with --client-procs one process
+each, so that one client's Python work never delays another's measurement) each keep a batch of
+B live requests from the traces; a step sends the batch's newly committed tokens (accepted draft +
+bonus, replayed from the true outputs) and the prompts of requests that replaced finished ones,
+and drafts budget-15 trees for the whole batch, then waits for them. The
 step latency is how long a client waits between sending a batch's new tokens and holding its
-drafts. The same steps run against an in-process NgramCorpus as the same-run baseline. The corpus
-server and the echo server are separate processes on 127.0.0.1.
+drafts. The same steps run against an in-process NgramCorpus as the same-run baseline (draft +
+extends, and the same plus the step's new requests, which the remote step also carries). The
+corpus server and the echo server are separate processes on 127.0.0.1.
 
   python bench/service.py                          # C in 1,4,16 x B in 1,16,64, budget 15
   python bench/service.py --clients 1 4 --batches 64 --steps 100
+  python bench/service.py --clients 4 --batches 64 --client-procs
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -93,14 +98,18 @@ async def remote_client(target: str, traces, offset: int, batch: int, budget: in
     return lat, tokens
 
 
-def local_run(traces, clients: int, batch: int, budget: int, steps: int) -> tuple[list[float], int]:
-    """The same steps in process (clients one after another: the engine is called directly)."""
+def local_run(traces, clients: int, batch: int, budget: int, steps: int) -> tuple[list[float], list[float], int]:
+    """The same steps in process (clients one after another: the engine is called directly).
+    Returns per-step latencies of draft + extends, the same plus the step's new requests (which the
+    remote step carries too), and committed tokens."""
     eng = NgramCorpus()
-    lat, tokens = [], 0
+    lat, lat_starts, tokens = [], [], 0
     for ci in range(clients):
         w = Workload(traces, ci * 97, batch)
         for _ in range(steps):
+            t0 = time.perf_counter()
             w.refill(lambda r, p: eng.start_request(f"{ci}:{r}", p))
+            t_start = time.perf_counter() - t0
             rids = list(w.live)
             t0 = time.perf_counter()
             drafts = eng.draft([f"{ci}:{r}" for r in rids], budget)
@@ -111,7 +120,36 @@ def local_run(traces, clients: int, batch: int, budget: int, steps: int) -> tupl
             for r, tk in pend:  # the extends are part of a step's cost too
                 eng.finish(f"{ci}:{r}") if tk is None else eng.extend(f"{ci}:{r}", tk)
             lat[-1] += time.perf_counter() - t0
-    return lat, tokens
+            lat_starts.append(lat[-1] + t_start)
+    return lat, lat_starts, tokens
+
+
+def _client_process(target: str, offset: int, batch: int, budget: int, steps: int, warmup: int, barrier, results) -> None:
+    """One client in its own process (spawned: gRPC must not be forked)."""
+    traces = [t for f in default_trace_files() for t in load_traces(f)]
+
+    async def run():
+        barrier.wait()
+        t0 = time.monotonic()
+        lat, tokens = await remote_client(target, traces, offset, batch, budget, steps, warmup)
+        results.put((lat, tokens, t0, time.monotonic()))
+
+    asyncio.run(run())
+
+
+def remote_processes(target: str, clients: int, batch: int, budget: int, steps: int, warmup: int) -> tuple[list, int, float]:
+    """C clients, one process each, released together; returns latencies, tokens, wall seconds."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(clients), ctx.Queue()
+    procs = [ctx.Process(target=_client_process, args=(target, ci * 97, batch, budget, steps, warmup, barrier, results), daemon=True)
+             for ci in range(clients)]
+    for p in procs:
+        p.start()
+    out = [results.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join(60)
+    wall = max(o[3] for o in out) - min(o[2] for o in out)
+    return [x for o in out for x in o[0]], sum(o[1] for o in out), wall
 
 
 # ---------------------------------------------------------------------- the transport floor
@@ -217,20 +255,31 @@ async def measure(args, traces, target: str, echo_target: str) -> dict:
         floors[batch] = {"request_bytes": up, "response_bytes": down, **floor}
         for clients in args.clients:
             steps = max(args.min_steps, args.steps // clients)
+            if clients > 1 and args.client_procs:
+                lat, tok, wall = await asyncio.to_thread(remote_processes, target, clients, batch, args.budget, steps, args.warmup)
+                remote = summarize(lat, tok, wall)
+            else:
+                t0 = time.perf_counter()
+                results = await asyncio.gather(*[remote_client(target, traces, ci * 97, batch, args.budget, steps, args.warmup)
+                                                 for ci in range(clients)])
+                remote = summarize([x for r in results for x in r[0]], sum(r[1] for r in results), time.perf_counter() - t0)
             t0 = time.perf_counter()
-            results = await asyncio.gather(*[remote_client(target, traces, ci * 97, batch, args.budget, steps, args.warmup)
-                                             for ci in range(clients)])
-            remote = summarize([x for r in results for x in r[0]], sum(r[1] for r in results), time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            llat, ltok = local_run(traces, clients, batch, args.budget, steps)
+            llat, llat_starts, ltok = local_run(traces, clients, batch, args.budget, steps)
             local = summarize(llat, ltok, time.perf_counter() - t0)
-            row = {"clients": clients, "batch": batch, "budget": args.budget, "remote": remote, "in_process": local,
+            local_starts = summarize(llat_starts)
+            bound = floor["p50_us"] + local_starts["p50_us"]
+            row = {"clients": clients, "batch": batch, "budget": args.budget,
+                   "client_processes": clients > 1 and args.client_procs, "remote": remote, "in_process": local,
+                   "in_process_with_starts": local_starts,
                    "remote_over_in_process_p50": round(remote["p50_us"] / local["p50_us"], 2),
-                   "remote_over_echo_p50": round(remote["p50_us"] / floor["p50_us"], 2)}
+                   "remote_over_echo_p50": round(remote["p50_us"] / floor["p50_us"], 2),
+                   "remote_over_echo_plus_in_process_p50": round(remote["p50_us"] / bound, 2)}
             rows.append(row)
             print(f"C={clients:2d} B={batch:2d}: step p50 {remote['p50_us']:7.0f} us p99 {remote['p99_us']:7.0f} us "
                   f"{remote['steps_per_s']:6.0f} steps/s {remote['tokens_per_s']:7.0f} tok/s | in-process p50 "
-                  f"{local['p50_us']:6.0f} us | echo p50 {floor['p50_us']:5.0f} us ({up}+{down} B)", flush=True)
+                  f"{local['p50_us']:6.0f} us (+starts {local_starts['p50_us']:6.0f}) | echo p50 {floor['p50_us']:5.0f} us "
+                  f"({up}+{down} B) | {row['remote_over_echo_p50']:.2f}x echo, "
+                  f"{row['remote_over_echo_plus_in_process_p50']:.2f}x echo+in-process", flush=True)
     bg = summarize(await batch_get_latency(target, traces, max(args.batches), args.budget, args.steps))
     print(f"unary BatchGet B={max(args.batches)}: p50 {bg['p50_us']:.0f} us p99 {bg['p99_us']:.0f} us", flush=True)
     return {"rows": rows, "echo": floors, "batch_get": {"batch": max(args.batches), **bg}}
@@ -244,6 +293,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=400, help="steps per configuration (split among clients)")
     ap.add_argument("--min-steps", type=int, default=40, help="at least this many steps per client")
     ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--client-procs", action="store_true",
+                    help="run each of the C clients in its own process (default: asyncio tasks of this process)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "service.json")
     ap.add_argument("--echo-server", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -251,6 +302,7 @@ def main() -> int:
         echo_server_main()
         return 0
     traces = [t for f in default_trace_files() for t in load_traces(f)]
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         ports = Path(tmp) / "ports.json"
         corpus, port = start_process([sys.executable, "-m", "corpus_service", "serve", "--grpc-port", "0", "--admin-port", "-1",
@@ -263,7 +315,8 @@ def main() -> int:
                 p.terminate()
                 p.wait(30)
     result["config"] = {k: v for k, v in vars(args).items() if k not in ("out", "echo_server")}
-    result["machine"] = {"cpus": os.cpu_count()}
+    result["machine"] = {"cpus": os.cpu_count(), "loadavg_before": [round(x, 2) for x in load_before],
+                         "loadavg_after": [round(x, 2) for x in os.getloadavg()]}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     big = next((r for r in result["rows"] if r["clients"] == 1 and r["batch"] == max(args.batches)), result["rows"][-1])
@@ -271,9 +324,11 @@ def main() -> int:
     echo = result["echo"][big["batch"]]
     print(f"service: B={big['batch']} budget {args.budget} step p50 {big['remote']['p50_us']:.0f} us "
           f"= {big['remote_over_echo_p50']:.2f}x echo floor ({echo['p50_us']:.0f} us), "
-          f"{big['remote_over_in_process_p50']:.1f}x in-process"
+          f"{big['remote_over_in_process_p50']:.1f}x in-process, "
+          f"{big['remote_over_echo_plus_in_process_p50']:.2f}x echo + in-process with starts"
           + (f"; C=4 p99 {four['remote']['p99_us']:.0f} us = {four['remote']['p99_us'] / big['remote']['p50_us']:.2f}x C=1 p50" if four else "")
-          + f"; BatchGet p50 {result['batch_get']['p50_us']:.0f} us -> {args.out.relative_to(REPO) if args.out.is_relative_to(REPO) else args.out}")
+          + f"; BatchGet p50 {result['batch_get']['p50_us']:.0f} us; load average {load_before[0]:.1f} -> "
+          f"{os.getloadavg()[0]:.1f} -> {args.out.relative_to(REPO) if args.out.is_relative_to(REPO) else args.out}")
     return 0
 
 

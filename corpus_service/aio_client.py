@@ -21,49 +21,68 @@ from corpus_service.request_log import RequestLog, req_id, token_array
 
 
 class _AioStream:
+    """One Session stream. A step writes its message and reads the reply in the calling task: no
+    reader task and no future between them (each hop costs an event-loop iteration, ~0.1 ms a step).
+    One step at a time (the client's lock); a step that gave up (deadline) leaves the stream broken,
+    so no stale reply is ever read. A server that ended the stream is seen through ``call.done()``."""
+
     def __init__(self, stub: pb_grpc.CorpusStub) -> None:
         self._call = stub.Session()
-        self._futures: dict[int, asyncio.Future] = {}
         self.broken: CorpusError | None = None
         self.replayed = False
-        self._reader = asyncio.get_running_loop().create_task(self._read())
+        self._closed = False
 
-    async def send(self, msg: pb.SessionRequest) -> asyncio.Future:
+    def usable(self) -> bool:
+        return self.broken is None and not self._call.done()
+
+    async def exchange(self, msg: pb.SessionRequest, timeout: float) -> pb.SessionResponse:
+        """Sends ``msg`` and returns its reply; CorpusDeadlineExceeded after ``timeout`` seconds."""
         if self.broken is not None:
             raise self.broken
-        fut = asyncio.get_running_loop().create_future()
-        self._futures[msg.seq] = fut
+        call = self._call
+        timer = asyncio.get_running_loop().call_later(timeout, self._expire)
+        written = False
         try:
-            await self._call.write(msg)
+            try:
+                await call.write(msg)
+                written = True
+            except (grpc.RpcError, asyncio.InvalidStateError):
+                pass  # the read below reports the call's status
+            while True:
+                resp = await call.read()
+                if resp is grpc.aio.EOF:
+                    raise self._fail(CorpusUnavailable("the corpus server closed the session"))
+                if resp.seq == msg.seq:
+                    return resp
         except grpc.RpcError as e:
-            self._fail(from_rpc_error(e))
+            err = from_rpc_error(e)
+            if not written and err.code == grpc.StatusCode.INTERNAL:
+                # The transport dropped the stream under the write (a killed server): gRPC reports
+                # "Internal error from Core"; the step never arrived, so it is safe to retry elsewhere.
+                err = CorpusUnavailable(f"the session stream broke: {e.details()}")
+            raise self._fail(self.broken or err) from None
         except asyncio.InvalidStateError:
-            self._fail(CorpusUnavailable("the session stream is closed"))
-        return fut
-
-    async def _read(self) -> None:
-        try:
-            async for resp in self._call:
-                fut = self._futures.pop(resp.seq, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(resp)
-            self._fail(CorpusUnavailable("the corpus server closed the session"))
-        except grpc.RpcError as e:
-            self._fail(from_rpc_error(e))
+            raise self._fail(self.broken or CorpusUnavailable("the session stream is closed")) from None
         except asyncio.CancelledError:
-            self._fail(CorpusUnavailable("the session stream was closed"))
+            if self.broken is None and not self._closed:
+                raise  # the caller was cancelled
+            raise self._fail(self.broken or CorpusUnavailable("the session stream was closed")) from None
+        finally:
+            timer.cancel()
 
-    def _fail(self, err: CorpusError) -> None:
+    def _expire(self) -> None:
+        # The step's fate is unknown: a new session replays the log, so both sides agree again.
+        self._fail(CorpusDeadlineExceeded("no answer from the corpus within the deadline"))
+        self._call.cancel()
+
+    def _fail(self, err: CorpusError) -> CorpusError:
         if self.broken is None:
             self.broken = err
-        futures, self._futures = self._futures, {}
-        for fut in futures.values():
-            if not fut.done():
-                fut.set_exception(err)
+        return self.broken
 
     def close(self) -> None:
+        self._closed = True
         self._call.cancel()
-        self._reader.cancel()
 
 
 class AsyncCorpusClient:
@@ -143,14 +162,14 @@ class AsyncCorpusClient:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         for attempt in itertools.count():
             try:
-                if self._stream is None or self._stream.broken is not None:
+                if self._stream is None or not self._stream.usable():
+                    self._drop_stream()
                     self._stream = _AioStream(self.stub)
                 stream = self._stream
                 msg = self._log.build(next(self._seq), self.namespace, draft_ids, budget, replay=not stream.replayed)
-                fut = await stream.send(msg)
                 try:
-                    resp = await asyncio.wait_for(fut, max(0.0, deadline - time.monotonic()))
-                except asyncio.TimeoutError:
+                    resp = await stream.exchange(msg, max(0.0, deadline - time.monotonic()))
+                except CorpusDeadlineExceeded:
                     raise CorpusDeadlineExceeded(f"no answer from the corpus within the deadline ({self.target})") from None
             except CorpusError as e:
                 if e.code in TRANSIENT:

@@ -87,9 +87,10 @@ class RequestLog:
             wire.pack_runs(msg.restore, live, contexts)
         if self._starts:
             wire.pack_runs(msg.start, list(self._starts), list(self._starts.values()))
-        ext = {r: np.concatenate(ts) if len(ts) > 1 else ts[0] for r, ts in self._extends.items() if ts}
-        if ext:
-            wire.pack_runs(msg.extend, list(ext), list(ext.values()))
+        if self._extends:
+            ext_ids = list(self._extends)
+            ext = [ts[0] if len(ts) == 1 else np.concatenate(ts) for ts in self._extends.values()]
+            wire.pack_runs(msg.extend, ext_ids, ext)  # one concatenation of every request's tokens
         msg.finish.extend(self._finishes)
         if draft_ids:
             msg.draft.req_ids.extend(draft_ids)

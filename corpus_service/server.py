@@ -21,7 +21,7 @@ from corpus_service._proto.ngram_corpus.v1 import corpus_pb2_grpc as pb_grpc
 from corpus_service.errors import CorpusError, message_for, status_for
 from corpus_service.persistence import check_corpus_name
 from corpus_service.service_state import ServiceState
-from corpus_service.session import Session, check_req_ids, check_tokens
+from corpus_service.session import Session, check_flat_tokens, check_req_ids, check_tokens
 
 log = logging.getLogger("corpus_service.server")
 MAX_CLIENT_ID_CHARS = 128
@@ -75,7 +75,10 @@ class CorpusServicer(pb_grpc.CorpusServicer):
         state.live_sessions += 1
         state.metrics.sessions.inc()
         steps = state.metrics.rpc_total
+        steps_ok = steps.labels("Session", grpc.StatusCode.OK.name)
         latency = state.metrics.rpc_latency.labels("Session")
+        draft_nodes: dict[str, object] = {}  # namespace -> its histogram child (labels() takes a lock)
+        inline_work = state.config.inline_work
         try:
             async for msg in request_iterator:
                 if state.draining:
@@ -84,19 +87,22 @@ class CorpusServicer(pb_grpc.CorpusServicer):
                 out = pb.SessionResponse(seq=msg.seq)
                 try:
                     step = session.parse(msg)
-                    if step.work() <= state.config.inline_work:
+                    if step.work() <= inline_work:
                         nodes = session.apply(step, out)
                     else:
                         nodes = await state.run(session.apply, step, out)
                     if step.draft:
-                        state.metrics.draft_nodes.labels(step.namespace).observe(nodes / len(step.draft))
-                    code = grpc.StatusCode.OK
+                        hist = draft_nodes.get(step.namespace)
+                        if hist is None:
+                            hist = draft_nodes[step.namespace] = state.metrics.draft_nodes.labels(step.namespace)
+                        hist.observe(nodes / len(step.draft))
+                    steps_ok.inc()
                 except Exception as e:  # noqa: BLE001 - answered in-band, the session lives on
                     code = status_for(e)
                     if code == grpc.StatusCode.INTERNAL:
                         log.exception("session step failed")
                     out = pb.SessionResponse(seq=msg.seq, error=pb.Error(code=code.value[0], message=message_for(e)))
-                steps.labels("Session", code.name).inc()
+                    steps.labels("Session", code.name).inc()
                 latency.observe(time.perf_counter() - t0)
                 yield out
         finally:
@@ -112,20 +118,22 @@ class CorpusServicer(pb_grpc.CorpusServicer):
         cfg = self.state.config
         corpus = self.state.corpus(request.namespace)
         prefix = _check_client_id(request.client_id)
-        ids, windows = wire.unpack_runs(request.windows, "windows")
+        ids, lens, flat = wire.unpack_flat_runs(request.windows, "windows")
         check_req_ids(ids, "windows.req_ids", cfg.max_batch)
         total_lens = wire.unpack(request.total_lens, wire.I64, "total_lens", len(ids))
         k = request.draft_token_num
         if not 2 <= k <= cfg.max_budget + 1:
             raise ValueError(f"draft_token_num: expected an int in [2, {cfg.max_budget + 1}], got {k}")
-        if sum(w.size for w in windows) > cfg.max_tokens_per_message:
+        if flat.size > cfg.max_tokens_per_message:
             raise CorpusError(f"windows carry more than max_tokens_per_message = {cfg.max_tokens_per_message} tokens",
                               grpc.StatusCode.RESOURCE_EXHAUSTED)
-        check_tokens(windows, corpus.config.vocab_size, "windows")
-        for rid, w, total in zip(ids, windows, total_lens.tolist()):
-            if w.size == 0 or total < w.size:
-                raise ValueError(f"windows: request '{rid}' needs a non-empty window no longer than its "
-                                 f"total length, got {w.size} tokens and total_lens {total}")
+        check_flat_tokens(flat, corpus.config.vocab_size, "windows")
+        bad = np.flatnonzero((lens == 0) | (total_lens < lens))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"windows: request '{ids[i]}' needs a non-empty window no longer than its "
+                             f"total length, got {int(lens[i])} tokens and total_lens {int(total_lens[i])}")
+        windows = wire.split_flat(lens, flat)
 
         def run() -> tuple[np.ndarray, np.ndarray]:
             return corpus.batch_get([prefix + r for r in ids], windows, total_lens.tolist(), draft_token_num=k)

@@ -14,29 +14,58 @@ import numpy as np
 
 from corpus_service import wire
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
+from corpus_service.engine import NgramCorpus
 from corpus_service.errors import CorpusError
 from corpus_service.service_state import ServiceState
 
 MAX_REQ_ID_CHARS = 256
+_UMAX = np.maximum.reduce
 
 
-def check_req_ids(ids: list[str], field: str, max_batch: int) -> None:
+def extend_packed(corpus: NgramCorpus, req_ids: list[str], lengths: np.ndarray, tokens: np.ndarray) -> None:
+    """``corpus.extend_batch`` for runs already concatenated: through the engine's [n, L] array form
+    (a few vectorized numpy calls; the list form checks each run in Python, ~8 us a request). Very
+    uneven runs, where the padding would dwarf the tokens, go as a list of views instead."""
+    n = len(req_ids)
+    width = int(lengths.max()) if n else 0
+    if n * width > 4 * tokens.size + 4096:
+        corpus.extend_batch(req_ids, wire.split_flat(lengths, tokens))
+        return
+    padded = np.zeros((n, width), np.int32)
+    padded[np.arange(width, dtype=np.int32)[None, :] < lengths[:, None]] = tokens
+    corpus.extend_batch(req_ids, padded, lengths)
+
+
+def _checked_id_set(ids: list[str], field: str, max_batch: int) -> set[str]:
+    """``check_req_ids``, returning the ids as a set (one pass over the ids in C, not in Python)."""
     if len(ids) > max_batch:
         raise CorpusError(f"{field}: {len(ids)} requests exceed max_batch = {max_batch}",
                           grpc.StatusCode.RESOURCE_EXHAUSTED)
-    for rid in ids:
-        if not rid or len(rid) > MAX_REQ_ID_CHARS:
-            raise CorpusError(f"{field}: request ids must be 1-{MAX_REQ_ID_CHARS} characters, got {rid!r:.80}",
-                              grpc.StatusCode.INVALID_ARGUMENT)
-    if len(set(ids)) != len(ids):
+    if not ids:
+        return set()
+    lens = list(map(len, ids))
+    if min(lens) == 0 or max(lens) > MAX_REQ_ID_CHARS:
+        for rid in ids:
+            if not rid or len(rid) > MAX_REQ_ID_CHARS:
+                raise CorpusError(f"{field}: request ids must be 1-{MAX_REQ_ID_CHARS} characters, got {rid!r:.80}",
+                                  grpc.StatusCode.INVALID_ARGUMENT)
+    unique = set(ids)
+    if len(unique) != len(ids):
         raise CorpusError(f"{field}: duplicate request ids", grpc.StatusCode.INVALID_ARGUMENT)
+    return unique
 
 
-def check_tokens(runs: list[np.ndarray], vocab_size: int, field: str) -> None:
-    if not runs:
-        return
-    flat = np.concatenate(runs) if len(runs) > 1 else runs[0]
+def check_req_ids(ids: list[str], field: str, max_batch: int) -> None:
+    _checked_id_set(ids, field, max_batch)
+
+
+def check_flat_tokens(flat: np.ndarray, vocab_size: int, field: str) -> None:
+    """``check_tokens`` for runs already concatenated."""
     if flat.size == 0:
+        return
+    # One reduction on the common path: viewed as uint32, a negative id is >= 2**31.
+    limit = vocab_size if 0 < vocab_size <= 1 << 31 else 1 << 31
+    if flat.dtype == np.int32 and int(_UMAX(flat.view(np.uint32))) < limit:
         return
     lo, hi = int(flat.min()), int(flat.max())
     if lo < 0:
@@ -46,22 +75,39 @@ def check_tokens(runs: list[np.ndarray], vocab_size: int, field: str) -> None:
                           grpc.StatusCode.INVALID_ARGUMENT)
 
 
+def check_tokens(runs: list[np.ndarray], vocab_size: int, field: str) -> None:
+    if not runs:
+        return
+    check_flat_tokens(np.concatenate(runs) if len(runs) > 1 else runs[0], vocab_size, field)
+
+
+def _first_unknown(ids: list[str], live: set[str], started: set[str], finished: set[str] = frozenset()) -> str | None:
+    """The first id (in message order) that is neither live nor started, or is finished."""
+    for rid in ids:
+        if (rid not in live and rid not in started) or rid in finished:
+            return rid
+    return None
+
+
 @dataclass(slots=True)
 class Step:
-    """A validated step, ready to apply."""
+    """A validated step, ready to apply. Token runs stay packed: ``(req_ids, lengths, tokens)`` with
+    the arrays read-only views of the message bytes."""
 
     namespace: str
-    restore: tuple[list[str], list[np.ndarray]]
-    start: tuple[list[str], list[np.ndarray]]
-    extend: tuple[list[str], list[np.ndarray]]
+    restore: tuple[list[str], np.ndarray, np.ndarray]
+    start: tuple[list[str], np.ndarray, np.ndarray]
+    extend: tuple[list[str], np.ndarray, np.ndarray]
     finish: list[str]
     draft: list[str]
     budget: int
 
+    def num_tokens(self) -> int:
+        return self.restore[2].size + self.start[2].size + self.extend[2].size
+
     def work(self) -> int:
-        """Rough cost in draft nodes + tokens/16: small steps run on the event loop itself."""
-        tokens = sum(r.size for runs in (self.restore[1], self.start[1], self.extend[1]) for r in runs)
-        return len(self.draft) * self.budget + tokens // 16 + 8 * (len(self.start[0]) + len(self.restore[0]))
+        """Rough cost in draft nodes + tokens/16 (see ``CorpusServicer.Session``)."""
+        return len(self.draft) * self.budget + self.num_tokens() // 16 + 8 * (len(self.start[0]) + len(self.restore[0]))
 
 
 class Session:
@@ -72,41 +118,50 @@ class Session:
         self.live: dict[str, set[str]] = {}  # namespace -> live request ids
 
     def parse(self, msg: pb.SessionRequest) -> Step:
+        """Validates a step completely (vectorized: no per-request Python work on the common path;
+        errors, their order and their messages are those of a check request by request)."""
         cfg = self.state.config
         ns = msg.namespace
         corpus = self.state.corpus(ns)
-        restore = wire.unpack_runs(msg.restore, "restore")
-        start = wire.unpack_runs(msg.start, "start")
-        extend = wire.unpack_runs(msg.extend, "extend")
+        restore = wire.unpack_flat_runs(msg.restore, "restore")
+        start = wire.unpack_flat_runs(msg.start, "start")
+        extend = wire.unpack_flat_runs(msg.extend, "extend")
         finish = list(msg.finish)
         draft = list(msg.draft.req_ids)
-        for ids, field in ((restore[0], "restore"), (start[0], "start"), (extend[0], "extend"), (finish, "finish"),
-                           (draft, "draft")):
-            check_req_ids(ids, field, cfg.max_batch)
-        if set(restore[0]) & set(start[0]):
+        max_batch = cfg.max_batch
+        restore_set = _checked_id_set(restore[0], "restore", max_batch)
+        start_set = _checked_id_set(start[0], "start", max_batch)
+        extend_set = _checked_id_set(extend[0], "extend", max_batch)
+        finished = _checked_id_set(finish, "finish", max_batch)
+        # The common step extends and drafts the same batch: its ids were just checked.
+        draft_set = extend_set if draft == extend[0] else _checked_id_set(draft, "draft", max_batch)
+        if restore_set and start_set and not restore_set.isdisjoint(start_set):
             raise CorpusError("a request id is both restored and started", grpc.StatusCode.INVALID_ARGUMENT)
-        num_tokens = sum(r.size for runs in (restore[1], start[1], extend[1]) for r in runs)
+        num_tokens = restore[2].size + start[2].size + extend[2].size
         if num_tokens > cfg.max_tokens_per_message:
             raise CorpusError(f"step carries {num_tokens} tokens, more than max_tokens_per_message = "
                               f"{cfg.max_tokens_per_message}", grpc.StatusCode.RESOURCE_EXHAUSTED)
         vocab = corpus.config.vocab_size
-        check_tokens(restore[1], vocab, "restore")
-        check_tokens(start[1], vocab, "start")
-        check_tokens(extend[1], vocab, "extend")
+        check_flat_tokens(restore[2], vocab, "restore")
+        check_flat_tokens(start[2], vocab, "start")
+        check_flat_tokens(extend[2], vocab, "extend")
         # Membership against the live set plus this step's starts/finishes, without copying the set.
         live = self.live.get(ns, set())
-        started, finished = set(start[0]) | set(restore[0]), set(finish)
-        for rid in started:
-            if rid in live:
-                raise CorpusError(f"start: request '{rid}' is already live", grpc.StatusCode.ALREADY_EXISTS)
+        started = start_set | restore_set if restore_set else start_set
+        if started and not live.isdisjoint(started):
+            for rid in started:
+                if rid in live:
+                    raise CorpusError(f"start: request '{rid}' is already live", grpc.StatusCode.ALREADY_EXISTS)
         num_live = sum(len(v) for v in self.live.values())
         if num_live + len(started) > cfg.max_live_requests_per_session:
             raise CorpusError(f"start: {num_live + len(started)} live requests would exceed "
                               f"max_live_requests_per_session = {cfg.max_live_requests_per_session}",
                               grpc.StatusCode.RESOURCE_EXHAUSTED)
-        for ids, field in ((extend[0], "extend"), (finish, "finish")):
-            for rid in ids:
-                if rid not in live and rid not in started:
+        for ids, id_set, field in ((extend[0], extend_set, "extend"), (finish, finished, "finish")):
+            missing = id_set.difference(live) if id_set else id_set
+            if missing and not started.issuperset(missing):
+                rid = _first_unknown(ids, live, started)
+                if rid is not None:
                     raise CorpusError(f"{field}: unknown request '{rid}' (never started in this session, or finished)",
                                       grpc.StatusCode.NOT_FOUND)
         budget = msg.draft.budget
@@ -114,8 +169,10 @@ class Session:
             if not 1 <= budget <= cfg.max_budget:
                 raise CorpusError(f"draft.budget: expected an int in [1, {cfg.max_budget}], got {budget}",
                                   grpc.StatusCode.INVALID_ARGUMENT)
-            for rid in draft:
-                if (rid not in live and rid not in started) or rid in finished:
+            missing = draft_set.difference(live)
+            if (missing and not started.issuperset(missing)) or (finished and not finished.isdisjoint(draft_set)):
+                rid = _first_unknown(draft, live, started, finished)
+                if rid is not None:
                     raise CorpusError(f"draft: unknown request '{rid}' (never started in this session, or finished)",
                                       grpc.StatusCode.NOT_FOUND)
         return Step(ns, restore, start, extend, finish, draft, budget)
@@ -123,21 +180,35 @@ class Session:
     def apply(self, step: Step, out: pb.SessionResponse) -> int:
         """Applies a validated step to the engine; fills ``out.drafts``. Returns drafted nodes."""
         corpus = self.state.corpus(step.namespace)
-        p, ns = self.prefix, step.namespace
-        live = self.live.setdefault(ns, set())
-        for rid, context in zip(*step.restore):
-            corpus.start_request(p + rid, context, learn_prompt=False)  # learned before the restart
-            live.add(rid)
-        for rid, prompt in zip(*step.start):
-            corpus.start_request(p + rid, prompt)
-            live.add(rid)
-        if step.extend[0]:
-            corpus.extend_batch([p + rid for rid in step.extend[0]], step.extend[1])
+        self.update(corpus, step)
+        if not step.draft:
+            return 0
+        return self.draft(corpus, step, out)
+
+    def update(self, corpus: NgramCorpus, step: Step) -> None:
+        """Restores, starts, extends and finishes of a step (everything before its draft)."""
+        p = self.prefix
+        live = self.live.setdefault(step.namespace, set())
+        ids, lens, toks = step.restore
+        if ids:
+            for rid, context in zip(ids, wire.split_flat(lens, toks)):
+                corpus.start_request(p + rid, context, learn_prompt=False)  # learned before the restart
+                live.add(rid)
+        ids, lens, toks = step.start
+        if ids:
+            for rid, prompt in zip(ids, wire.split_flat(lens, toks)):
+                corpus.start_request(p + rid, prompt)
+                live.add(rid)
+        ids, lens, toks = step.extend
+        if ids:
+            extend_packed(corpus, [p + rid for rid in ids], lens, toks)
         for rid in step.finish:
             live.discard(rid)
             corpus.finish(p + rid)
-        if not step.draft:
-            return 0
+
+    def draft(self, corpus: NgramCorpus, step: Step, out: pb.SessionResponse) -> int:
+        """Drafts a step's trees into ``out.drafts``; returns the drafted nodes."""
+        p = self.prefix
         batch = corpus.draft([p + rid for rid in step.draft], step.budget)
         wire.pack_drafts(out.drafts, batch)
         return int(batch.counts.sum())

@@ -17,6 +17,8 @@ I32 = np.dtype("<i4")
 I64 = np.dtype("<i8")
 F32 = np.dtype("<f4")
 U8 = np.dtype("u1")
+_EMPTY_I32 = np.zeros(0, I32)
+_EMPTY_I32.flags.writeable = False
 
 
 class WireError(ValueError):
@@ -37,10 +39,25 @@ def unpack(data: bytes, dtype: np.dtype, field: str, expect: int | None = None) 
 
 
 def pack_runs(msg: pb.TokenRuns, req_ids: Sequence[str], runs: Sequence[Sequence[int] | np.ndarray]) -> None:
-    """Fills a TokenRuns message with one run of tokens per request."""
+    """Fills a TokenRuns message with one run of tokens per request (1-D arrays: one concatenation)."""
     msg.req_ids.extend(req_ids)
-    msg.lengths = pack([len(r) for r in runs])
-    msg.tokens = b"".join(pack(r) for r in runs)
+    if not len(runs):
+        msg.lengths = msg.tokens = b""
+        return
+    msg.lengths = np.fromiter(map(len, runs), dtype=I32, count=len(runs)).tobytes()
+    if len(runs) == 1:
+        msg.tokens = pack(runs[0])
+    elif all(type(r) is np.ndarray and r.ndim == 1 for r in runs):
+        msg.tokens = np.concatenate(runs, dtype=I32, casting="unsafe").tobytes()
+    else:  # lists: converted one by one, so out-of-range ints raise as ``pack`` raises
+        msg.tokens = b"".join(pack(r) for r in runs)
+
+
+def pack_flat_runs(msg: pb.TokenRuns, req_ids: Sequence[str], lengths: np.ndarray, tokens: np.ndarray) -> None:
+    """Fills a TokenRuns message from runs already concatenated (``tokens``) with their ``lengths``."""
+    msg.req_ids.extend(req_ids)
+    msg.lengths = pack(lengths)
+    msg.tokens = pack(tokens)
 
 
 def split_runs(lengths: bytes, tokens: bytes, n: int, field: str) -> list[np.ndarray]:
@@ -58,6 +75,31 @@ def unpack_runs(msg: pb.TokenRuns, field: str) -> tuple[list[str], list[np.ndarr
     return ids, split_runs(msg.lengths, msg.tokens, len(ids), field)
 
 
+def unpack_flat_runs(msg: pb.TokenRuns, field: str) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """``unpack_runs`` without splitting: (req_ids, lengths int32[n], tokens int32[sum(lengths)]),
+    the arrays read-only views of the message bytes, checked as ``split_runs`` checks them."""
+    ids = list(msg.req_ids)
+    n = len(ids)
+    if not n and not msg.lengths and not msg.tokens:
+        return ids, _EMPTY_I32, _EMPTY_I32
+    lens = unpack(msg.lengths, I32, f"{field}.lengths", n)
+    if n and lens.min() < 0:
+        raise WireError(f"{field}.lengths: expected lengths >= 0, got {int(lens.min())}")
+    toks = unpack(msg.tokens, I32, f"{field}.tokens", int(lens.sum(dtype=np.int64)) if n else 0)
+    return ids, lens, toks
+
+
+def split_flat(lens: np.ndarray, toks: np.ndarray) -> list[np.ndarray]:
+    """The runs of (lengths, tokens) as views."""
+    ends = np.cumsum(lens, dtype=np.int64).tolist()
+    return [toks[e - n : e] for e, n in zip(ends, lens.tolist())]
+
+
+def _kept(counts: np.ndarray, budget: int) -> np.ndarray:
+    """Flat indices of the first counts[i] nodes of each row of an [n, budget] array."""
+    return np.flatnonzero(np.arange(budget, dtype=np.int32)[None, :] < counts[:, None])
+
+
 def pack_drafts(msg: pb.DraftTrees, batch: DraftBatch) -> None:
     """Unpadded trees: only the first counts[i] nodes of each row travel."""
     counts = batch.counts
@@ -68,10 +110,10 @@ def pack_drafts(msg: pb.DraftTrees, batch: DraftBatch) -> None:
         msg.tokens, msg.parents = pack(batch.tokens), pack(batch.parents)
         msg.probs = pack(batch.probs, F32)
         return
-    keep = np.arange(budget)[None, :] < counts[:, None]
-    msg.tokens = pack(batch.tokens[keep])
-    msg.parents = pack(batch.parents[keep])
-    msg.probs = pack(batch.probs[keep], F32)
+    keep = _kept(counts, budget)
+    msg.tokens = pack(batch.tokens.reshape(-1).take(keep))
+    msg.parents = pack(batch.parents.reshape(-1).take(keep))
+    msg.probs = pack(batch.probs.reshape(-1).take(keep), F32)
 
 
 def unpack_drafts(msg: pb.DraftTrees, n: int) -> DraftBatch:
@@ -85,9 +127,12 @@ def unpack_drafts(msg: pb.DraftTrees, n: int) -> DraftBatch:
     if total == n * budget:
         return DraftBatch(tokens_flat.reshape(n, budget).copy(), parents_flat.reshape(n, budget).copy(),
                           probs_flat.reshape(n, budget).copy(), counts.copy())
-    keep = np.arange(budget)[None, :] < counts[:, None]
-    tokens = np.full((n, budget), -1, np.int32)
-    parents = np.full((n, budget), -1, np.int32)
-    probs = np.zeros((n, budget), np.float32)
+    if n and (int(counts.min()) < 0 or int(counts.max()) > budget):
+        raise WireError(f"drafts.counts: expected counts in [0, {budget}], got {int(counts.min())}..{int(counts.max())}")
+    keep = _kept(counts, budget)
+    tokens = np.full(n * budget, -1, np.int32)
+    parents = np.full(n * budget, -1, np.int32)
+    probs = np.zeros(n * budget, np.float32)
     tokens[keep], parents[keep], probs[keep] = tokens_flat, parents_flat, probs_flat
-    return DraftBatch(tokens, parents, probs, counts.copy())
+    shape = (n, budget)
+    return DraftBatch(tokens.reshape(shape), parents.reshape(shape), probs.reshape(shape), counts.copy())
