@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The main job on embedded defaults. Today: install, then replay the shipped real-model traces
-# through the corpus engine and print acceptance (MAT) against prompt lookup and the oracle.
-# Extra arguments go to bench/acceptance.py (e.g. --budget 15 --mode prob).
+# The main job on embedded defaults: install, then the corpus + verifier demo on the CPU with the
+# real SmolLM2-135M-Instruct (a `python -m corpus_service serve` subprocess on 127.0.0.1 and an
+# in-process verifier): prints tokens/s with and without speculation, the acceptance (MAT) and
+# whether the outputs are token-identical. Extra arguments go to the demo (e.g. --prompts 2
+# --max-tokens 32 --corpus local --budget 7); the trace replay is `python3 bench/acceptance.py`.
 set -euo pipefail
 cd "$(dirname "$0")"
 bash scripts/install.sh
-python3 bench/acceptance.py "$@"
+python3 -m verifier demo "$@"

@@ -1,7 +1,6 @@
 # The GPU verifier worker.
 #   docker build -f deploy/verifier.Dockerfile -t ngram-verifier .
-# NOTE: the entry point `ngram-verifier serve` is planned (verifier issue) and does not exist yet;
-# this image installs the package and its CUDA torch so that command runs once it lands.
+# Flags mirror VerifierConfig fields and read NGRAM_VERIFIER_<FIELD> (see README "Verifier").
 FROM nvidia/cuda:12.8.1-devel-ubuntu24.04
 RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-pip python3-venv g++ \
  && rm -rf /var/lib/apt/lists/*
@@ -18,7 +17,7 @@ COPY corpus_service corpus_service
 COPY verifier verifier
 RUN pip install --no-cache-dir --no-build-isolation ".[verifier]"
 # Configured by environment (NGRAM_VERIFIER_*), e.g. the corpus address.
-ENV NGRAM_VERIFIER_CORPUS_TARGET=corpus:50051 \
+ENV NGRAM_VERIFIER_CORPUS=corpus:50051 \
     NGRAM_VERIFIER_PORT=8000
 EXPOSE 8000
 STOPSIGNAL SIGTERM

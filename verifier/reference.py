@@ -47,7 +47,7 @@ def flatten_draft_tree(last_tokens: Tensor, draft_tokens: Tensor, draft_parents:
     p = draft_parents.to(torch.int64)
     parents = torch.where(p >= -1, p + 1, torch.zeros_like(p))
     parents = torch.where(p < -1, torch.full_like(p, -1), parents)
-    root = torch.full_like(parents[:, :1], -1)
+    root = torch.full((parents.shape[0], 1), -1, dtype=torch.int64, device=parents.device)  # also for B = 0
     return tokens, torch.cat([root, parents], dim=1)
 
 

@@ -1,0 +1,100 @@
+"""The OpenAI-compatible API through a real uvicorn server on 127.0.0.1 (ephemeral port)."""
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+from engine_fixtures import engine
+
+from verifier.api import create_app
+from verifier.drafter import Drafter
+from verifier.loop import EngineLoop
+
+
+@pytest.fixture(scope="module")
+def api(smollm2):
+    loop = EngineLoop(engine(smollm2, Drafter("local", vocab_size=smollm2.model.config.vocab_size), budget=4)).start()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(loop, "smollm2"), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    with httpx.Client(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}", timeout=120) as client:
+        yield client
+    server.should_exit = True
+    thread.join(10)
+    loop.stop()
+
+
+def test_completions_with_speculative_usage(api):
+    r = api.post("/v1/completions", json={"prompt": "def add(a, b):\n    return a + b\n\ndef sub(a, b):",
+                                          "max_tokens": 12, "temperature": 0})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "text_completion" and body["choices"][0]["text"]
+    u = body["usage"]
+    assert u["completion_tokens"] == 12 and u["verify_steps"] >= 1
+    # each step commits its accepted drafts + a bonus token (cut at max_tokens); prefill commits one
+    assert u["completion_tokens"] - 1 <= u["accepted_draft_tokens"] + u["verify_steps"] <= u["completion_tokens"]
+
+
+def test_chat_and_streaming_agree(api):
+    msgs = [{"role": "user", "content": "Name three primary colors."}]
+    r = api.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 10, "temperature": 0})
+    assert r.status_code == 200, r.text
+    text = r.json()["choices"][0]["message"]["content"]
+    chunks = []
+    with api.stream("POST", "/v1/chat/completions", json={"messages": msgs, "max_tokens": 10, "temperature": 0,
+                                                          "stream": True, "stream_options": {"include_usage": True}}) as s:
+        assert s.status_code == 200 and s.headers["content-type"].startswith("text/event-stream")
+        for line in s.iter_lines():
+            if line.startswith("data: "):
+                chunks.append(line[6:])
+    assert chunks[-1] == "[DONE]"
+    events = [json.loads(c) for c in chunks[:-1]]
+    streamed = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"])
+    assert streamed == text
+    assert events[-1]["usage"]["completion_tokens"] >= 1
+
+
+@pytest.mark.parametrize("path,body,needle", [
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "temperature": -1}, "temperature"),
+    ("/v1/completions", {"prompt": [1, 2, 10**9]}, "token ids"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 10**6}, "exceeds"),
+    ("/v1/completions", {"prompt": "hi", "n": 2}, "n"),
+    ("/v1/completions", {}, "prompt"),
+    ("/v1/chat/completions", {"messages": []}, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, "role"),
+])
+def test_bad_requests_answer_400_with_a_message(api, path, body, needle):
+    r = api.post(path, json=body)
+    assert r.status_code == 400, r.text
+    assert needle in r.json()["error"]["message"]
+
+
+def test_malformed_json_is_400(api):
+    r = api.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["message"]
+
+
+def test_models_health_metrics(api):
+    assert api.get("/healthz").json() == {"status": "ok"}
+    assert api.get("/v1/models").json()["data"][0]["id"] == "smollm2"
+    assert api.post("/v1/completions", json={"model": "gpt-4", "prompt": "x"}).status_code == 404
+    m = api.get("/metrics").text
+    assert "ngram_verifier_generated_tokens_total" in m and "ngram_verifier_draft_steps_total" in m
+
+
+def test_cli_rejects_bad_flags_without_loading_a_model(capsys):
+    from verifier.cli import main
+
+    assert main(["serve", "--device", "tpu"]) == 2
+    assert "device" in capsys.readouterr().err
+    assert main(["serve", "--host", "0.0.0.0"]) == 2  # off loopback needs an API key

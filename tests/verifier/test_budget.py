@@ -1,0 +1,45 @@
+"""Adaptive draft budget and draft pruning (no model)."""
+
+import numpy as np
+import pytest
+
+from verifier.budget import BudgetPolicy, CostModel
+from verifier.tree_batch import prune_tree
+
+
+def flat_then_linear(n):  # launch-bound up to 64 tokens, then compute-bound
+    return 0.01 * max(1.0, n / 64)
+
+
+def test_cost_model_interpolates_and_is_monotone():
+    cm = CostModel([1, 4, 16], [0.010, 0.009, 0.020])  # a noisy dip is flattened
+    assert cm(1) == pytest.approx(0.010) and cm(4) == pytest.approx(0.010)
+    assert cm(10) == pytest.approx(0.015) and cm(28) == pytest.approx(0.030)
+    with pytest.raises(ValueError):
+        CostModel([4, 1], [0.1, 0.2])
+
+
+def test_large_batches_draft_less_or_not_at_all():
+    grid = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+    policy = BudgetPolicy(15, None, CostModel(grid, [flat_then_linear(n) for n in grid]))
+    budgets = {bs: policy.draft_budget(bs) for bs in (1, 8, 64, 256)}
+    assert budgets[1] == 15 and budgets[8] >= 7 and budgets[64] == 0 and budgets[256] == 0
+
+
+def test_choose_nodes_never_expects_slower_than_plain():
+    grid = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+    policy = BudgetPolicy(15, None, CostModel(grid, [flat_then_linear(n) for n in grid]))
+    sure = [np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.1, 0.05])] * 4
+    assert policy.choose_nodes(sure) == 7  # free at this size: take everything
+    hopeless = [np.full(15, 0.01)] * 64  # at 64 requests every extra node per request costs a decode step
+    assert policy.choose_nodes(hopeless) == 0
+    policy.observe(predicted=100.0, accepted=0)  # drafts were far worse than predicted
+    assert policy.calibration < 0.1
+
+
+def test_prune_tree_keeps_ancestors():
+    tokens = np.array([10, 11, 12, 13, 14])
+    parents = np.array([-1, 0, -1, 1, 2])
+    probs = np.array([0.9, 0.5, 0.3, 0.45, 0.1])
+    t, p, q = prune_tree(tokens, parents, probs, 3)
+    assert t.tolist() == [10, 11, 13] and p.tolist() == [-1, 0, 1]

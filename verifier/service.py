@@ -1,0 +1,68 @@
+"""Builds a verifier from its config (model, corpus drafter, engine) and serves the HTTP API."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+
+from .config import VerifierConfig
+from .drafter import Drafter
+from .engine import Engine
+from .loop import EngineLoop
+from .model import load_model
+
+log = logging.getLogger("verifier")
+
+
+@dataclass
+class Verifier:
+    config: VerifierConfig
+    engine: Engine
+    model_name: str
+
+
+def build_verifier(cfg: VerifierConfig) -> Verifier:
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device: cuda requested but no CUDA device is available")
+    lm = load_model(cfg.model, cfg.device, cfg.dtype)
+    log.info("model %s: %d layers, %.0fM parameters, %s on %s", lm.name, lm.model.config.num_layers,
+             lm.model.config.num_params / 1e6, cfg.dtype, cfg.device)
+    drafter = None
+    if cfg.corpus != "none":
+        drafter = Drafter(cfg.corpus, namespace=cfg.corpus_namespace, draft_timeout_s=cfg.draft_timeout_s,
+                          client_timeout_s=cfg.corpus_timeout_s, vocab_size=lm.model.config.vocab_size)
+    engine = Engine(lm.model, lm.codec, drafter, cfg.engine_config())
+    return Verifier(cfg, engine, cfg.served_model_name or lm.name)
+
+
+def serve(cfg: VerifierConfig) -> None:
+    import uvicorn
+
+    from .api import create_app
+
+    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    v = build_verifier(cfg)
+    loop = EngineLoop(v.engine).start()
+    app = create_app(loop, v.model_name, cfg.api_key)
+    sock = socket.socket(socket.AF_INET6 if ":" in cfg.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((cfg.host, cfg.port))
+    port = sock.getsockname()[1]
+    if cfg.ports_file:
+        tmp = cfg.ports_file + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"http_port": port}, f)
+        os.replace(tmp, cfg.ports_file)  # readers never see a partial file
+    log.info("serving %s on http://%s:%d (corpus: %s)", v.model_name, cfg.host, port, cfg.corpus)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=cfg.log_level.lower(), access_log=False))
+    try:
+        server.run(sockets=[sock])
+    finally:
+        loop.stop()
+        if v.engine.drafter is not None:
+            v.engine.drafter.close()
