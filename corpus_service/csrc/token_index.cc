@@ -258,8 +258,12 @@ int TokenIndex::find(const int32_t* ctx, int ctx_len, const FindLimits& lim, uin
     if (lim.enough > 0 && found >= lim.enough && k < lim.enough_order) break;
     if (ctx_len < k) continue;
     uint64_t p = decode_head(heads_[oi][slot(ngram_hash(ctx + ctx_len - 1, k), oi)]);
-    for (int step = 0; p != UINT64_MAX && step < max_chain && found < max_cands; ++step) {
-      if (p < exclude_from && !skipped(p)) {
+    // Skipped positions (a request's own chunks, inserted asynchronously) do not use up the chain
+    // budget, so whether they were inserted yet does not change what else is found.
+    for (int step = 0; p != UINT64_MAX && step < max_chain && found < max_cands;) {
+      const bool skip_p = skipped(p);
+      if (!skip_p) ++step;
+      if (p < exclude_from && !skip_p) {
         int m = match_backwards(p, ctx, ctx_len, max_match);
         if (m >= k) {
           bool dup = false;
