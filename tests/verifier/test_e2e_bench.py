@@ -1,0 +1,46 @@
+"""CPU smoke of bench/e2e.py's helpers (the benchmark itself runs on the GPU machine)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import argparse
+
+import pytest
+import torch
+
+_PATH = Path(__file__).resolve().parents[2] / "bench" / "e2e.py"
+_spec = importlib.util.spec_from_file_location("bench_e2e", _PATH)
+e2e = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(e2e)
+
+
+def test_parse_ints_and_ratio():
+    assert e2e.parse_ints("1,8, 64") == [1, 8, 64]
+    with pytest.raises(argparse.ArgumentTypeError):
+        e2e.parse_ints("0,1")
+    assert e2e.ratio(3.0, 2.0) == 1.5
+    assert e2e.ratio(None, 2.0) is None and e2e.ratio(1.0, 0) is None
+
+
+def test_mismatches_reports_first_differing_position():
+    assert e2e.mismatches([[1, 2], [3]], [[1, 2], [3]]) == (0, [])
+    assert e2e.mismatches([[1, 2, 3], [4]], [[1, 9, 3], [4, 5]]) == (2, [1, 1])
+
+
+def test_load_prompts_cycles(tmp_path):
+    f = tmp_path / "t.jsonl"
+    f.write_text("\n".join(json.dumps({"prompt_ids": [i, i + 1]}) for i in range(3)) + "\n")
+    assert e2e.load_prompts(f, 4) == [[0, 1], [1, 2], [2, 3], [0, 1]]
+
+
+def test_forward_time_and_summary_on_a_tiny_model():
+    cfg = e2e.ModelConfig.from_name("smollm2-135m", num_layers=1, vocab_size=64, hidden_size=32,
+                                    intermediate_size=64, num_heads=4, num_kv_heads=2, eos_token_ids=())
+    model = e2e.build_model(cfg, None, "cpu", torch.float32)
+    cache = e2e.KVCache(1, 2, 16, 2, cfg.head_dim, "cpu", torch.float32)
+    assert e2e.forward_time(model, cache, 2, 4, 8, repeats=2) > 0
+    big = {"weight_read_ms": 1.0, "decode_vs_weight_read": {"1": 1.2}, "step_ms": {"1": {"1": 1.2, "16": 1.3}},
+           "vs_decode": {"1": {"16": 1.08}}}
+    s = e2e.summarize(None, big)
+    assert s["8b_b1_decode_vs_read"] == 1.2 and s["8b_b1_verify16_vs_decode"] == 1.08
