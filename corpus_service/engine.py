@@ -123,6 +123,15 @@ class NgramCorpus:
         tokens, parents, probs, counts = self._native.draft([_rid(r) for r in req_ids], budget)
         return DraftBatch(tokens, parents, probs, counts)
 
+    def draft_compact(
+        self, req_ids: Sequence[ReqId], budget: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The trees of ``draft`` without padding: ``(counts int32 [n], tokens int32 [sum],
+        parents int32 [sum], probs float32 [sum])``; request i's nodes follow request i-1's and its
+        parents index within its own tree (the service's wire layout)."""
+        budget = _check_budget(budget)
+        return self._native.draft_compact([_rid(r) for r in req_ids], budget)
+
     def finish(self, req_id: ReqId) -> None:
         """Ends a request: its remaining committed tokens go to the learned corpus."""
         self._native.finish(_rid(req_id))
@@ -143,9 +152,22 @@ class NgramCorpus:
         token_ids: np.ndarray | Sequence[Sequence[int]],
         lengths: np.ndarray | Sequence[int] | None = None,
     ) -> None:
-        """Extends many requests: ``token_ids`` is a list of sequences, or a 2-D array whose row i
-        holds ``lengths[i]`` tokens (padding after them is ignored)."""
-        if isinstance(token_ids, np.ndarray) and token_ids.ndim == 2:
+        """Extends many requests: ``token_ids`` is a list of sequences, a 2-D array whose row i holds
+        ``lengths[i]`` tokens (padding after them is ignored), or a 1-D array of all the runs
+        concatenated with their ``lengths``."""
+        if isinstance(token_ids, np.ndarray) and token_ids.ndim == 1 and lengths is not None:
+            # Already concatenated: row i is the next lengths[i] tokens (the cheapest form).
+            lengths = np.asarray(lengths, dtype=np.int64)
+            if lengths.shape != (len(req_ids),) or (lengths.size and lengths.min() < 0):
+                raise ValueError(f"extend_batch: expected {len(req_ids)} lengths >= 0, got shape {list(lengths.shape)}")
+            if int(lengths.sum()) != token_ids.size:
+                raise ValueError(f"extend_batch: lengths add up to {int(lengths.sum())} but {token_ids.size} tokens were given")
+            if token_ids.size and token_ids.dtype.kind not in "iu":
+                raise ValueError(f"extend_batch: expected an integer array, got dtype {token_ids.dtype}")
+            if token_ids.size and (token_ids.min() < 0 or token_ids.max() > np.iinfo(np.int32).max):
+                raise ValueError("extend_batch: token ids must be in [0, 2^31)")
+            flat = np.ascontiguousarray(token_ids, dtype=np.int32)
+        elif isinstance(token_ids, np.ndarray) and token_ids.ndim == 2:
             if lengths is None:
                 lengths = np.full(token_ids.shape[0], token_ids.shape[1])
             lengths = np.asarray(lengths)
@@ -164,7 +186,7 @@ class NgramCorpus:
             flat = token_ids[keep].astype(np.int32)  # row-major: row i's first lengths[i] tokens
         else:
             if lengths is not None:
-                raise ValueError("extend_batch: lengths is only for a 2-D token array")
+                raise ValueError("extend_batch: lengths needs a 1-D or 2-D token array")
             rows = list(token_ids)
             if len(rows) != len(req_ids):
                 raise ValueError(f"extend_batch: {len(req_ids)} request ids but {len(rows)} token sequences")

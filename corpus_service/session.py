@@ -23,17 +23,8 @@ _UMAX = np.maximum.reduce
 
 
 def extend_packed(corpus: NgramCorpus, req_ids: list[str], lengths: np.ndarray, tokens: np.ndarray) -> None:
-    """``corpus.extend_batch`` for runs already concatenated: through the engine's [n, L] array form
-    (a few vectorized numpy calls; the list form checks each run in Python, ~8 us a request). Very
-    uneven runs, where the padding would dwarf the tokens, go as a list of views instead."""
-    n = len(req_ids)
-    width = int(lengths.max()) if n else 0
-    if n * width > 4 * tokens.size + 4096:
-        corpus.extend_batch(req_ids, wire.split_flat(lengths, tokens))
-        return
-    padded = np.zeros((n, width), np.int32)
-    padded[np.arange(width, dtype=np.int32)[None, :] < lengths[:, None]] = tokens
-    corpus.extend_batch(req_ids, padded, lengths)
+    """``corpus.extend_batch`` for runs already concatenated: the engine's flat form, one native call."""
+    corpus.extend_batch(req_ids, tokens, lengths)
 
 
 def _checked_id_set(ids: list[str], field: str, max_batch: int) -> set[str]:
@@ -209,9 +200,9 @@ class Session:
     def draft(self, corpus: NgramCorpus, step: Step, out: pb.SessionResponse) -> int:
         """Drafts a step's trees into ``out.drafts``; returns the drafted nodes."""
         p = self.prefix
-        batch = corpus.draft([p + rid for rid in step.draft], step.budget)
-        wire.pack_drafts(out.drafts, batch)
-        return int(batch.counts.sum())
+        counts, tokens, parents, probs = corpus.draft_compact([p + rid for rid in step.draft], step.budget)
+        wire.pack_compact_drafts(out.drafts, step.budget, counts, tokens, parents, probs)
+        return int(tokens.size)
 
     def close(self) -> None:
         """The stream ended: its live requests are finished (their tokens stay learned)."""

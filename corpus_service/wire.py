@@ -100,20 +100,13 @@ def _kept(counts: np.ndarray, budget: int) -> np.ndarray:
     return np.flatnonzero(np.arange(budget, dtype=np.int32)[None, :] < counts[:, None])
 
 
-def pack_drafts(msg: pb.DraftTrees, batch: DraftBatch) -> None:
-    """Unpadded trees: only the first counts[i] nodes of each row travel."""
-    counts = batch.counts
-    budget = batch.tokens.shape[1] if batch.tokens.ndim == 2 else 0
+def pack_compact_drafts(msg: pb.DraftTrees, budget: int, counts: np.ndarray, tokens: np.ndarray,
+                        parents: np.ndarray, probs: np.ndarray) -> None:
+    """``NgramCorpus.draft_compact``'s arrays are the wire layout already: no padding to strip."""
     msg.budget = budget
     msg.counts = pack(counts)
-    if counts.size and int(counts.min()) == budget:  # full rows: the padded arrays are the payload
-        msg.tokens, msg.parents = pack(batch.tokens), pack(batch.parents)
-        msg.probs = pack(batch.probs, F32)
-        return
-    keep = _kept(counts, budget)
-    msg.tokens = pack(batch.tokens.reshape(-1).take(keep))
-    msg.parents = pack(batch.parents.reshape(-1).take(keep))
-    msg.probs = pack(batch.probs.reshape(-1).take(keep), F32)
+    msg.tokens, msg.parents = pack(tokens), pack(parents)
+    msg.probs = pack(probs, F32)
 
 
 def unpack_drafts(msg: pb.DraftTrees, n: int) -> DraftBatch:

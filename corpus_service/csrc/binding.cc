@@ -110,6 +110,19 @@ PYBIND11_MODULE(_native, m) {
                                    to_array(std::move(d.probs), {n, budget}),
                                    to_array(std::move(d.counts), {n}));
            })
+      .def("draft_compact",
+           [](Corpus& c, py::handle ids_obj, int budget) {
+             auto ids = to_ids(ids_obj, "req_ids");
+             DraftOutput d;
+             {
+               py::gil_scoped_release nogil;
+               c.draft_compact(ids, budget, &d);
+             }
+             auto n = static_cast<py::ssize_t>(ids.size());
+             auto total = static_cast<py::ssize_t>(d.tokens.size());
+             return py::make_tuple(to_array(std::move(d.counts), {n}), to_array(std::move(d.tokens), {total}),
+                                   to_array(std::move(d.parents), {total}), to_array(std::move(d.probs), {total}));
+           })
       .def("draft_flat",
            [](Corpus& c, py::handle ids_obj, int k) {
              auto ids = to_ids(ids_obj, "req_ids");

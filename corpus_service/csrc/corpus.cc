@@ -313,35 +313,53 @@ void Corpus::draft_one(RequestState& rs, int budget, const std::vector<std::shar
 }
 
 void Corpus::draft(const std::vector<std::string>& ids, int budget, DraftOutput* out) {
+  draft_batch(ids, budget, true, out);
+}
+
+void Corpus::draft_compact(const std::vector<std::string>& ids, int budget, DraftOutput* out) {
+  draft_batch(ids, budget, false, out);
+}
+
+void Corpus::draft_batch(const std::vector<std::string>& ids, int budget, bool pad, DraftOutput* out) {
   if (budget < 1 || budget > 1024)
     throw std::invalid_argument("budget must be in [1, 1024], got " + std::to_string(budget));
   std::vector<std::shared_ptr<RequestState>> states;
   states.reserve(ids.size());
   for (auto& id : ids) states.push_back(get(id));  // all ids checked before any work
   auto ext = externals_snapshot();
-  out->tokens.assign(ids.size() * budget, -1);
-  out->parents.assign(ids.size() * budget, -1);
-  out->probs.assign(ids.size() * budget, 0.f);
   out->counts.assign(ids.size(), 0);
+  if (pad) {
+    out->tokens.assign(ids.size() * budget, -1);
+    out->parents.assign(ids.size() * budget, -1);
+    out->probs.assign(ids.size() * budget, 0.f);
+  } else {
+    out->tokens.clear(), out->parents.clear(), out->probs.clear();
+  }
   thread_local DraftTree tree;
-  thread_local std::vector<int32_t> t, p;
-  thread_local std::vector<float> pr;
   const int64_t t0 = now_ns();
   { std::lock_guard<std::mutex> turn(turnstile_); }  // a waiting writer goes first (see corpus.h)
   std::shared_lock<std::shared_mutex> lg(learned_mu_);
   uint64_t nodes = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
-    t.clear(), p.clear(), pr.clear();
+    const size_t before = out->tokens.size();
     {
       std::lock_guard<std::mutex> g(states[i]->mu);
       states[i]->touch();
-      draft_one(*states[i], budget, ext, tree, t, p, pr);
+      if (pad) {
+        thread_local std::vector<int32_t> t, p;
+        thread_local std::vector<float> pr;
+        t.clear(), p.clear(), pr.clear();
+        draft_one(*states[i], budget, ext, tree, t, p, pr);
+        std::copy(t.begin(), t.end(), out->tokens.begin() + i * budget);
+        std::copy(p.begin(), p.end(), out->parents.begin() + i * budget);
+        std::copy(pr.begin(), pr.end(), out->probs.begin() + i * budget);
+        out->counts[i] = static_cast<int32_t>(t.size());
+      } else {
+        draft_one(*states[i], budget, ext, tree, out->tokens, out->parents, out->probs);
+        out->counts[i] = static_cast<int32_t>(out->tokens.size() - before);
+      }
     }
-    std::copy(t.begin(), t.end(), out->tokens.begin() + i * budget);
-    std::copy(p.begin(), p.end(), out->parents.begin() + i * budget);
-    std::copy(pr.begin(), pr.end(), out->probs.begin() + i * budget);
-    out->counts[i] = static_cast<int32_t>(t.size());
-    nodes += t.size();
+    nodes += static_cast<uint64_t>(out->counts[i]);
   }
   n_drafts_ += ids.size();
   n_draft_nodes_ += nodes;

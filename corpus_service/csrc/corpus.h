@@ -83,6 +83,8 @@ class Corpus {
   // Drafts at most `budget` nodes per request: tokens/parents/probs padded to budget per row
   // (padding token -1, parent -1, prob 0), counts per request.
   void draft(const std::vector<std::string>& ids, int budget, DraftOutput* out);
+  // The same trees unpadded: request i's counts[i] nodes follow request i-1's (the wire layout).
+  void draft_compact(const std::vector<std::string>& ids, int budget, DraftOutput* out);
   // SGLang's flattened form: K = budget + 1 tokens per request starting with the last token,
   // padded with token 0 under the root; mask[i][j] = 1 iff j is i or an ancestor of i.
   void draft_flat(const std::vector<std::string>& ids, int k, std::vector<int64_t>* tokens,
@@ -117,6 +119,7 @@ class Corpus {
   std::shared_ptr<RequestState> new_state(bool learn);
   void check_request_size(size_t have, size_t more) const;
   void release(std::shared_ptr<RequestState> rs);
+  void draft_batch(const std::vector<std::string>& ids, int budget, bool pad, DraftOutput* out);
   void draft_one(RequestState& rs, int budget, const std::vector<std::shared_ptr<const TokenIndex>>& ext,
                  DraftTree& tree, std::vector<int32_t>& tokens, std::vector<int32_t>& parents,
                  std::vector<float>& probs);

@@ -305,3 +305,21 @@ def test_request_size_is_bounded():
         c.extend_batch(["a"], [[1, 2, 3]])
     c.extend("a", [1, 2])  # exactly at the bound is fine
     c.check_integrity()
+
+
+def test_draft_compact_is_draft_without_padding():
+    c = NgramCorpus()
+    rng = np.random.default_rng(11)
+    ids = [f"r{i}" for i in range(6)]
+    c.start_requests(ids, [rng.integers(0, 8, 40) for _ in ids])
+    c.start_request("empty", [999])
+    ids.append("empty")
+    d = c.draft(ids, 9)
+    counts, tokens, parents, probs = c.draft_compact(ids, 9)
+    keep = np.arange(9)[None, :] < d.counts[:, None]
+    assert (counts == d.counts).all() and counts[-1] == 0
+    assert (tokens == d.tokens[keep]).all() and (parents == d.parents[keep]).all() and (probs == d.probs[keep]).all()
+    flat = np.arange(30).astype(np.int32)
+    c.extend_batch(ids[:3], flat[:6], [1, 2, 3])
+    with pytest.raises(ValueError, match="add up to"):
+        c.extend_batch(ids[:3], flat[:6], [1, 2, 2])

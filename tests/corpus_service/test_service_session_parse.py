@@ -254,7 +254,8 @@ def test_pack_runs_and_drafts_match_the_previous_encoding():
         parents = np.where(tokens >= 0, rng.integers(-1, 3, (n, budget)), -1).astype(np.int32)
         probs = np.where(tokens >= 0, rng.random((n, budget)), 0).astype(np.float32)
         msg = pb.DraftTrees()
-        wire.pack_drafts(msg, DraftBatch(tokens, parents, probs, counts))
+        keep = tokens >= 0
+        wire.pack_compact_drafts(msg, budget, counts, tokens[keep], parents[keep], probs[keep])
         got, ref = wire.unpack_drafts(msg, n), ref_unpack_drafts(msg, n)
         for x, y in zip((got.tokens, got.parents, got.probs, got.counts), (ref.tokens, ref.parents, ref.probs, ref.counts)):
             assert x.shape == y.shape and x.dtype == y.dtype and (x == y).all()
