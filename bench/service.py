@@ -203,7 +203,7 @@ def step_message_sizes(traces, batch: int, budget: int) -> tuple[int, int]:
     req.draft.req_ids.extend(rids)
     req.draft.budget = budget
     resp = pb.SessionResponse(seq=1000)
-    wire.pack_drafts(resp.drafts, eng.draft(rids, budget))
+    wire.pack_compact_drafts(resp.drafts, budget, *eng.draft_compact(rids, budget))
     return req.ByteSize(), resp.ByteSize()
 
 
