@@ -27,7 +27,7 @@ import numpy as np
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2_grpc as pb_grpc
 from corpus_service.circuit_breaker import CircuitBreaker
-from corpus_service.client_policy import CHANNEL_OPTIONS, RetryPolicy, check_response, decode_drafts
+from corpus_service.client_policy import CHANNEL_OPTIONS, RetryPolicy, decode_drafts, settle_step
 from corpus_service.engine import DraftBatch
 from corpus_service.errors import (TRANSIENT, CorpusDeadlineExceeded, CorpusError, CorpusUnavailable,
                                    from_rpc_error)
@@ -192,15 +192,7 @@ class CorpusClient:
                         time.sleep(self.retry.delay(attempt))
                         continue
                 raise
-            self.breaker.record_success()
-            try:
-                check_response(resp)
-            except CorpusError:
-                self._log.discard()
-                raise
-            stream.replayed = True
-            self._log.commit()
-            return resp
+            return settle_step(self.breaker, self._log, stream, resp)
         raise AssertionError("unreachable")
 
     def _drop_stream(self) -> None:

@@ -49,6 +49,20 @@ def check_response(resp: pb.SessionResponse) -> None:
         raise to_exception(code_from_value(resp.error.code), resp.error.message)
 
 
+def settle_step(breaker, log, stream, resp: pb.SessionResponse) -> pb.SessionResponse:
+    """A step's reply arrived: the transport worked (breaker), then the step was refused (the log
+    drops it and the error is raised) or applied (the log commits it; the session is replayed)."""
+    breaker.record_success()
+    try:
+        check_response(resp)
+    except CorpusError:
+        log.discard()
+        raise
+    stream.replayed = True
+    log.commit()
+    return resp
+
+
 def decode_drafts(resp: pb.SessionResponse, n: int) -> DraftBatch:
     if n == 0:
         return DraftBatch(*(wire.np.zeros((0, 0), dt) for dt in ("int32", "int32", "float32")), wire.np.zeros(0, "int32"))
