@@ -194,5 +194,14 @@ def test_bad_raw_messages_on_every_rpc(server, stub):
     expect(C.INVALID_ARGUMENT, stub.LoadExternalCorpus, iter([pb.ExternalChunk(namespace="small", name="x", tokens=wire.pack([1, 2000]))]))
     assert "x" not in stub.ListExternalCorpora(pb.ListExternalCorporaRequest(namespace="small")).corpora
     expect(C.RESOURCE_EXHAUSTED, stub.BatchPut, pb.BatchPutRequest(namespace="default", tokens=b"\0" * (65 << 20)))
-    expect(C.DEADLINE_EXCEEDED, lambda r, timeout: stub.Stats(r, timeout=1e-6), pb.StatsRequest())
+
+    # A session whose client stalls past its deadline ends with DEADLINE_EXCEEDED and the
+    # server drops its state; the server must stay healthy afterwards.
+    def stalled():
+        yield pb.SessionRequest(seq=1, namespace="default", start=pb.TokenRuns(req_ids=["s"], lengths=wire.pack([2]), tokens=wire.pack([1, 2])))
+        time.sleep(1.0)
+
+    with pytest.raises(grpc.RpcError) as e:
+        list(stub.Session(stalled(), timeout=0.3))
+    assert e.value.code() == C.DEADLINE_EXCEEDED
     assert stub.Stats(pb.StatsRequest(), timeout=5).namespaces["default"].values["learned_bytes"] > 0  # alive
