@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from verifier.drafter import Drafter  # noqa: E402
 from verifier.engine import Engine, EngineConfig  # noqa: E402
 from verifier.model import ForwardBatch, KVCache, ModelConfig, build_model, load_model  # noqa: E402
+from verifier.model.cuda_graphs import GraphRunner  # noqa: E402
 from verifier.model.loader import DTYPES  # noqa: E402
 from verifier.sampling import SamplingParams  # noqa: E402
 
@@ -111,7 +112,8 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
     t0 = time.perf_counter()
     lm = load_model(args.gguf, device, dtype)
     sync(device)
-    res: dict = {"model": lm.name, "params_M": round(lm.model.config.num_params / 1e6, 1), "dtype": str(dtype),
+    res: dict = {"cuda_graphs": device.type == "cuda" and not args.eager,
+                 "model": lm.name, "params_M": round(lm.model.config.num_params / 1e6, 1), "dtype": str(dtype),
                  "load_s": round(time.perf_counter() - t0, 2), "max_new": args.max_new, "budget": args.budget,
                  "max_budget": args.max_budget, "batches": {}}
     trace = data_dir(args.data_dir) / "traces" / TRACE
@@ -141,18 +143,24 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
             prompts = all_prompts[:max(B, args.min_prompts)]
             row: dict = {"prompts": len(prompts)}
             plain = Engine(lm.model, lm.codec, None, EngineConfig(max_batch=B, max_len=max_len, budget=0,
-                                                                  max_budget=args.max_budget))
+                                                                  max_budget=args.max_budget,
+                                                                  cuda_graphs=not args.eager))
             base = run_engine(plain, prompts, args.max_new)
             row["plain"] = {k: v for k, v in base.items() if k != "outputs"}
             del plain
             for mode in args.corpus:
                 if mode == "remote" and target is None:
                     continue
+                if mode == "remote":  # a fresh corpus per run, like the local mode's
+                    from corpus_service.client import CorpusClient
+
+                    with CorpusClient(target) as c:
+                        c.reset()
                 drafter = Drafter("local" if mode == "local" else target, vocab_size=V,
                                   draft_timeout_s=args.draft_timeout)
                 spec = Engine(lm.model, lm.codec, drafter,
                               EngineConfig(max_batch=B, max_len=max_len, budget=budget, max_budget=args.max_budget,
-                                           cost_probe_s=args.cost_probe_s))
+                                           cost_probe_s=args.cost_probe_s, cuda_graphs=not args.eager))
                 r = run_engine(spec, prompts, args.max_new)
                 n_diff, first = mismatches(base["outputs"], r["outputs"])
                 d = drafter.stats
@@ -208,17 +216,19 @@ def timed(device: torch.device, fn) -> float:
     return time.perf_counter() - t
 
 
-def forward_time(model, cache: KVCache, bs: int, T: int, prefix: int, repeats: int) -> float:
+def forward_time(model, cache: KVCache, bs: int, T: int, prefix: int, repeats: int, graphs=None) -> float:
     """Median seconds of one forward of bs requests x T tokens over a prefix (the engine's verify
-    forward: explicit boolean mask, logits of every token)."""
+    forward: explicit boolean mask, logits of every token), replayed from a CUDA graph when a
+    GraphRunner is given (as the engine's steps are)."""
     dev = model.device
     rows = (prefix + torch.arange(T, device=dev)).expand(bs, T)
     mask = torch.ones(bs, T, prefix + T, dtype=torch.bool, device=dev).tril(prefix)
     fb = ForwardBatch(rows, rows, torch.arange(bs, device=dev), prefix + T, mask, (0, bs))
     ids = torch.randint(0, model.config.vocab_size, (bs, T), device=dev)
-    model(ids, cache, fb)
+    run = (lambda: model(ids, cache, fb)) if graphs is None else (lambda: graphs.forward(ids, fb))
+    run()
     sync(dev)
-    return statistics.median(timed(dev, lambda: model(ids, cache, fb)) for _ in range(repeats))
+    return statistics.median(timed(dev, run) for _ in range(repeats))
 
 
 def bench_8b(args, device: torch.device, dtype: torch.dtype) -> dict:
@@ -231,24 +241,27 @@ def bench_8b(args, device: torch.device, dtype: torch.dtype) -> dict:
     bw = copy_bandwidth(device, args.copy_bytes)
     read_s = weight_bytes / bw
     K_list, B_list, prefix = args.ks, args.batches_8b, args.prefix
-    cache = KVCache(cfg.num_layers, max(B_list), prefix + max(K_list) + 1, cfg.num_kv_heads, cfg.head_dim, device, dtype)
+    use_graphs = device.type == "cuda" and not args.eager
+    cache = KVCache(cfg.num_layers, max(B_list) + use_graphs, prefix + max(K_list) + 1, cfg.num_kv_heads,
+                    cfg.head_dim, device, dtype)
+    graphs = GraphRunner(model, cache, max(B_list), max(B_list), min_kv=prefix) if use_graphs else None
     res: dict = {"preset": args.preset_8b, "num_layers": cfg.num_layers, "dtype": str(dtype),
                  "build_s": round(time.perf_counter() - t0, 2), "weight_GB": round(weight_bytes / 1e9, 3),
                  "copy_bw_TBps": round(bw / 1e12, 3), "weight_read_ms": round(read_s * 1e3, 3), "prefix": prefix,
-                 "repeats": args.repeats, "step_ms": {}, "vs_decode": {}, "decode_vs_weight_read": {}}
+                 "repeats": args.repeats, "cuda_graphs": use_graphs, "step_ms": {}, "vs_decode": {}, "decode_vs_weight_read": {}}
     for B in B_list:
-        dec = forward_time(model, cache, B, 1, prefix, args.repeats)
+        dec = forward_time(model, cache, B, 1, prefix, args.repeats, graphs)
         res["step_ms"][str(B)] = {"1": round(dec * 1e3, 3)}
         res["vs_decode"][str(B)] = {}
         res["decode_vs_weight_read"][str(B)] = round(dec / read_s, 3)
         for K in K_list:
             if K == 1:
                 continue
-            t = forward_time(model, cache, B, K, prefix, args.repeats)
+            t = forward_time(model, cache, B, K, prefix, args.repeats, graphs)
             res["step_ms"][str(B)][str(K)] = round(t * 1e3, 3)
             res["vs_decode"][str(B)][str(K)] = round(t / dec, 3)
         print(f"8b batch {B}: step ms {res['step_ms'][str(B)]}", flush=True)
-    del model, cache
+    del model, cache, graphs
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return res
@@ -296,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-budget", type=int, default=15)
     p.add_argument("--cost-probe-s", type=float, default=3.0)
     p.add_argument("--draft-timeout", type=float, default=0.05, help="remote drafts: seconds waited per step")
+    p.add_argument("--eager", action="store_true", help="no CUDA graphs (eager forwards, as before them)")
     p.add_argument("--skip-smol", action="store_true")
     p.add_argument("--skip-8b", action="store_true")
     p.add_argument("--preset-8b", default="llama-3-8b")

@@ -23,6 +23,7 @@ from .budget import BudgetPolicy, CostModel
 from .cost_probe import measure_cost_model
 from .drafter import Drafter
 from .model import ForwardBatch, KVCache, TextCodec, Transformer
+from .model.cuda_graphs import GraphRunner
 from .request import Request, Status, append_tokens
 from .sampling import SamplingParams, sample, target_probs
 from .scheduler import Scheduler
@@ -38,6 +39,7 @@ class EngineConfig:
     budget: int | None = None  # draft nodes per request; None = adaptive (cost model + acceptance)
     max_budget: int = 15
     cost_probe_s: float = 10.0  # start-up time allowed for measuring the cost model
+    cuda_graphs: bool = True  # replay captured graphs for decode/verify forwards (CUDA only)
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_batch <= 4096:
@@ -67,14 +69,18 @@ class Engine:
         self.model, self.codec, self.drafter, self.config = model, codec, drafter, config
         mc = model.config
         self.device = model.device
-        self.cache = KVCache(mc.num_layers, config.max_batch, config.max_len, mc.num_kv_heads, mc.head_dim,
-                             self.device, model.dtype)
+        use_graphs = config.cuda_graphs and self.device.type == "cuda"
+        # With graphs, one extra slot takes the K/V of the padding rows of a batch bucket.
+        self.cache = KVCache(mc.num_layers, config.max_batch + use_graphs, config.max_len, mc.num_kv_heads,
+                             mc.head_dim, self.device, model.dtype)
+        self.graphs = GraphRunner(model, self.cache, config.max_batch, config.max_batch) if use_graphs else None
         self.scheduler = Scheduler(config.max_batch)
         self.eos_ids = tuple(codec.eos_token_ids or mc.eos_token_ids)
         fixed = 0 if drafter is None else config.budget
         if fixed is None and cost is None:
             cost = measure_cost_model(model, self.cache, config.max_batch, config.max_budget + 1,
-                                      time_budget_s=config.cost_probe_s)
+                                      time_budget_s=config.cost_probe_s,
+                                      forward=None if self.graphs is None else self.graphs.forward)
         self.policy = BudgetPolicy(config.max_budget, fixed, cost)
         self.stats = EngineStats()
         self._inbox: deque[Request] = deque()
@@ -248,10 +254,12 @@ class Engine:
         consecutive = slots == list(range(slots[0], slots[0] + bs))
         write_rows = tb.prefix_lens[:, None] + torch.arange(K, device=dev)
         kv_len = max(r.cache_len for r in running) + K
+        if self.graphs is not None:
+            kv_len = self.graphs.kv_bucket(kv_len)
         fb = ForwardBatch(tb.indices.positions.view(bs, K), write_rows, torch.tensor(slots, device=dev), kv_len,
                           kernels.tree_attention_mask(tb.mask, tb.prefix_lens, kv_len),
                           (slots[0], bs) if consecutive else None)
-        logits = self.model(tb.tokens, self.cache, fb)  # [bs, K, V]
+        logits = self.model(tb.tokens, self.cache, fb) if self.graphs is None else self.graphs.forward(tb.tokens, fb)
         idx = tb.indices
         if all(r.params.greedy for r in running):
             res = kernels.verify_tree_greedy(tb.tokens, idx.retrive_index, idx.retrive_next_token,

@@ -1,0 +1,84 @@
+"""The CUDA-graph runner's padded forward: batch rows padded to a bucket write only into the
+scratch slot, KV buckets attend nothing extra, and the logits of the real rows equal the eager
+forward's. On the CPU the runner computes exactly what a graph would replay (without capturing);
+on a CUDA machine the same checks run against captured graphs (``-m gpu``)."""
+
+import pytest
+import torch
+
+from verifier.model import ForwardBatch, KVCache, ModelConfig, build_model
+from verifier.model.cuda_graphs import GraphRunner, next_bucket, pow2_buckets
+
+CFG = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
+MAX_BATCH, MAX_LEN = 5, 64
+
+
+def test_buckets():
+    assert pow2_buckets(1, 5) == (1, 2, 4, 5) and pow2_buckets(16, 64) == (16, 32, 64)
+    assert next_bucket(3, (1, 2, 4, 5)) == 4 and next_bucket(5, (1, 2, 4, 5)) == 5
+    with pytest.raises(ValueError, match="largest bucket"):
+        next_bucket(6, (1, 2, 4, 5))
+
+
+def _setup(device):
+    torch.manual_seed(0)
+    model = build_model(CFG, None, device, torch.float32)
+    caches = [KVCache(2, MAX_BATCH + 1, MAX_LEN, 2, 8, device, torch.float32) for _ in range(2)]
+    for c in caches:  # distinct, recognizable contents in every slot
+        c.data.copy_(torch.randn(c.data.shape, generator=torch.Generator().manual_seed(1)).to(device))
+    return model, caches
+
+
+def _step(device, slots, prefixes, K, kv_len):
+    bs = len(slots)
+    prefix = torch.tensor(prefixes, device=device)
+    rows = prefix[:, None] + torch.arange(K, device=device)
+    tree = torch.ones(K, K, dtype=torch.bool, device=device).tril()  # a chain
+    mask = torch.zeros(bs, K, kv_len, dtype=torch.bool, device=device)
+    for b, p in enumerate(prefixes):
+        mask[b, :, :p] = True
+        mask[b, :, p:p + K] = tree
+    ids = torch.randint(0, CFG.vocab_size, (bs, K), device=device)
+    return ids, ForwardBatch(rows, rows, torch.tensor(slots, device=device), kv_len, mask, None)
+
+
+def _check(device, capture):
+    model, (eager_cache, graph_cache) = _setup(device)
+    runner = GraphRunner(model, graph_cache, MAX_BATCH, scratch_slot=MAX_BATCH, min_kv=16, capture=capture)
+    # Batches that shrink within one bucket (stale rows must become padding), non-consecutive
+    # slots, and several K / KV buckets.
+    for slots, prefixes, K in [([3, 0, 4], [20, 5, 9], 4), ([2], [30], 4), ([4, 1, 2, 0], [7, 17, 3, 40], 1), ([3, 0, 1], [33, 2, 9], 1),
+                               ([1, 3], [11, 2], 7), ([0, 1, 2, 3, 4], [1, 2, 3, 4, 5], 3)]:
+        kv_len = max(prefixes) + K
+        ids, fb = _step(device, slots, prefixes, K, kv_len)
+        want = model(ids, eager_cache, fb)
+        fb_bucket = ForwardBatch(fb.positions, fb.write_rows, fb.slots, runner.kv_bucket(kv_len),
+                                 torch.nn.functional.pad(fb.mask, (0, runner.kv_bucket(kv_len) - kv_len)), None)
+        got = runner.forward(ids, fb_bucket if K != 3 else fb)  # K = 3: the runner pads the mask itself
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        # Every request slot holds exactly what the eager forward wrote; only the scratch slot differs.
+        real = eager_cache._view[:, :MAX_BATCH]
+        torch.testing.assert_close(graph_cache._view[:, :MAX_BATCH], real, rtol=1e-5, atol=1e-5)
+    assert runner.num_graphs >= 4
+
+
+def test_padded_forward_matches_eager_cpu():
+    _check("cpu", capture=False)
+
+
+def test_runner_rejects_prefill_and_bad_scratch():
+    model, (cache, _) = _setup("cpu")
+    with pytest.raises(ValueError, match="scratch_slot"):
+        GraphRunner(model, cache, MAX_BATCH, scratch_slot=MAX_BATCH + 1)
+    runner = GraphRunner(model, cache, MAX_BATCH, scratch_slot=MAX_BATCH)
+    rows = torch.arange(4)[None]
+    with pytest.raises(ValueError, match="explicit mask"):
+        runner.forward(torch.zeros(1, 4, dtype=torch.int64), ForwardBatch(rows, rows, torch.tensor([0]), 4))
+
+
+@pytest.mark.gpu
+def test_captured_graphs_match_eager_cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    _check("cuda", capture=True)
