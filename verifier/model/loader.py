@@ -13,7 +13,7 @@ import torch
 from .config import ModelConfig
 from .gguf_loader import load_gguf
 from .tokenizer import TextCodec, codec_from_gguf, codec_from_hf_dir
-from .transformer import Transformer
+from .transformer import Transformer, fuse_state_dict
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -64,6 +64,7 @@ def build_model(cfg: ModelConfig, state: dict[str, torch.Tensor] | None, device:
         return model.eval()
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
+    state = fuse_state_dict(state, cfg)
     expected = set(model.state_dict())
     missing, unexpected = expected - set(state), set(state) - expected
     if missing or unexpected:

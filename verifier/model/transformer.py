@@ -45,28 +45,31 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        # Normalized in float32, rounded to the model's dtype, then scaled (as HF Llama does);
+        # F.rms_norm is one kernel where torch fuses it, instead of six.
+        h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * h.to(x.dtype)
 
 
 class Attention(nn.Module):
+    """q, k and v come from one fused projection (``qkv_proj``: rows q, then k, then v), and RoPE
+    rotates q and k in one pass: fewer, larger kernels (a step of a small model is bound by the
+    number of kernels, not by their work)."""
+
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         self.layer, self.cfg = layer, cfg
         h, d = cfg.hidden_size, cfg.head_dim
-        self.q_proj = nn.Linear(h, cfg.num_heads * d, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=cfg.attention_bias)
+        self.qkv_proj = nn.Linear(h, (cfg.num_heads + 2 * cfg.num_kv_heads) * d, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, fb: ForwardBatch) -> Tensor:
         bs, T, _ = x.shape
         cfg = self.cfg
-        q = self.q_proj(x).view(bs, T, cfg.num_heads, cfg.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(bs, T, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(bs, T, cfg.num_kv_heads, cfg.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin).transpose(1, 2)
+        H, Hkv = cfg.num_heads, cfg.num_kv_heads
+        qkv = self.qkv_proj(x).view(bs, T, H + 2 * Hkv, cfg.head_dim)
+        qk = apply_rope(qkv[:, :, :H + Hkv], cos, sin)  # [bs, T, H + Hkv, D]
+        q, k, v = qk[:, :, :H].transpose(1, 2), qk[:, :, H:], qkv[:, :, H + Hkv:]
         cache.write(self.layer, fb.slots, fb.write_rows, k, v)
         keys, values = cache.read(self.layer, fb.slots, fb.kv_len, fb.slot_range)  # [bs, Hkv, L, D]
         mask = None if fb.mask is None else fb.mask[:, None]
@@ -76,14 +79,16 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """SwiGLU with gate and up fused into one projection (``gate_up_proj``: gate rows, then up)."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -100,8 +105,8 @@ class DecoderLayer(nn.Module):
 
 
 class Transformer(nn.Module):
-    """Parameter names follow HF's LlamaForCausalLM (``model.`` prefix dropped), so a safetensors
-    state dict loads after stripping that prefix."""
+    """Parameter names follow HF's LlamaForCausalLM (``model.`` prefix dropped) except for the
+    fused projections; ``fuse_state_dict`` maps an HF state dict to them."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -129,7 +134,7 @@ class Transformer(nn.Module):
     def forward(self, input_ids: Tensor, cache: KVCache, fb: ForwardBatch, last_only: bool = False) -> Tensor:
         """Logits [bs, T, V] (float32), or [bs, 1, V] of the last position with ``last_only``."""
         cos_all, sin_all = self.rope(cache.max_len)
-        cos, sin = cos_all[fb.positions][:, None], sin_all[fb.positions][:, None]  # [bs, 1, T, D]
+        cos, sin = cos_all[fb.positions][:, :, None], sin_all[fb.positions][:, :, None]  # [bs, T, 1, D]
         x = self.embed_tokens(input_ids)
         for layer in self.layers:
             x = layer(x, cos, sin, cache, fb)
@@ -138,3 +143,18 @@ class Transformer(nn.Module):
         x = self.norm(x)
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(x, w).float()
+
+
+def fuse_state_dict(state: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
+    """HF-named weights (q/k/v_proj, gate/up_proj) -> this model's fused projections."""
+    out = dict(state)
+    for i in range(cfg.num_layers):
+        a, m = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
+        for kind in ("weight", "bias"):
+            names = [f"{a}{p}_proj.{kind}" for p in "qkv"]
+            if all(n in out for n in names):
+                out[f"{a}qkv_proj.{kind}"] = torch.cat([out.pop(n) for n in names], dim=0)
+        names = [f"{m}gate_proj.weight", f"{m}up_proj.weight"]
+        if all(n in out for n in names):
+            out[f"{m}gate_up_proj.weight"] = torch.cat([out.pop(n) for n in names], dim=0)
+    return out
