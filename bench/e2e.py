@@ -11,6 +11,15 @@ Part 2, a Llama-3-8B-shaped decoder with random bf16 weights: forward times of a
 (1 token per request) and of verifying K tokens per request, prefix ~512, against the time of
 reading the weights once (weight bytes / copy bandwidth measured with a large device copy).
 
+Part 3, structured output (``bench/structured_workload.py``): record extraction into a JSON schema
+on SmolLM2, greedy, at each --structured-batches size: tokens/s without a grammar, with the grammar
+plain, and with the grammar and speculation (local corpus); whether the speculative outputs are
+identical to the plain ones, how many validate, and how many draft nodes the grammar pruned.
+
+Part 4, penalties (``bench/penalty_workload.py``): the Spec-Bench prompts with presence, frequency
+and repetition penalties at each --penalty-batches size: greedy tokens/s without penalties, plain
+and speculative (identical or not), and sampled plain vs speculative.
+
 Prints one JSON summary line and writes the full results to --out. CPU smoke:
     python bench/e2e.py --device cpu --dtype float32 --batches 1 --max-new 8 --skip-8b
 """
@@ -37,6 +46,9 @@ from verifier.model import ForwardBatch, KVCache, ModelConfig, build_model, load
 from verifier.model.cuda_graphs import GraphRunner  # noqa: E402
 from verifier.model.loader import DTYPES  # noqa: E402
 from verifier.sampling import SamplingParams  # noqa: E402
+from verifier.structured_spec import GrammarSpec  # noqa: E402
+
+from bench import penalty_workload, structured_workload  # noqa: E402
 
 TRACE = "specbench_dev120_greedy.jsonl"
 
@@ -84,12 +96,15 @@ def mismatches(a: list[list[int]], b: list[list[int]]) -> tuple[int, list[int]]:
     return len(diff), first
 
 
-def run_engine(engine: Engine, prompts: list[list[int]], max_new: int) -> dict:
+def run_engine(engine: Engine, prompts: list[list[int]], max_new: int, params: SamplingParams | None = None,
+               reqs_out: list | None = None) -> dict:
     """Runs the prompts through the engine (continuous batching, max_batch at a time): tok/s etc."""
-    params = SamplingParams(max_tokens=max_new)
+    params = params or SamplingParams(max_tokens=max_new)
     sync(engine.device)
     t = time.perf_counter()
     reqs = engine.generate(prompts, params)
+    if reqs_out is not None:
+        reqs_out.extend(reqs)
     sync(engine.device)
     dt = time.perf_counter() - t
     outs = [r.output_ids for r in reqs]
@@ -267,10 +282,61 @@ def bench_8b(args, device: torch.device, dtype: torch.dtype) -> dict:
     return res
 
 
+# ---------------------------------------------------------------------------- part 3: structured output
+
+def bench_structured(args, device: torch.device, dtype: torch.dtype) -> dict:
+    lm = load_model(args.gguf, device, dtype)
+    V = lm.model.config.vocab_size
+    n_max = max(max(b, args.min_prompts) for b in args.structured_batches)
+    all_prompts = structured_workload.prompts(lm.codec, n_max)
+    max_len = max(map(len, all_prompts)) + args.structured_max_new + args.max_budget + 4
+    budget = None if args.budget == "auto" else int(args.budget)
+    free = SamplingParams(max_tokens=args.structured_max_new)
+    params = SamplingParams(max_tokens=args.structured_max_new, grammar=GrammarSpec.json_schema(structured_workload.SCHEMA))
+    res: dict = {"schema": structured_workload.SCHEMA, "max_new": args.structured_max_new, "batches": {}}
+
+    def config(B: int, b: int | None) -> EngineConfig:
+        return EngineConfig(max_batch=B, max_len=max_len, budget=b, max_budget=args.max_budget,
+                            cost_probe_s=args.cost_probe_s, cuda_graphs=not args.eager)
+
+    Engine(lm.model, lm.codec, None, config(2, 0)).generate(all_prompts[:2], params)  # warm-up (+ grammar tokenizer)
+    for B in args.structured_batches:
+        prompts = all_prompts[:max(B, args.min_prompts)]
+        row: dict = {"prompts": len(prompts)}
+        row["free"] = {k: v for k, v in run_engine(Engine(lm.model, lm.codec, None, config(B, 0)), prompts,
+                                                    0, free).items() if k != "outputs"}
+        plain_reqs, spec_reqs = [], []
+        base = run_engine(Engine(lm.model, lm.codec, None, config(B, 0)), prompts, 0, params, plain_reqs)
+        row["plain"] = {k: v for k, v in base.items() if k != "outputs"}
+        drafter = Drafter("local", vocab_size=V)
+        r = run_engine(Engine(lm.model, lm.codec, drafter, config(B, budget)), prompts, 0, params, spec_reqs)
+        n_diff, first = mismatches(base["outputs"], r["outputs"])
+        row["spec"] = {**{k: v for k, v in r.items() if k != "outputs"}, "speedup": ratio(r["tok_s"], base["tok_s"]),
+                       "identical": n_diff == 0, "outputs_differing": n_diff, "first_diff_pos": first,
+                       "pruned_nodes": sum(q.grammar.pruned_nodes for q in spec_reqs)}
+        row["grammar_vs_free"] = ratio(base["tok_s"], row["free"]["tok_s"])
+        row["valid"] = f"{sum(structured_workload.valid(q.text) for q in spec_reqs)}/{len(spec_reqs)}"
+        row["finish_stop"] = f"{sum(q.finish_reason == 'stop' for q in spec_reqs)}/{len(spec_reqs)}"
+        drafter.close()
+        res["batches"][str(B)] = row
+        print(f"structured batch {B}: " + json.dumps({"plain_tok_s": base["tok_s"], "spec_tok_s": r["tok_s"],
+                                                       "speedup": row["spec"]["speedup"], "mat": r["mat"],
+                                                       "identical": n_diff == 0, "valid": row["valid"]}), flush=True)
+    return res
+
+
 # ---------------------------------------------------------------------------- summary
 
-def summarize(smol: dict | None, big: dict | None) -> dict:
+def summarize(smol: dict | None, big: dict | None, structured: dict | None = None) -> dict:
     s: dict = {}
+    for B, row in (structured or {}).get("batches", {}).items():
+        s[f"json_b{B}_plain_tok_s"] = row["plain"]["tok_s"]
+        s[f"json_b{B}_spec_tok_s"] = row["spec"]["tok_s"]
+        s[f"json_b{B}_spec_x"] = row["spec"]["speedup"]
+        s[f"json_b{B}_spec_mat"] = row["spec"]["mat"]
+        s[f"json_b{B}_identical"] = row["spec"]["identical"]
+        s[f"json_b{B}_valid"] = row["valid"]
+        s[f"json_b{B}_grammar_vs_free"] = row["grammar_vs_free"]
     if smol:
         b = smol["batches"]
         for B, row in b.items():
@@ -312,6 +378,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eager", action="store_true", help="no CUDA graphs (eager forwards, as before them)")
     p.add_argument("--skip-smol", action="store_true")
     p.add_argument("--skip-8b", action="store_true")
+    p.add_argument("--skip-structured", action="store_true")
+    p.add_argument("--structured-batches", type=parse_ints, default=[1, 8, 64])
+    p.add_argument("--structured-max-new", type=int, default=128)
+    p.add_argument("--skip-penalties", action="store_true")
+    p.add_argument("--penalty-batches", type=parse_ints, default=[1, 8, 64])
     p.add_argument("--preset-8b", default="llama-3-8b")
     p.add_argument("--model-8b-layers", type=int, default=0, help="override num_layers (0: the preset's)")
     p.add_argument("--batches-8b", type=parse_ints, default=[1, 8, 64])
@@ -334,10 +405,17 @@ def main(argv: list[str] | None = None) -> int:
            "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     smol = None if args.skip_smol else bench_smollm2(args, device, dtype)
     big = None if args.skip_8b else bench_8b(args, device, dtype)
-    summary = summarize(smol, big)
+    structured = None if args.skip_structured else bench_structured(args, device, dtype)
+    penalties = None
+    if not args.skip_penalties:  # bench/penalty_workload.py: the Spec-Bench prompts with penalties
+        lm = load_model(args.gguf, device, dtype)
+        prompts = load_prompts(data_dir(args.data_dir) / "traces" / TRACE, max(max(args.penalty_batches), args.min_prompts))
+        penalties = penalty_workload.bench(args, lm, prompts, run_engine, mismatches, ratio)
+    summary = {**summarize(smol, big, structured), **penalty_workload.summarize(penalties)}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"env": env, "summary": summary, "smollm2": smol, "llama3_8b_shape": big}, indent=1) + "\n")
+    out.write_text(json.dumps({"env": env, "summary": summary, "smollm2": smol, "llama3_8b_shape": big,
+                               "structured": structured, "penalties": penalties}, indent=1) + "\n")
     print("SUMMARY " + json.dumps(summary), flush=True)
     return 0
 

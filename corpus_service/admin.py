@@ -5,7 +5,6 @@ No ``from __future__ import annotations`` here: FastAPI resolves route signature
 the dependency aliases are local to ``create_admin_app``."""
 
 
-import hmac
 import logging
 import time
 from typing import Annotated
@@ -17,14 +16,17 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from corpus_service.admin_schemas import (CorpusOut, ErrorResponse, JobOut, NamespaceOut, SnapshotOut, StatusOut)
+from corpus_service.admin_schemas import (CorpusOut, ErrorResponse, IntegrityOut, JobOut, NamespaceOut, SnapshotOut,
+                                          StatusOut)
+from corpus_service.auth import AuthError, Principal, Role
 from corpus_service.catalog import Catalog, CorpusConflict
 from corpus_service.persistence import check_corpus_name
+from corpus_service.rate_limit import RateLimited
 from corpus_service.service_state import ServiceState
 from corpus_service.uploads import FORMATS, UploadError
 
 log = logging.getLogger("corpus_service.admin")
-_ERRORS = {c: {"model": ErrorResponse} for c in (400, 401, 403, 404, 409, 413, 503)}
+_ERRORS = {c: {"model": ErrorResponse} for c in (400, 401, 403, 404, 409, 413, 429, 503)}
 
 
 def _error(status: int, code: str, message: str, headers: dict | None = None) -> JSONResponse:
@@ -34,29 +36,66 @@ def _error(status: int, code: str, message: str, headers: dict | None = None) ->
 def create_admin_app(state: ServiceState, catalog: Catalog) -> FastAPI:
     app = FastAPI(title="ngram-corpus admin", version="1", responses=_ERRORS,
                   description="External corpora, jobs, stats and snapshots of the shared n-gram draft corpus.")
-    token = state.config.admin_token
+    auth = state.auth
+    # Without tokens at all (loopback only: ServiceConfig refuses otherwise) every route is open;
+    # with only the admin token, reads stay open; with client tokens, every /v1 route needs one.
+    writes_need_token = auth.required or auth.has_admin_token
 
-    def require_token(authorization: Annotated[str | None, Header()] = None) -> None:
+    def authenticate(authorization: str | None) -> Principal:
+        try:
+            return auth.authenticate(authorization)
+        except AuthError as e:
+            state.metrics.auth_refused.labels("rest", str(e.http_status)).inc()
+            raise HTTPException(e.http_status, str(e),
+                                headers={"WWW-Authenticate": "Bearer"} if e.http_status == 401 else None) from None
+
+    def require(principal: Principal | None, role: Role, namespace: str | None = None) -> None:
+        if principal is None:
+            return
+        try:
+            principal.require(role, namespace) if namespace is not None else principal.require_all(role)
+        except AuthError as e:
+            state.metrics.auth_refused.labels("rest", "403").inc()
+            raise HTTPException(403, str(e)) from None
+
+    def read_caller(authorization: Annotated[str | None, Header()] = None) -> Principal | None:
+        return authenticate(authorization) if auth.required else None
+
+    def write_caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> Principal | None:
         if state.draining:
             raise HTTPException(503, "the corpus server is draining (shutting down)")
-        if token is None:  # only allowed on loopback (ServiceConfig refuses otherwise)
-            return
-        if not authorization or not authorization.startswith("Bearer "):
-            raise HTTPException(401, "missing bearer token (Authorization: Bearer <admin token>)",
-                                headers={"WWW-Authenticate": "Bearer"})
-        if not hmac.compare_digest(authorization[7:].encode(), token.encode()):
-            raise HTTPException(403, "wrong admin token")
+        principal = authenticate(authorization) if writes_need_token else None
+        try:
+            state.admin_limit.acquire(principal.name if principal is not None else
+                                      (request.client.host if request.client else "unknown"))
+        except RateLimited as e:
+            state.metrics.rate_limited.labels("rest", state.admin_limit.what).inc()
+            raise HTTPException(429, str(e), headers={"Retry-After": e.retry_after_header()}) from None
+        return principal
+
+    Reader = Annotated[Principal | None, Depends(read_caller)]
+    Writer = Annotated[Principal | None, Depends(write_caller)]
+
+    def require_token(principal: Writer) -> None:
+        require(principal, Role.ADMIN)  # routes over every namespace: admin on '*'
 
     Auth = Annotated[None, Depends(require_token)]
 
-    def namespace_dep(namespace: Annotated[str, Path(max_length=64)]) -> str:
+    def namespace_dep(namespace: Annotated[str, Path(max_length=64)], principal: Reader) -> str:
+        require(principal, Role.READ, namespace)  # before existence: no probing for other namespaces
         state.corpus(namespace)  # KeyError -> 404
+        return namespace
+
+    def admin_namespace_dep(namespace: Annotated[str, Path(max_length=64)], principal: Writer) -> str:
+        require(principal, Role.ADMIN, namespace)
+        state.corpus(namespace)
         return namespace
 
     def name_dep(name: Annotated[str, Path(max_length=64)]) -> str:
         return check_corpus_name(name)
 
     Namespace = Annotated[str, Depends(namespace_dep)]
+    AdminNamespace = Annotated[str, Depends(admin_namespace_dep)]
     Name = Annotated[str, Depends(name_dep)]
 
     # ------------------------------------------------------------------ errors: always JSON
@@ -64,7 +103,7 @@ def create_admin_app(state: ServiceState, catalog: Catalog) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)  # FastAPI's HTTPException and unmatched routes
     async def http_error(request: Request, exc: StarletteHTTPException):
         code = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
-                503: "unavailable"}.get(exc.status_code, "error")
+                429: "rate_limited", 503: "unavailable"}.get(exc.status_code, "error")
         return _error(exc.status_code, code, str(exc.detail), getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
@@ -117,7 +156,7 @@ def create_admin_app(state: ServiceState, catalog: Catalog) -> FastAPI:
         if state.draining:
             return _error(503, "unavailable", "draining")
         if not state.ready:
-            return _error(503, "unavailable", "restoring snapshots")
+            return _error(503, "unavailable", state.not_ready_reason or "restoring snapshots")
         return {"status": "ready"}
 
     @app.get("/metrics", response_class=Response)
@@ -133,16 +172,16 @@ def create_admin_app(state: ServiceState, catalog: Catalog) -> FastAPI:
                 "stats": corpus.stats(), "snapshot_error": state.snapshot_errors.get(ns)}
 
     @app.get("/v1/namespaces", response_model=list[NamespaceOut])
-    async def list_namespaces():
-        return [namespace_out(ns) for ns in sorted(state.specs)]
+    async def list_namespaces(principal: Reader):
+        return [namespace_out(ns) for ns in sorted(state.specs) if principal is None or principal.may(Role.READ, ns)]
 
     @app.get("/v1/namespaces/{namespace}", response_model=NamespaceOut)
     async def get_namespace(namespace: Namespace):
         return namespace_out(namespace)
 
     @app.get("/v1/stats", response_model=dict[str, dict[str, float]])
-    async def stats():
-        return state.engine_stats()
+    async def stats(principal: Reader):
+        return {ns: v for ns, v in state.engine_stats().items() if principal is None or principal.may(Role.READ, ns)}
 
     # ------------------------------------------------------------------ corpora, jobs
 
@@ -157,7 +196,7 @@ def create_admin_app(state: ServiceState, catalog: Catalog) -> FastAPI:
     @app.put("/v1/namespaces/{namespace}/corpora/{name}", status_code=202, response_model=JobOut,
              openapi_extra={"requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
                                             "required": True}})
-    async def upload_corpus(request: Request, namespace: Namespace, name: Name, _: Auth,
+    async def upload_corpus(request: Request, namespace: AdminNamespace, name: Name,
                             format: Annotated[str, Query(description=f"one of {', '.join(FORMATS)}")] = "jsonl",
                             content_length: Annotated[int | None, Header()] = None):
         """Streams the body (a JSONL, text or ids file) to disk; 202 once it is durable. The corpus
@@ -171,21 +210,37 @@ def create_admin_app(state: ServiceState, catalog: Catalog) -> FastAPI:
         return job.to_dict()
 
     @app.delete("/v1/namespaces/{namespace}/corpora/{name}", status_code=204, response_class=Response)
-    async def delete_corpus(namespace: Namespace, name: Name, _: Auth):
+    async def delete_corpus(namespace: AdminNamespace, name: Name):
         await catalog.delete(namespace, name)
         return Response(status_code=204)
 
     @app.get("/v1/jobs/{job_id}", response_model=JobOut)
-    async def get_job(job_id: Annotated[str, Path(max_length=64)]):
+    async def get_job(job_id: Annotated[str, Path(max_length=64)], principal: Reader):
         job = catalog.jobs.get(job_id)
         if job is None:
             raise KeyError(f"no job '{job_id}' (jobs are kept in memory until the server restarts)")
+        require(principal, Role.READ, job.namespace)
         return job.to_dict()
 
     @app.post("/v1/snapshot", response_model=SnapshotOut)
     async def snapshot(_: Auth):
-        if not catalog.persistent:
+        if not catalog.persistent and catalog.replication is None:  # a replica snapshots to its blob store
             raise HTTPException(409, "snapshots need --data-dir (NGRAM_CORPUS_DATA_DIR)")
         return {"snapshots": await catalog.snapshot()}
+
+    @app.get("/v1/integrity", response_model=IntegrityOut)
+    async def integrity(_: Auth):
+        """Checks every native invariant of every namespace (walks every index: an operator's and
+        the crash tests' check, too costly for a probe, hence behind the token). 500 if one fails."""
+        out = {}
+        for ns in sorted(state.specs):
+            try:
+                await state.run(state.corpus(ns).check_integrity)
+                out[ns] = "ok"
+            except AssertionError as e:
+                log.error("integrity check of namespace '%s' failed: %s", ns, e)
+                out[ns] = f"violated: {e}"
+        ok = all(v == "ok" for v in out.values())
+        return JSONResponse({"ok": ok, "namespaces": out}, status_code=200 if ok else 500)
 
     return app

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import ssl
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,9 +22,11 @@ class AdminError(RuntimeError):
 
 
 class AdminClient:
-    def __init__(self, url: str, token: str | None = None, timeout: float = 30.0) -> None:
+    def __init__(self, url: str, token: str | None = None, timeout: float = 30.0, tls_ca: str | None = None) -> None:
+        """``tls_ca``: a PEM CA bundle to verify an https admin with (default: the system's roots)."""
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
+        verify = ssl.create_default_context(cafile=tls_ca) if tls_ca else True
+        self._http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout, verify=verify)
 
     def close(self) -> None:
         self._http.close()

@@ -57,3 +57,8 @@ class SnapshotOut(BaseModel):
 class StatusOut(BaseModel):
     status: str
     detail: str | None = None
+
+
+class IntegrityOut(BaseModel):
+    ok: bool
+    namespaces: dict[str, str] = Field(description="namespace -> 'ok' or the first violated invariant")

@@ -13,11 +13,12 @@ import numpy as np
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2_grpc as pb_grpc
 from corpus_service.circuit_breaker import CircuitBreaker
-from corpus_service.client_policy import CHANNEL_OPTIONS, RetryPolicy, decode_drafts, settle_step
+from corpus_service.client_policy import CHANNEL_OPTIONS, RetryPolicy, channel_target, decode_drafts, settle_step
 from corpus_service.engine import DraftBatch
 from corpus_service.errors import (TRANSIENT, CorpusDeadlineExceeded, CorpusError, CorpusUnavailable,
                                    from_rpc_error)
 from corpus_service.request_log import RequestLog, req_id, token_array
+from corpus_service.tls import ClientTLS, auth_metadata, open_channel, resolve_tls, resolve_token
 
 
 class _AioStream:
@@ -26,8 +27,8 @@ class _AioStream:
     One step at a time (the client's lock); a step that gave up (deadline) leaves the stream broken,
     so no stale reply is ever read. A server that ended the stream is seen through ``call.done()``."""
 
-    def __init__(self, stub: pb_grpc.CorpusStub) -> None:
-        self._call = stub.Session()
+    def __init__(self, stub: pb_grpc.CorpusStub, metadata: tuple = ()) -> None:
+        self._call = stub.Session(metadata=metadata or None)
         self.broken: CorpusError | None = None
         self.replayed = False
         self._closed = False
@@ -88,12 +89,16 @@ class _AioStream:
 class AsyncCorpusClient:
     def __init__(self, target: str, namespace: str = "default", *, timeout: float = 2.0,
                  retry: RetryPolicy | None = None, breaker: CircuitBreaker | None = None,
-                 channel: grpc.aio.Channel | None = None) -> None:
+                 channel: grpc.aio.Channel | None = None, token: str | None = None,
+                 tls: ClientTLS | str | bool | None = None) -> None:
         self.target, self.namespace, self.timeout = target, namespace, float(timeout)
         self.retry = retry or RetryPolicy()
         self.breaker = breaker or CircuitBreaker()
+        token = resolve_token(token)  # token and tls as in CorpusClient
+        self.metadata = auth_metadata(token)
         self._own_channel = channel is None
-        self._channel = channel or grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        grpc_target, lb = channel_target(target)  # several replicas: one round-robin channel
+        self._channel = channel or open_channel(grpc_target, resolve_tls(tls), CHANNEL_OPTIONS + lb, aio=True, token=token)
         self.stub = pb_grpc.CorpusStub(self._channel)
         self._log = RequestLog()
         self._stream: _AioStream | None = None
@@ -164,7 +169,7 @@ class AsyncCorpusClient:
             try:
                 if self._stream is None or not self._stream.usable():
                     self._drop_stream()
-                    self._stream = _AioStream(self.stub)
+                    self._stream = _AioStream(self.stub, self.metadata)
                 stream = self._stream
                 msg = self._log.build(next(self._seq), self.namespace, draft_ids, budget, replay=not stream.replayed)
                 try:
@@ -192,7 +197,7 @@ class AsyncCorpusClient:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         for attempt in itertools.count():
             try:
-                resp = await method(request, timeout=max(0.0, deadline - time.monotonic()))
+                resp = await method(request, timeout=max(0.0, deadline - time.monotonic()), metadata=self.metadata or None)
             except grpc.RpcError as rpc_error:
                 e = from_rpc_error(rpc_error)
                 if e.code in TRANSIENT:

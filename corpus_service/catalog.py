@@ -30,6 +30,7 @@ class Catalog:
         self._names_lock = threading.Lock()  # reserves names between "is it free?" and the manifest
         self._reserved: set[tuple[str, str]] = set()
         self._snapshot_lock = asyncio.Lock()
+        self.replication = None  # replicated (--log): the Replica publishes uploads, deletions; snapshots
 
     # ------------------------------------------------------------------ start-up
 
@@ -85,7 +86,10 @@ class Catalog:
                 await self.snapshot()
             manifest = Manifest(namespace, name, fmt, sink.bytes, ACKNOWLEDGED, job_id)
             await asyncio.to_thread(self._acknowledge, incoming, manifest)
-            return self.jobs.submit(manifest)
+            job = self.jobs.submit(manifest)
+            if self.replication is not None:
+                await self.replication.publish_upload(manifest)
+            return job
         finally:
             with self._names_lock:
                 self._reserved.discard(key)
@@ -141,11 +145,15 @@ class Catalog:
             self.data.data_path(namespace, name).unlink(missing_ok=True)
         if loaded:
             await self.state.run(corpus.remove_external_corpus, name)
+        if self.replication is not None:
+            self.replication.publish_remove(namespace, name)
 
     # ------------------------------------------------------------------ snapshots
 
     async def snapshot(self) -> dict[str, str]:
         """Saves every namespace; tombstones older than the snapshot are then dropped."""
+        if self.replication is not None:  # tagged with the log position, in the blob store
+            return await self.replication.snapshot()
         if not self.persistent:
             raise RuntimeError("no --data-dir: snapshots are disabled")
         async with self._snapshot_lock:

@@ -24,6 +24,11 @@ _HELP = {
     "admin_port": "REST admin port (0 = ephemeral, -1 = off)",
     "data_dir": "snapshots and uploads; unset = nothing persists",
     "namespaces": "NAME[:key=value,...], repeatable (env: ';'-separated), e.g. smollm2:vocab=49152,tokenizer=smollm2",
+    "client_tokens": "JSON file of client tokens (name, namespaces, role); set = every gRPC call and /v1 route needs one",
+    "tls_cert": "PEM certificate: gRPC and the admin serve TLS (with --tls-key)",
+    "tls_client_ca": "PEM CA: require client certificates it signed (mutual TLS)",
+    "admin_rate_per_s": "mutating admin calls per caller and second (0 = no limit)",
+    "put_rate_per_s": "BatchPut calls per caller and second (0 = no limit)",
 }
 
 
@@ -78,7 +83,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _admin(args: argparse.Namespace):
     from corpus_service.admin_client import AdminClient
 
-    return AdminClient(args.admin_url, args.token)
+    return AdminClient(args.admin_url, args.token, tls_ca=args.tls_ca)
 
 
 def _guess_format(path: Path) -> str:
@@ -143,8 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--admin-url", default=os.environ.get(_env("admin_url"), "http://127.0.0.1:8080"),
                        help=f"REST admin base URL (env {_env('admin_url')})")
-        p.add_argument("--token", default=os.environ.get(_env("admin_token")),
-                       help=f"admin bearer token (env {_env('admin_token')})")
+        p.add_argument("--token", default=os.environ.get(_env("admin_token")) or os.environ.get(_env("token")),
+                       help=f"bearer token: the admin token or a client token (env {_env('admin_token')}, then {_env('token')})")
+        p.add_argument("--tls-ca", default=os.environ.get(_env("tls_ca")),
+                       help=f"PEM CA bundle to verify an https admin URL (env {_env('tls_ca')})")
         p.add_argument("--namespace", default=os.environ.get(_env("namespace"), "default"),
                        help=f"namespace (env {_env('namespace')})")
         p.set_defaults(run=run)

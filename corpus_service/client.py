@@ -27,11 +27,12 @@ import numpy as np
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2_grpc as pb_grpc
 from corpus_service.circuit_breaker import CircuitBreaker
-from corpus_service.client_policy import CHANNEL_OPTIONS, RetryPolicy, decode_drafts, settle_step
+from corpus_service.client_policy import CHANNEL_OPTIONS, RetryPolicy, channel_target, decode_drafts, settle_step
 from corpus_service.engine import DraftBatch
 from corpus_service.errors import (TRANSIENT, CorpusDeadlineExceeded, CorpusError, CorpusUnavailable,
                                    from_rpc_error)
 from corpus_service.request_log import RequestLog, req_id, token_array
+from corpus_service.tls import ClientTLS, auth_metadata, open_channel, resolve_tls, resolve_token
 
 _CLOSE = object()
 
@@ -39,13 +40,13 @@ _CLOSE = object()
 class _Stream:
     """One Session stream: a sender queue and a reader thread matching responses to seq numbers."""
 
-    def __init__(self, stub: pb_grpc.CorpusStub) -> None:
+    def __init__(self, stub: pb_grpc.CorpusStub, metadata: tuple = ()) -> None:
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._futures: dict[int, Future] = {}
         self._lock = threading.Lock()
         self.broken: CorpusError | None = None
         self.replayed = False
-        self._call = stub.Session(iter(self._q.get, _CLOSE))
+        self._call = stub.Session(iter(self._q.get, _CLOSE), metadata=metadata or None)
         threading.Thread(target=self._read, name="corpus-session-reader", daemon=True).start()
 
     def send(self, msg: pb.SessionRequest) -> Future:
@@ -81,12 +82,18 @@ class _Stream:
 class CorpusClient:
     def __init__(self, target: str, namespace: str = "default", *, timeout: float = 2.0,
                  retry: RetryPolicy | None = None, breaker: CircuitBreaker | None = None,
-                 channel: grpc.Channel | None = None, max_pending_tokens: int = 1 << 20) -> None:
+                 channel: grpc.Channel | None = None, max_pending_tokens: int = 1 << 20,
+                 token: str | None = None, tls: ClientTLS | str | bool | None = None) -> None:
+        """``token``: the bearer token sent with every call (default: ``NGRAM_CORPUS_TOKEN``);
+        ``tls``: a ClientTLS, a CA file, True (system roots), False, or None (``NGRAM_CORPUS_TLS_*``)."""
         self.target, self.namespace, self.timeout = target, namespace, float(timeout)
         self.retry = retry or RetryPolicy()
         self.breaker = breaker or CircuitBreaker()
+        token = resolve_token(token)
+        self.metadata = auth_metadata(token)
         self._own_channel = channel is None
-        self._channel = channel or grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+        grpc_target, lb = channel_target(target)  # several replicas: one round-robin channel
+        self._channel = channel or open_channel(grpc_target, resolve_tls(tls), CHANNEL_OPTIONS + lb, aio=False, token=token)
         self.stub = pb_grpc.CorpusStub(self._channel)
         self._log = RequestLog()
         self._stream: _Stream | None = None
@@ -175,7 +182,7 @@ class CorpusClient:
         for attempt in itertools.count():
             try:
                 if self._stream is None or self._stream.broken is not None:
-                    self._stream = _Stream(self.stub)
+                    self._stream = _Stream(self.stub, self.metadata)
                 stream = self._stream
                 msg = self._log.build(next(self._seq), self.namespace, draft_ids, budget, replay=not stream.replayed)
                 try:
@@ -205,7 +212,7 @@ class CorpusClient:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         for attempt in itertools.count():
             try:
-                resp = method(request, timeout=max(0.0, deadline - time.monotonic()))
+                resp = method(request, timeout=max(0.0, deadline - time.monotonic()), metadata=self.metadata or None)
             except grpc.RpcError as rpc_error:
                 e = from_rpc_error(rpc_error)
                 if e.code in TRANSIENT:

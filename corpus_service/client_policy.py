@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import random
 from dataclasses import dataclass
 
@@ -21,6 +22,35 @@ CHANNEL_OPTIONS = (
     ("grpc.max_send_message_length", 64 << 20),
     ("grpc.keepalive_time_ms", 30_000),
 )
+
+
+
+def channel_target(target: str | list[str] | tuple[str, ...]) -> tuple[str, tuple]:
+    """A gRPC target and extra channel options for one corpus or several replicas.
+
+    ``"host:port"`` is one server. Several endpoints (a list, or ``"127.0.0.1:a,127.0.0.1:b"``)
+    become one channel over all of them (``ipv4:``/``ipv6:`` target) and ``dns:///NAME:PORT`` (a
+    headless Service) one over every address the name resolves to; both balance round-robin, and a
+    replica that goes away drops out of the rotation, so a broken session reconnects to another."""
+    if isinstance(target, (list, tuple)):
+        target = ",".join(target)
+    if not isinstance(target, str) or not target.strip():
+        raise ValueError(f"target: expected 'host:port', 'host:port,host:port,...' or 'dns:///name:port', got {target!r}")
+    rr = (("grpc.lb_policy_name", "round_robin"),)
+    if target.startswith("dns:"):
+        return target, rr
+    parts = [p.strip() for p in target.split(",") if p.strip()]
+    if len(parts) == 1:
+        return parts[0], ()
+    scheme = "ipv6" if all(p.startswith("[") for p in parts) else "ipv4"
+    for p in parts:
+        host = p.rsplit(":", 1)[0].strip("[]")
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise ValueError(f"target: several endpoints must be IP addresses (use dns:///NAME:PORT for a name "
+                             f"with several addresses), got {p!r}") from None
+    return f"{scheme}:{','.join(parts)}", rr
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ import numpy as np
 
 from corpus_service import _native
 from corpus_service.config import MAX_BUDGET, CorpusConfig
+from corpus_service.exceptions import AlreadyExistsError
 
 ReqId = str | int
 
@@ -112,6 +113,17 @@ class NgramCorpus:
         restart, whose tokens the learned corpus already holds). Raises AlreadyExistsError if live."""
         flag = -1 if learn_prompt is None else int(bool(learn_prompt))
         self._native.start_request(_rid(req_id), prompt_ids, flag)
+
+    def start_request_unlearned(self, req_id: ReqId, prompt_ids: Sequence[int] | np.ndarray) -> None:
+        """``start_request`` for a request whose tokens never feed this engine's learned corpus, not
+        even its extends: a replica learns only from the commit log (corpus_service/replication).
+        Raises AlreadyExistsError if live."""
+        rid = _rid(req_id)
+        if self._native.has_request(rid):
+            raise AlreadyExistsError(f"request id '{rid}' is already live")
+        prompt = np.asarray(prompt_ids, dtype=np.int64) if not isinstance(prompt_ids, np.ndarray) else prompt_ids
+        # The SGLang window path starts requests that do not learn (that path learns via batch_put).
+        self._native.sync_window(rid, prompt, int(len(prompt)))
 
     def extend(self, req_id: ReqId, token_ids: Sequence[int] | np.ndarray) -> None:
         """Appends committed tokens (accepted drafts plus the bonus token) to a live request."""

@@ -44,6 +44,18 @@ class CorpusDeadlineExceeded(CorpusError, TimeoutError):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
 
 
+class CorpusUnauthenticated(CorpusError):
+    """No token, or one the server does not know (``token=`` / ``NGRAM_CORPUS_TOKEN``)."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class CorpusPermissionDenied(CorpusError):
+    """The token does not allow this namespace or call."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
 class CorpusUnavailable(CorpusError):
     """The corpus cannot be reached (down, draining, or the circuit breaker is open). A verifier
     catches this and drafts locally or not at all; with the breaker open it costs microseconds."""
@@ -54,7 +66,7 @@ class CorpusUnavailable(CorpusError):
 _BY_CODE: dict[grpc.StatusCode, type[CorpusError]] = {
     cls.code: cls
     for cls in (CorpusInvalidArgument, CorpusNotFound, CorpusAlreadyExists, CorpusResourceExhausted,
-                CorpusDeadlineExceeded, CorpusUnavailable)
+                CorpusDeadlineExceeded, CorpusUnavailable, CorpusUnauthenticated, CorpusPermissionDenied)
 }
 _CODE_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
 
@@ -74,6 +86,10 @@ def to_exception(code: grpc.StatusCode, message: str) -> CorpusError:
 def from_rpc_error(e: grpc.RpcError) -> CorpusError:
     code = e.code() if callable(getattr(e, "code", None)) else grpc.StatusCode.UNKNOWN
     details = e.details() if callable(getattr(e, "details", None)) else str(e)
+    if details and "failed to connect" in details and "Socket closed" in details:
+        # What a plaintext client sees from a TLS server: say so instead of only "Socket closed".
+        details += (" (the server closed the connection during set-up: if it serves TLS, connect with TLS: "
+                    "tls=CA_FILE, --tls-ca or NGRAM_CORPUS_TLS_CA)")
     return to_exception(code, details or code.name)
 
 

@@ -54,6 +54,10 @@ class Metrics:
         self.http_latency = Histogram("ngram_corpus_http_latency_seconds", "REST admin handling time",
                                       ["route"], buckets=_LATENCY_BUCKETS, registry=r)
         self.upload_bytes = Counter("ngram_corpus_upload_bytes", "Bytes of external corpora received", registry=r)
+        self.auth_refused = Counter("ngram_corpus_auth_refused", "Calls refused for their credentials",
+                                    ["surface", "code"], registry=r)
+        self.rate_limited = Counter("ngram_corpus_rate_limited", "Calls refused by a rate limit",
+                                    ["surface", "limit"], registry=r)
         self.snapshots = Counter("ngram_corpus_snapshots", "Snapshots written", ["namespace", "result"], registry=r)
         ProcessCollector(registry=r)  # process_resident_memory_bytes, cpu seconds, open fds
         r.register(_EngineCollector(read_stats))

@@ -50,7 +50,8 @@ class RemoteNgramCorpus:
                                      tokens=b"".join(wire.pack(r) for r in runs))
         self._client.breaker.check()
         self._puts = [f for f in self._puts if not f.done() or f.exception() is not None]
-        self._puts.append(self._client.stub.BatchPut.future(request, timeout=self._client.timeout))
+        self._puts.append(self._client.stub.BatchPut.future(request, timeout=self._client.timeout,
+                                                              metadata=self._client.metadata or None))
 
     def synchronize(self) -> None:
         """Waits for this client's puts, then for the server to apply every queued insert."""
@@ -82,7 +83,8 @@ class RemoteNgramCorpus:
 
         self._client.breaker.check()
         try:
-            resp = self._client.stub.LoadExternalCorpus(messages(), timeout=max(self._client.timeout, 600.0))
+            resp = self._client.stub.LoadExternalCorpus(messages(), timeout=max(self._client.timeout, 600.0),
+                                                        metadata=self._client.metadata or None)
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
         return int(resp.loaded_tokens)

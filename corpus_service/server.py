@@ -18,8 +18,11 @@ import numpy as np
 from corpus_service import wire
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2_grpc as pb_grpc
+from corpus_service.auth import AuthError, Principal, Role, current_principal
 from corpus_service.errors import CorpusError, message_for, status_for
 from corpus_service.persistence import check_corpus_name
+from corpus_service.rate_limit import RateLimited, RateLimiter, peer_host
+from corpus_service.rpc_handlers import Malformed
 from corpus_service.service_state import ServiceState
 from corpus_service.session import Session, check_flat_tokens, check_req_ids, check_tokens
 
@@ -41,11 +44,15 @@ def _unary(method: Callable) -> Callable:
             remaining = context.time_remaining()
             if remaining is not None and remaining <= 0:
                 raise CorpusError(f"{name}: deadline exceeded before the call started", grpc.StatusCode.DEADLINE_EXCEEDED)
+            if isinstance(request, Malformed):
+                raise CorpusError(f"{name}: {request.describe()}", grpc.StatusCode.INVALID_ARGUMENT)
             return await method(self, request, context)
         except Exception as e:  # noqa: BLE001 - every failure becomes a status code
             code = status_for(e)
             if code == grpc.StatusCode.INTERNAL:
                 log.exception("%s failed", name)
+            elif isinstance(e, RateLimited):
+                context.set_trailing_metadata((("retry-after", f"{e.retry_after_s:.3f}"),))
             await context.abort(code, message_for(e))
         finally:
             self.state.metrics.rpc_total.labels(name, code.name).inc()
@@ -65,12 +72,35 @@ class CorpusServicer(pb_grpc.CorpusServicer):
     def __init__(self, state: ServiceState) -> None:
         self.state = state
 
+    # ------------------------------------------------------------------ who may call what
+
+    def _allow(self, namespace: str, role: Role) -> Principal | None:
+        """The caller may use ``namespace`` as ``role`` (checked before the namespace's existence,
+        so a scoped client cannot probe for others). No-op without --client-tokens."""
+        principal = current_principal()
+        if principal is not None:
+            try:
+                principal.require(role, namespace)
+            except AuthError:
+                self.state.metrics.auth_refused.labels("grpc", "PERMISSION_DENIED").inc()
+                raise
+        return principal
+
+    def _limit(self, limiter: RateLimiter, principal: Principal | None, context) -> None:
+        if limiter.enabled:
+            try:
+                limiter.acquire(principal.name if principal is not None else peer_host(context.peer() or ""))
+            except RateLimited:
+                self.state.metrics.rate_limited.labels("grpc", limiter.what).inc()
+                raise
+
     # ------------------------------------------------------------------ streaming session
 
     async def Session(self, request_iterator: AsyncIterator[pb.SessionRequest], context) -> AsyncIterator[pb.SessionResponse]:
         state = self.state
         if state.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the corpus server is draining (shutting down)")
+        principal = current_principal()
         session = Session(state)
         state.live_sessions += 1
         state.metrics.sessions.inc()
@@ -83,9 +113,14 @@ class CorpusServicer(pb_grpc.CorpusServicer):
             async for msg in request_iterator:
                 if state.draining:
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "the corpus server is draining (shutting down)")
+                if isinstance(msg, Malformed):  # no seq to answer in-band: the sender is broken, end the stream
+                    steps.labels("Session", grpc.StatusCode.INVALID_ARGUMENT.name).inc()
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Session: {msg.describe()}")
                 t0 = time.perf_counter()
                 out = pb.SessionResponse(seq=msg.seq)
                 try:
+                    if principal is not None:
+                        self._allow(msg.namespace, Role.DRAFT)
                     step = session.parse(msg)
                     if step.work() <= inline_work:
                         nodes = session.apply(step, out)
@@ -116,6 +151,7 @@ class CorpusServicer(pb_grpc.CorpusServicer):
     @_unary
     async def BatchGet(self, request: pb.BatchGetRequest, context) -> pb.BatchGetResponse:
         cfg = self.state.config
+        self._allow(request.namespace, Role.DRAFT)
         corpus = self.state.corpus(request.namespace)
         prefix = _check_client_id(request.client_id)
         ids, lens, flat = wire.unpack_flat_runs(request.windows, "windows")
@@ -144,6 +180,7 @@ class CorpusServicer(pb_grpc.CorpusServicer):
     @_unary
     async def BatchPut(self, request: pb.BatchPutRequest, context) -> pb.BatchPutResponse:
         cfg = self.state.config
+        self._limit(self.state.put_limit, self._allow(request.namespace, Role.DRAFT), context)
         corpus = self.state.corpus(request.namespace)
         n = len(request.lengths) // 4
         if n > cfg.max_batch:
@@ -160,11 +197,16 @@ class CorpusServicer(pb_grpc.CorpusServicer):
             if request.synchronize:
                 corpus.synchronize()
 
+        if self.state.chunkers is not None:  # replicated: every replica learns them from the log
+            for r in runs:
+                self.state.replica.publisher.add_chunk(request.namespace, np.array(r, np.int32))
+            return pb.BatchPutResponse(tokens=total)
         await self.state.run(run)
         return pb.BatchPutResponse(tokens=total)
 
     @_unary
     async def EraseMatchState(self, request: pb.EraseMatchStateRequest, context) -> pb.EraseMatchStateResponse:
+        self._allow(request.namespace, Role.DRAFT)
         corpus = self.state.corpus(request.namespace)
         prefix = _check_client_id(request.client_id)
         ids = list(request.req_ids)
@@ -179,7 +221,14 @@ class CorpusServicer(pb_grpc.CorpusServicer):
         corpus, ns, name, loaded = None, "", "", 0
         try:
             async for chunk in request_iterator:
+                if isinstance(chunk, Malformed):
+                    raise ValueError(f"LoadExternalCorpus: {chunk.describe()}")
                 if corpus is None:
+                    self._limit(self.state.admin_limit, self._allow(chunk.namespace, Role.ADMIN), context)
+                    if self.state.chunkers is not None:
+                        raise CorpusError("LoadExternalCorpus: a replicated corpus loads external corpora through "
+                                          "the REST upload (PUT /v1/namespaces/NS/corpora/NAME), which every "
+                                          "replica builds", grpc.StatusCode.FAILED_PRECONDITION)
                     ns, corpus = chunk.namespace, self.state.corpus(chunk.namespace)
                     name = check_corpus_name(chunk.name)
                     await self.state.run(corpus.begin_external_corpus, name)
@@ -199,6 +248,7 @@ class CorpusServicer(pb_grpc.CorpusServicer):
 
     @_unary
     async def CommitExternalCorpus(self, request: pb.CommitExternalCorpusRequest, context) -> pb.CommitExternalCorpusResponse:
+        self._limit(self.state.admin_limit, self._allow(request.namespace, Role.ADMIN), context)
         corpus = self.state.corpus(request.namespace)
         name = check_corpus_name(request.name)
         count = await self.state.run(corpus.commit_external_corpus, name)
@@ -210,12 +260,14 @@ class CorpusServicer(pb_grpc.CorpusServicer):
 
     @_unary
     async def RemoveExternalCorpus(self, request: pb.RemoveExternalCorpusRequest, context) -> pb.RemoveExternalCorpusResponse:
+        self._limit(self.state.admin_limit, self._allow(request.namespace, Role.ADMIN), context)
         corpus = self.state.corpus(request.namespace)
         await self.state.run(corpus.remove_external_corpus, check_corpus_name(request.name))
         return pb.RemoveExternalCorpusResponse()
 
     @_unary
     async def ListExternalCorpora(self, request: pb.ListExternalCorporaRequest, context) -> pb.ListExternalCorporaResponse:
+        self._allow(request.namespace, Role.READ)
         corpus = self.state.corpus(request.namespace)
         return pb.ListExternalCorporaResponse(corpora=corpus.list_external_corpora())
 
@@ -223,7 +275,9 @@ class CorpusServicer(pb_grpc.CorpusServicer):
 
     @_unary
     async def Stats(self, request: pb.StatsRequest, context) -> pb.StatsResponse:
-        names = [request.namespace] if request.namespace else sorted(self.state.specs)
+        principal = self._allow(request.namespace, Role.READ) if request.namespace else current_principal()
+        names = [request.namespace] if request.namespace else \
+            [ns for ns in sorted(self.state.specs) if principal is None or principal.may(Role.READ, ns)]
         out = pb.StatsResponse()
         for ns in names:
             corpus = self.state.corpus(ns)
@@ -235,7 +289,11 @@ class CorpusServicer(pb_grpc.CorpusServicer):
 
     @_unary
     async def Reset(self, request: pb.ResetRequest, context) -> pb.ResetResponse:
+        self._limit(self.state.admin_limit, self._allow(request.namespace, Role.ADMIN), context)
         corpus = self.state.corpus(request.namespace)
+        if self.state.chunkers is not None:  # replicated: every replica resets at the same log position
+            self.state.replica.publisher.add_marker(["z", request.namespace])
+            return pb.ResetResponse()
         await self.state.run(corpus.reset)
         return pb.ResetResponse()
 

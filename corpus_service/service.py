@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import tempfile
 from pathlib import Path
 
@@ -23,13 +24,17 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from corpus_service._proto.ngram_corpus.v1 import corpus_pb2, corpus_pb2_grpc
+from corpus_service._proto.ngram_corpus.v1 import corpus_pb2
 from corpus_service.admin import create_admin_app
+from corpus_service.auth import AuthInterceptor
 from corpus_service.catalog import Catalog
 from corpus_service.persistence import DataDir
+from corpus_service.rpc_handlers import add_corpus_servicer
+from corpus_service.security_config import security_warnings
 from corpus_service.server import CorpusServicer
 from corpus_service.service_config import ServiceConfig
 from corpus_service.service_state import ServiceState
+from corpus_service.tls import server_credentials
 
 log = logging.getLogger("corpus_service")
 SERVICE_NAME = corpus_pb2.DESCRIPTOR.services_by_name["Corpus"].full_name
@@ -54,6 +59,10 @@ class CorpusService:
         self._tmp = None if config.data_dir else tempfile.TemporaryDirectory(prefix="ngram-corpus-")
         self.data = DataDir(config.data_dir or self._tmp.name)
         self.catalog = Catalog(self.state, self.data, persistent=config.data_dir is not None)
+        self.replica = None
+        if config.replicated:  # imported only here: a single node needs no broker client
+            from corpus_service.replication.service import make_replica
+            self.replica = make_replica(config, self.state, self.catalog, self.data)
         self.grpc_port: int | None = None
         self.admin_port: int | None = None
         self._grpc: grpc.aio.Server | None = None
@@ -65,16 +74,27 @@ class CorpusService:
 
     async def start(self) -> None:
         cfg = self.config
-        await asyncio.to_thread(self.catalog.restore)
+        if self.replica is None:
+            await asyncio.to_thread(self.catalog.restore)
+        else:  # the replica bootstraps from the newest snapshot in the blob store and the log
+            await asyncio.to_thread(self.data.clean_incoming)
         opts = [("grpc.max_receive_message_length", cfg.max_message_bytes),
                 ("grpc.max_send_message_length", cfg.max_message_bytes),
                 ("grpc.so_reuseport", 0)]  # two servers must never share a port by accident
-        self._grpc = grpc.aio.server(options=opts)
-        corpus_pb2_grpc.add_CorpusServicer_to_server(CorpusServicer(self.state), self._grpc)
+        interceptors = []
+        if self.state.auth.required:  # without client tokens gRPC stays open and pays nothing
+            refused = self.state.metrics.auth_refused
+            interceptors.append(AuthInterceptor(self.state.auth, lambda code: refused.labels("grpc", code).inc()))
+        self._grpc = grpc.aio.server(options=opts, interceptors=interceptors)
+        add_corpus_servicer(CorpusServicer(self.state), self._grpc)  # malformed messages -> INVALID_ARGUMENT
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), self._grpc)
-        self.grpc_port = self._grpc.add_insecure_port(_hostport(cfg.host, cfg.grpc_port))
+        if cfg.tls_cert:
+            creds = server_credentials(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
+            self.grpc_port = self._grpc.add_secure_port(_hostport(cfg.host, cfg.grpc_port), creds)
+        else:
+            self.grpc_port = self._grpc.add_insecure_port(_hostport(cfg.host, cfg.grpc_port))
         if not self.grpc_port:
             raise OSError(f"cannot bind gRPC to {_hostport(cfg.host, cfg.grpc_port)}")
         await self._grpc.start()
@@ -82,10 +102,16 @@ class CorpusService:
             await self._start_admin()
         for name in ("", SERVICE_NAME):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        self.state.ready = True
-        if cfg.snapshot_interval_s > 0 and self.catalog.persistent:
+        if self.replica is None:
+            self.state.ready = True
+        else:
+            await self.replica.start()  # ready once bootstrapped and caught up with the log
+        if cfg.snapshot_interval_s > 0 and self.catalog.persistent and self.replica is None:
             self._snapshot_task = asyncio.create_task(self._snapshot_loop())
-        admin = f"http://{_hostport(cfg.host, self.admin_port)}" if self.admin_port is not None else "off"
+        scheme = "https" if cfg.tls_cert else "http"
+        admin = f"{scheme}://{_hostport(cfg.host, self.admin_port)}" if self.admin_port is not None else "off"
+        for warning in security_warnings(cfg):
+            log.warning("%s", warning)
         log.info("ngram-corpus listening: grpc=%s admin=%s namespaces=%s data_dir=%s",
                  _hostport(cfg.host, self.grpc_port), admin, ",".join(self.state.specs), cfg.data_dir or "(none)")
         if cfg.ports_file:
@@ -101,7 +127,15 @@ class CorpusService:
         sock.bind((cfg.host, cfg.admin_port))
         self.admin_port = sock.getsockname()[1]
         app = create_admin_app(self.state, self.catalog)
-        ucfg = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+        if self.replica is not None:
+            from corpus_service.replication.routes import replication_router
+            app.include_router(replication_router(self.replica))
+        tls = {}
+        if cfg.tls_cert:
+            tls = {"ssl_certfile": cfg.tls_cert, "ssl_keyfile": cfg.tls_key}
+            if cfg.tls_client_ca:
+                tls.update(ssl_ca_certs=cfg.tls_client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
+        ucfg = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", **tls,
                               timeout_graceful_shutdown=max(1, int(cfg.drain_timeout_s)))
         self._admin = _AdminServer(ucfg)
         self._admin_task = asyncio.create_task(self._admin.serve(sockets=[sock]))
@@ -138,8 +172,10 @@ class CorpusService:
         if self._admin is not None:
             self._admin.should_exit = True
             await self._admin_task
+        if self.replica is not None:  # sessions are closed: their last chunks are queued
+            await self.replica.stop(self.config.drain_timeout_s)
         await asyncio.to_thread(self.catalog.jobs.shutdown)
-        if self.catalog.persistent:
+        if self.catalog.persistent and self.replica is None:
             try:
                 done = await self.catalog.snapshot()
                 log.info("shutdown snapshot written: %s", ", ".join(done.values()))

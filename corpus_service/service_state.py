@@ -10,9 +10,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from corpus_service.auth import Authenticator
 from corpus_service.engine import NgramCorpus
 from corpus_service.metrics import Metrics
 from corpus_service.namespaces import Namespaces
+from corpus_service.rate_limit import RateLimiter
 from corpus_service.service_config import NamespaceSpec, ServiceConfig
 
 log = logging.getLogger("corpus_service")
@@ -29,11 +31,19 @@ class ServiceState:
         # Engine calls release the GIL, so a pool of threads runs them in parallel off the loop.
         self.executor = ThreadPoolExecutor(config.resolved_worker_threads(), thread_name_prefix="corpus")
         self.metrics = Metrics(self.engine_stats)
+        # Who may call what (auth.py), and per-caller limits on mutating admin calls and BatchPut.
+        self.auth = Authenticator(config.parsed_client_tokens, config.admin_token)
+        self.admin_limit = RateLimiter("mutating admin calls", config.admin_rate_per_s, config.admin_rate_burst)
+        self.put_limit = RateLimiter("BatchPut calls", config.put_rate_per_s, config.put_rate_burst)
         self.draining = False
         self.ready = False
         self.live_sessions = 0
         self._session_ids = itertools.count(1)
         self.snapshot_errors: dict[str, str] = {}  # namespace -> why its snapshot was refused at start
+        self.not_ready_reason = ""  # what /readyz says while not ready (a replica bootstrapping, catching up)
+        # Replicated (--log): namespace -> Chunker; commits go to the log, not straight to the engine.
+        self.chunkers: dict | None = None
+        self.replica = None  # the Replica (corpus_service/replication) when replicated
 
     def corpus(self, namespace: str) -> NgramCorpus:
         """The namespace's engine; KeyError (-> NOT_FOUND / 404) names the known ones."""

@@ -180,21 +180,35 @@ class Session:
         """Restores, starts, extends and finishes of a step (everything before its draft)."""
         p = self.prefix
         live = self.live.setdefault(step.namespace, set())
+        # Replicated: the engine's requests do not learn; their commits go to the log as chunks.
+        ch = self.state.chunkers[step.namespace] if self.state.chunkers is not None else None
         ids, lens, toks = step.restore
         if ids:
             for rid, context in zip(ids, wire.split_flat(lens, toks)):
-                corpus.start_request(p + rid, context, learn_prompt=False)  # learned before the restart
+                if ch is None:
+                    corpus.start_request(p + rid, context, learn_prompt=False)  # learned before the restart
+                else:
+                    corpus.start_request_unlearned(p + rid, context)
+                    ch.start(p + rid, context, learn_prompt=False)
                 live.add(rid)
         ids, lens, toks = step.start
         if ids:
             for rid, prompt in zip(ids, wire.split_flat(lens, toks)):
-                corpus.start_request(p + rid, prompt)
+                if ch is None:
+                    corpus.start_request(p + rid, prompt)
+                else:
+                    corpus.start_request_unlearned(p + rid, prompt)
+                    ch.start(p + rid, prompt)
                 live.add(rid)
         ids, lens, toks = step.extend
         if ids:
             extend_packed(corpus, [p + rid for rid in ids], lens, toks)
+            if ch is not None:
+                ch.extend_packed([p + rid for rid in ids], lens, toks)
         for rid in step.finish:
             live.discard(rid)
+            if ch is not None:
+                ch.finish(p + rid)
             corpus.finish(p + rid)
 
     def draft(self, corpus: NgramCorpus, step: Step, out: pb.SessionResponse) -> int:
@@ -208,7 +222,10 @@ class Session:
         """The stream ended: its live requests are finished (their tokens stay learned)."""
         for ns, rids in self.live.items():
             corpus = self.state.corpus(ns)
+            ch = self.state.chunkers[ns] if self.state.chunkers is not None else None
             for rid in sorted(rids):
+                if ch is not None:
+                    ch.finish(self.prefix + rid)
                 try:
                     corpus.finish(self.prefix + rid)
                 except ValueError:

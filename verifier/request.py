@@ -6,9 +6,11 @@ import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from .logprobs import TokenLogprob
 from .sampling import SamplingParams
 
 
@@ -38,6 +40,8 @@ class Request:
     first_token_at: float | None = None
     finished_at: float | None = None
     text: str = ""  # decoded output, truncated at a stop string when one matched
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token if params.logprobs is set
+    grammar: Any = None  # verifier.grammar.GrammarMatcher when params.grammar is set (structured output)
 
     @property
     def finished(self) -> bool:
@@ -51,11 +55,17 @@ class Request:
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
 
+    @property
+    def cumulative_logprob(self) -> float:
+        return sum(t.logprob for t in self.logprobs)
+
 
 def append_tokens(req: Request, tokens: list[int], eos_ids: tuple[int, ...], decode: Callable[[list[int]], str]) -> None:
     """Appends committed tokens one at a time, stopping at eos, a stop token, a stop string or
     max_tokens; tokens after the stop are dropped (their K/V die with the request). The eos token
-    stays in output_ids (it was generated) but not in the text (special tokens are skipped)."""
+    stays in output_ids (it was generated) but not in the text (special tokens are skipped).
+    Stop strings count only once min_tokens tokens exist (eos and stop tokens are masked before:
+    ``verifier.penalties``)."""
     p = req.params
     for tok in tokens:
         req.output_ids.append(int(tok))
@@ -64,7 +74,9 @@ def append_tokens(req: Request, tokens: list[int], eos_ids: tuple[int, ...], dec
         if (not p.ignore_eos and tok in eos_ids) or tok in p.stop_token_ids:
             _finish(req, "stop", decode)
             return
-        if p.stop:
+        if p.stop and len(req.output_ids) < p.min_tokens:
+            req.text = decode(req.output_ids)
+        elif p.stop:
             text = decode(req.output_ids)
             hits = [text.find(s, max(0, len(req.text) - len(s))) for s in p.stop]
             hits = [h for h in hits if h >= 0]

@@ -13,6 +13,7 @@ import torch
 from .config import VerifierConfig
 from .drafter import Drafter
 from .engine import Engine
+from .external_corpora import load_external_corpora
 from .loop import EngineLoop
 from .model import load_model
 
@@ -35,7 +36,10 @@ def build_verifier(cfg: VerifierConfig) -> Verifier:
     drafter = None
     if cfg.corpus != "none":
         drafter = Drafter(cfg.corpus, namespace=cfg.corpus_namespace, draft_timeout_s=cfg.draft_timeout_s,
-                          client_timeout_s=cfg.corpus_timeout_s, vocab_size=lm.model.config.vocab_size)
+                          client_timeout_s=cfg.corpus_timeout_s, vocab_size=lm.model.config.vocab_size,
+                          token=cfg.corpus_token or None, tls=cfg.corpus_tls_ca or None)
+    if cfg.external_corpus:  # before the engine exists: no request drafts from a half-loaded corpus
+        load_external_corpora(drafter.local, cfg.external_corpus, lm.codec.tokenizer)
     engine = Engine(lm.model, lm.codec, drafter, cfg.engine_config())
     return Verifier(cfg, engine, cfg.served_model_name or lm.name)
 

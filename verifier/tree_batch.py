@@ -44,22 +44,33 @@ class TreeBatch:
     prefix_lens: torch.Tensor  # [bs] int64
     num_nodes: list[int]  # real nodes per request incl. the root
     predicted: float  # sum of the verified draft nodes' path probabilities
+    tokens_host: np.ndarray | None = None  # [bs, K] int64, the same as ``tokens`` (no copy back)
+    slots: torch.Tensor | None = None  # [bs] int64 cache slots, when given
 
 
 def build_tree_batch(last_tokens: list[int], drafts: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
-                     prefix_lens: list[int], device: torch.device) -> TreeBatch:
+                     prefix_lens: list[int], device: torch.device, slots: list[int] | None = None) -> TreeBatch:
     bs = len(last_tokens)
     K = 1 + max((len(d[0]) for d in drafts), default=0)
-    draft_tokens = np.zeros((bs, K - 1), dtype=np.int64)
-    draft_parents = np.full((bs, K - 1), PAD_PARENT, dtype=np.int64)
+    # The flattened tree (kernels.flatten_draft_tree's form) is built on the host and crosses to
+    # the device in one copy: tokens [bs, K], parents [bs, K], prefix lens [bs], cache slots [bs].
+    # Per-step host work, not GPU work, bounds a small model's step time.
+    host = np.empty(2 * bs * K + 2 * bs, dtype=np.int64)
+    tokens, parents = host[:bs * K].reshape(bs, K), host[bs * K:2 * bs * K].reshape(bs, K)
+    # Padding nodes repeat the root's token at the root's position: the same finite K/V as the root
+    # (a pad token whose K/V were NaN would poison every row of the request: 0 * NaN in attention).
+    tokens[:] = np.asarray(last_tokens, dtype=np.int64)[:, None]
+    parents[:] = -1  # the root, and padding nodes (isolated: they see the prefix and themselves)
+    host[2 * bs * K:2 * bs * K + bs] = prefix_lens
+    host[2 * bs * K + bs:] = slots if slots is not None else 0
     predicted = 0.0
     for b, (tok, par, prob) in enumerate(drafts):
-        draft_tokens[b, :len(tok)] = tok
-        draft_parents[b, :len(par)] = par
+        n = len(tok)
+        tokens[b, 1:1 + n] = tok
+        parents[b, 1:1 + n] = np.asarray(par, dtype=np.int64) + 1  # draft parent -1 (root) -> node 0
         predicted += float(np.sum(prob))
-    prefix = torch.tensor(prefix_lens, dtype=torch.int64, device=device)
-    tokens, parents = kernels.flatten_draft_tree(
-        torch.tensor(last_tokens, dtype=torch.int64, device=device),
-        torch.from_numpy(draft_tokens).to(device), torch.from_numpy(draft_parents).to(device))
-    mask, indices = kernels.tree_indices_from_parents(parents, prefix)
-    return TreeBatch(tokens, mask, indices, prefix, [1 + len(d[0]) for d in drafts], predicted)
+    dev = torch.from_numpy(host).to(device)
+    prefix = dev[2 * bs * K:2 * bs * K + bs]
+    mask, indices = kernels.tree_indices_from_parents(dev[bs * K:2 * bs * K].view(bs, K), prefix)
+    return TreeBatch(dev[:bs * K].view(bs, K), mask, indices, prefix, [1 + len(d[0]) for d in drafts], predicted,
+                     tokens, None if slots is None else dev[2 * bs * K + bs:])

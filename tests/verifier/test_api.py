@@ -68,7 +68,7 @@ def test_chat_and_streaming_agree(api):
     ("/v1/completions", {"prompt": "hi", "temperature": -1}, "temperature"),
     ("/v1/completions", {"prompt": [1, 2, 10**9]}, "token ids"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 10**6}, "exceeds"),
-    ("/v1/completions", {"prompt": "hi", "n": 2}, "n"),
+    ("/v1/completions", {"prompt": "hi", "n": 17}, "n"),
     ("/v1/completions", {}, "prompt"),
     ("/v1/chat/completions", {"messages": []}, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, "role"),

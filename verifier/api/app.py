@@ -7,6 +7,7 @@ whatever FastAPI or the engine rejected them for.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -20,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from ..loop import EngineLoop, Update
 from ..request import Request as GenRequest
 from ..sampling import SamplingParams
+from . import choices
 from .metrics import ApiMetrics
 from .schemas import ChatCompletionRequest, CompletionRequest
 
@@ -29,14 +31,6 @@ DEFAULT_MAX_TOKENS = 256
 def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
     kind = "invalid_request_error" if status < 500 else "server_error"
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status)
-
-
-def usage(req: GenRequest) -> dict:
-    steps = req.verify_steps
-    return {"prompt_tokens": len(req.prompt_ids), "completion_tokens": len(req.output_ids),
-            "total_tokens": req.num_tokens, "verify_steps": steps, "draft_tokens": req.draft_tokens,
-            "accepted_draft_tokens": req.accepted_tokens,
-            "mean_accepted_tokens": round((steps + req.accepted_tokens) / steps, 4) if steps else 0.0}
 
 
 class _TextStream:
@@ -60,6 +54,7 @@ def create_app(loop: EngineLoop, model_name: str, api_key: str = "") -> FastAPI:
     codec = engine.codec
     metrics = ApiMetrics(engine)
     created = int(time.time())
+    token_str = choices.TokenStrings(codec.decode)
 
     async def check_key(authorization: Annotated[str | None, Header()] = None) -> None:
         if api_key and authorization != f"Bearer {api_key}":
@@ -113,68 +108,116 @@ def create_app(loop: EngineLoop, model_name: str, api_key: str = "") -> FastAPI:
         if body.model is not None and body.model != model_name:
             metrics.requests.labels(route, "404").inc()
             return _error(404, f"model '{body.model}' is not served here (serving '{model_name}')", "model", "model_not_found")
+        subs: list[tuple[GenRequest, asyncio.Queue]] = []
         try:
             params: SamplingParams = body.sampling(min(DEFAULT_MAX_TOKENS, engine.config.max_len - len(prompt_ids) - 1))
-            req, queue = loop.submit(prompt_ids, params)
+            k = body.samples()
+            if k > body.n and params.logprobs is None:  # best_of ranks by cumulative logprob
+                params = dataclasses.replace(params, logprobs=0)
+            for i in range(k):  # sample i: seed + i, so n samples are n different draws
+                p = params if params.seed is None or i == 0 else dataclasses.replace(params, seed=(params.seed + i) % 2**63)
+                subs.append(loop.submit(prompt_ids, p))
         except ValueError as e:
+            for req, _ in subs:
+                loop.abort(req.req_id)
             metrics.requests.labels(route, "400").inc()
             return _error(400, str(e))
         rid = f"{'chatcmpl' if kind.startswith('chat') else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         t0 = time.monotonic()
         if body.stream:
             metrics.requests.labels(route, "200").inc()
-            return StreamingResponse(_sse(route, kind, rid, body, req, queue, t0), media_type="text/event-stream")
+            return StreamingResponse(_sse(route, kind, rid, body, subs, t0), media_type="text/event-stream")
         try:
-            while not (upd := await queue.get()).finished:
-                pass
+            for _, queue in subs:
+                while not (await queue.get()).finished:
+                    pass
         except asyncio.CancelledError:
-            loop.abort(req.req_id)
+            for req, _ in subs:
+                loop.abort(req.req_id)
             raise
         metrics.latency.labels(route).observe(time.monotonic() - t0)
-        if upd.finish_reason == "error":
+        reqs = [req for req, _ in subs]
+        if (msg := choices.failed_internally(reqs)) is not None:
             metrics.requests.labels(route, "500").inc()
-            return _error(500, req.error or "internal error")
+            return _error(500, msg)
         metrics.requests.labels(route, "200").inc()
-        choice = {"index": 0, "finish_reason": upd.finish_reason, "logprobs": None}
-        if kind == "chat.completion":
-            choice["message"] = {"role": "assistant", "content": upd.text}
-        else:
-            choice["text"] = upd.text
+        want_lp = body.top_logprob_count() is not None
+        out = []
+        for i, req in enumerate(choices.best_of(reqs, body.n)):
+            choice = {"index": i, "finish_reason": req.finish_reason, "logprobs": None}
+            if want_lp:
+                choice["logprobs"] = (choices.chat_logprobs if kind == "chat.completion" else choices.completion_logprobs)(
+                    req.logprobs, token_str)
+            if kind == "chat.completion":
+                choice["message"] = {"role": "assistant", "content": req.text}
+            else:
+                choice["text"] = req.text
+            if req.finish_reason == "error":
+                choice["error"] = {"message": req.error}
+            out.append(choice)
         return {"id": rid, "object": kind, "created": int(time.time()), "model": model_name,
-                "choices": [choice], "usage": usage(req)}
+                "choices": out, "usage": choices.usage(reqs)}
 
-    async def _sse(route, kind, rid, body, req: GenRequest, queue: asyncio.Queue, t0: float):
+    async def _sse(route, kind, rid, body, subs: list[tuple[GenRequest, asyncio.Queue]], t0: float):
         chat = kind == "chat.completion"
         obj = "chat.completion.chunk" if chat else "text_completion"
-        stream = _TextStream(codec.decode, req.params.stop)
+        want_lp = body.top_logprob_count() is not None
+        reqs = [req for req, _ in subs]
+        streams = [_TextStream(codec.decode, req.params.stop) for req in reqs]
+        sent_lp = [0] * len(reqs)  # logprobs entries sent per choice
+        text_sent = [0] * len(reqs)  # characters sent per choice (completions' text_offset)
 
-        def chunk(delta: str | None, finish: str | None, role: bool = False) -> str:
+        def chunk(i: int, delta: str | None, finish: str | None, role: bool = False, lps=None) -> str:
             if chat:
                 d = {"role": "assistant", "content": ""} if role else ({} if delta is None else {"content": delta})
-                choice = {"index": 0, "delta": d, "finish_reason": finish}
+                choice = {"index": i, "delta": d, "finish_reason": finish,
+                          "logprobs": choices.chat_logprobs(lps, token_str) if lps else None}
             else:
-                choice = {"index": 0, "text": delta or "", "finish_reason": finish, "logprobs": None}
+                choice = {"index": i, "text": delta or "", "finish_reason": finish,
+                          "logprobs": choices.completion_logprobs(lps, token_str, text_sent[i]) if lps else None}
+            if finish == "error":
+                choice["error"] = {"message": reqs[i].error}
             return "data: " + json.dumps({"id": rid, "object": obj, "created": int(time.time()), "model": model_name,
                                           "choices": [choice]}) + "\n\n"
 
+        merged: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int, queue: asyncio.Queue) -> None:
+            while True:
+                upd = await queue.get()
+                merged.put_nowait((i, upd))
+                if upd.finished:
+                    return
+
+        pumps = [asyncio.create_task(pump(i, q)) for i, (_, q) in enumerate(subs)]
         try:
             if chat:
-                yield chunk(None, None, role=True)
-            while True:
-                upd: Update = await queue.get()
-                text = stream.delta(upd)
-                if text:
-                    yield chunk(text, None)
+                for i in range(len(reqs)):
+                    yield chunk(i, None, None, role=True)
+            live = len(reqs)
+            while live:
+                i, upd = await merged.get()
+                text = streams[i].delta(upd)
+                lps = None
+                if want_lp:  # the entries of the tokens this update committed
+                    lps = reqs[i].logprobs[sent_lp[i]:len(upd.output_ids)]
+                    sent_lp[i] += len(lps)
+                if text or lps:
+                    yield chunk(i, text, None, lps=lps)
+                    text_sent[i] += len(text)
                 if upd.finished:
-                    break
-            yield chunk(None if chat else "", upd.finish_reason)
+                    live -= 1
+                    yield chunk(i, None if chat else "", upd.finish_reason)
             if body.include_usage:
                 yield "data: " + json.dumps({"id": rid, "object": obj, "created": int(time.time()), "model": model_name,
-                                             "choices": [], "usage": usage(req)}) + "\n\n"
+                                             "choices": [], "usage": choices.usage(reqs)}) + "\n\n"
             yield "data: [DONE]\n\n"
             metrics.latency.labels(route).observe(time.monotonic() - t0)
         finally:
-            if not req.finished:  # the client went away
-                loop.abort(req.req_id)
+            for t in pumps:
+                t.cancel()
+            for req in reqs:
+                if not req.finished:  # the client went away
+                    loop.abort(req.req_id)
 
     return app

@@ -53,3 +53,8 @@ class KVCache:
         path's K/V to rows prefix_len + 1 .. prefix_len + n (the root stays at prefix_len)."""
         node_rows = prefix_lens.to(torch.int64)[:, None] + torch.arange(num_nodes, device=slots.device)
         kernels.compact_kv_cache(self.data, self.flat_rows(slots, node_rows), accept_index, accept_token_num)
+
+    def clear(self, slot: int, start: int = 0) -> None:
+        """Zeroes rows start.. of a slot: rows past a request's prefix are masked in attention but
+        still multiplied by zero weights, so a NaN left there would reach later requests."""
+        self._view[:, slot, start:] = 0

@@ -1,0 +1,67 @@
+"""The commit log's message format: one message carries a batch of events from one replica.
+
+    JSON header line  {"v": 1, "origin": REPLICA, "t": UNIX_NS, "ev": [EVENT, ...]}  b"\n"
+    int32 tokens      the tokens of the chunk events, concatenated in event order (little-endian)
+
+Events: ``["c", NS, N]`` a learned-corpus chunk of the next N tokens; ``["x", NS, NAME, KEY, FORMAT,
+BYTES]`` an uploaded external corpus whose data is blob KEY; ``["r", NS, NAME]`` a removed external
+corpus; ``["z", NS]`` a reset of the namespace's learned corpus. The header is JSON so a message stays
+readable with ``nats stream view``; the tokens are raw so a batch costs one copy.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+VERSION = 1
+CHUNK, EXTERNAL, REMOVE, RESET = "c", "x", "r", "z"
+
+
+@dataclass(slots=True)
+class Batch:
+    origin: str
+    t_ns: int = 0  # when the batch was published (commit-to-visible lag)
+    events: list[list] = field(default_factory=list)
+    tokens: list[np.ndarray] = field(default_factory=list)  # one per chunk event, in order
+
+    def num_tokens(self) -> int:
+        return sum(t.size for t in self.tokens)
+
+    def encode(self) -> bytes:
+        header = {"v": VERSION, "origin": self.origin, "t": self.t_ns or time.time_ns(), "ev": self.events}
+        body = np.concatenate(self.tokens).astype("<i4", copy=False) if self.tokens else np.zeros(0, "<i4")
+        return json.dumps(header, separators=(",", ":")).encode() + b"\n" + body.tobytes()
+
+
+def decode(payload: bytes) -> Batch:
+    """Parses a message; ValueError says what is wrong (a foreign or corrupt message)."""
+    head, sep, body = payload.partition(b"\n")
+    if not sep:
+        raise ValueError("log message: no header line")
+    try:
+        header = json.loads(head)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"log message: header is not JSON ({e})") from None
+    if not isinstance(header, dict) or header.get("v") != VERSION:
+        raise ValueError(f"log message: expected format version {VERSION}, got {header.get('v') if isinstance(header, dict) else header!r}")
+    if len(body) % 4:
+        raise ValueError(f"log message: {len(body)} token bytes is not a multiple of 4")
+    flat = np.frombuffer(body, dtype="<i4")
+    batch = Batch(str(header.get("origin", "")), int(header.get("t", 0)), list(header.get("ev", [])))
+    pos = 0
+    for ev in batch.events:
+        if not isinstance(ev, list) or not ev or ev[0] not in (CHUNK, EXTERNAL, REMOVE, RESET):
+            raise ValueError(f"log message: unknown event {ev!r:.80}")
+        if ev[0] == CHUNK:
+            n = int(ev[2])
+            if n < 0 or pos + n > flat.size:
+                raise ValueError(f"log message: chunk of {n} tokens overruns the {flat.size} tokens carried")
+            batch.tokens.append(flat[pos:pos + n])
+            pos += n
+    if pos != flat.size:
+        raise ValueError(f"log message: {flat.size - pos} tokens carried but not claimed by an event")
+    return batch

@@ -1,0 +1,20 @@
+"""Wires a Replica into one corpus process: commits of its sessions go to the log, uploads and
+deletions become log markers, and the applier builds what other replicas uploaded."""
+
+from __future__ import annotations
+
+from corpus_service.catalog import Catalog
+from corpus_service.persistence import DataDir
+from corpus_service.replication.externals import ExternalCorpora
+from corpus_service.replication.replica import Replica
+from corpus_service.service_config import ServiceConfig
+from corpus_service.service_state import ServiceState
+
+
+def make_replica(config: ServiceConfig, state: ServiceState, catalog: Catalog, data: DataDir) -> Replica:
+    replica = Replica(config, state, data.root)
+    replica.externals = ExternalCorpora(catalog, replica.blobs, replica.publisher)
+    catalog.replication = replica  # uploads, deletions and snapshots go through the replica
+    state.chunkers = replica.chunkers
+    state.replica = replica
+    return replica
