@@ -15,6 +15,8 @@ at the largest K - 1 for which even fully accepted drafts would pay (K * t(bs) >
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import bisect
 from dataclasses import dataclass
 
@@ -56,6 +58,10 @@ class BudgetPolicy:
         self.max_budget, self.fixed, self.cost = max_budget, fixed, cost
         self.predicted = 1.0  # decayed sums for the calibration c = accepted / predicted
         self.accepted = 1.0
+        # Observed step time / modeled forward time, for plain and for speculative steps: the
+        # host work a step adds (drafting, tree building, verification) is part of its cost.
+        self.overhead = {False: 1.0, True: 1.0}
+        self.node_bucket: Callable[[int], int] = lambda k: k  # tree size the forward really runs
 
     @property
     def calibration(self) -> float:
@@ -86,8 +92,16 @@ class BudgetPolicy:
             s = np.cumsum(np.sort(np.asarray(p, dtype=float))[::-1])
             gains[1:len(s) + 1] += s
             gains[len(s) + 1:] += s[-1] if len(s) else 0.0
-        rate = [(bs + c * gains[k]) / self.cost(bs * (k + 1)) for k in range(longest + 1)]
+        rate = [(bs + c * gains[k]) / (self.cost(bs * self.node_bucket(k + 1)) * self.overhead[k > 0])
+                for k in range(longest + 1)]
         return int(np.argmax(rate))
+
+    def observe_step(self, speculative: bool, seconds: float, tokens: int) -> None:
+        """One step's wall time against the cost model's forward time for its tokens in the batch."""
+        if self.cost is None or seconds <= 0:
+            return
+        r = seconds / self.cost(tokens)
+        self.overhead[speculative] = 0.9 * self.overhead[speculative] + 0.1 * min(r, 10.0)
 
     def observe(self, predicted: float, accepted: int) -> None:
         """One step's sum of path probabilities of the verified nodes vs draft tokens accepted."""

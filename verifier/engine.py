@@ -77,7 +77,11 @@ class Engine:
         # With graphs, one extra slot takes the K/V of the padding rows of a batch bucket.
         self.cache = KVCache(mc.num_layers, config.max_batch + use_graphs, config.max_len, mc.num_kv_heads,
                              mc.head_dim, self.device, model.dtype)
-        self.graphs = GraphRunner(model, self.cache, config.max_batch, config.max_batch) if use_graphs else None
+        self.graphs = None
+        if use_graphs:
+            self.graphs = GraphRunner(model, self.cache, config.max_batch, config.max_batch,
+                                      max_nodes=config.max_budget + 1)
+            self.graphs.capture_all()
         self.scheduler = Scheduler(config.max_batch)
         self.eos_ids = tuple(codec.eos_token_ids or mc.eos_token_ids)
         self.grammars = GrammarCompiler(codec.tokenizer, mc.vocab_size, self.eos_ids)  # lazy: structured output
@@ -87,6 +91,8 @@ class Engine:
                                       time_budget_s=config.cost_probe_s,
                                       forward=None if self.graphs is None else self.graphs.forward)
         self.policy = BudgetPolicy(config.max_budget, fixed, cost)
+        if self.graphs is not None:
+            self.policy.node_bucket = lambda k: self.graphs.nodes_bucket(k, config.max_len)
         self.stats = EngineStats()
         self._inbox: deque[Request] = deque()
         self._aborts: deque[str] = deque()
@@ -275,11 +281,17 @@ class Engine:
 
     def _verify_step(self, running: list[Request], plain: frozenset[str] = frozenset()) -> None:
         dev = self.device
+        t0 = time.perf_counter()  # the step's wall time, drafting included, feeds the budget policy
         drafts = self._drafts(running)
         if plain:  # a retry after non-finite logits: these requests verify no draft this step
             drafts = [(d[0][:0], d[1][:0], d[2][:0]) if r.req_id in plain else d for r, d in zip(running, drafts)]
         slots = [r.slot for r in running]
-        tb = build_tree_batch([r.last_token for r in running], drafts, [r.cache_len for r in running], dev, slots)
+        K_min = 1
+        if self.graphs is not None:  # pad to the graph bucket where the padding rows fit
+            K_min = self.graphs.nodes_bucket(1 + max(len(d[0]) for d in drafts),
+                                             self.config.max_len - max(r.cache_len for r in running))
+        tb = build_tree_batch([r.last_token for r in running], drafts, [r.cache_len for r in running], dev, slots,
+                              K_min)
         bs, K = tb.tokens.shape
         consecutive = slots == list(range(slots[0], slots[0] + bs))
         write_rows = tb.prefix_lens[:, None] + torch.arange(K, device=dev)
@@ -307,6 +319,7 @@ class Engine:
         accept_index, num, predicts = host[0].view(res.accept_index.shape), host[1], host[2]
         bad = host[3].view(bs, K).bool()
         tokens = tb.tokens_host
+        self.policy.observe_step(K > 1, time.perf_counter() - t0, bs * K)
         bad_any = bad.any(-1).tolist()
         # A draft node's NaN K/V reaches every row of its request (masked columns get weight 0, and
         # 0 * NaN = NaN), so such a request verifies the step again without drafts, as plain decoding would.

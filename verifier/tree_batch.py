@@ -49,9 +49,11 @@ class TreeBatch:
 
 
 def build_tree_batch(last_tokens: list[int], drafts: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
-                     prefix_lens: list[int], device: torch.device, slots: list[int] | None = None) -> TreeBatch:
+                     prefix_lens: list[int], device: torch.device, slots: list[int] | None = None,
+                     num_nodes: int = 1) -> TreeBatch:
+    """``num_nodes``: pad every tree to at least this many nodes (a CUDA-graph bucket)."""
     bs = len(last_tokens)
-    K = 1 + max((len(d[0]) for d in drafts), default=0)
+    K = max(num_nodes, 1 + max((len(d[0]) for d in drafts), default=0))
     # The flattened tree (kernels.flatten_draft_tree's form) is built on the host and crosses to
     # the device in one copy: tokens [bs, K], parents [bs, K], prefix lens [bs], cache slots [bs].
     # Per-step host work, not GPU work, bounds a small model's step time.

@@ -43,3 +43,17 @@ def test_prune_tree_keeps_ancestors():
     probs = np.array([0.9, 0.5, 0.3, 0.45, 0.1])
     t, p, q = prune_tree(tokens, parents, probs, 3)
     assert t.tolist() == [10, 11, 13] and p.tolist() == [-1, 0, 1]
+
+
+def test_observed_step_overhead_turns_marginal_speculation_off():
+    """Speculation whose steps cost much more than the cost model says (host work) stops paying."""
+    from verifier.budget import BudgetPolicy, CostModel
+
+    pol = BudgetPolicy(7, None, CostModel([1, 8, 64], [1e-3, 1.05e-3, 1.5e-3]))
+    probs = [np.array([0.3, 0.2, 0.1])]
+    assert pol.choose_nodes(probs) > 0  # a nearly free forward: draft
+    for _ in range(50):
+        pol.observe_step(True, 3e-3, 4)  # but speculative steps take 3x the modeled time
+        pol.observe_step(False, 1e-3, 1)
+    assert pol.choose_nodes(probs) == 0
+    assert pol.choose_nodes([np.array([0.99, 0.98, 0.97, 0.96, 0.95, 0.94, 0.93])]) > 0  # still pays here

@@ -48,3 +48,27 @@ def test_prune_keeps_closed_subtrees():
         t, p, pr = prune_tree(tok, par, prob, k)
         assert len(t) == min(k, len(tok))
         assert all(-1 <= int(x) < j for j, x in enumerate(p))
+
+
+def test_padding_to_a_bucket_changes_no_verification():
+    """Trees padded with isolated nodes (CUDA-graph buckets) accept exactly what unpadded ones do."""
+    rng = np.random.default_rng(2)
+    for _ in range(20):
+        bs = int(rng.integers(1, 4))
+        drafts = [_random_draft(rng, int(rng.integers(0, 6))) for _ in range(bs)]
+        last, prefix = rng.integers(0, 5, bs).tolist(), rng.integers(1, 30, bs).tolist()
+        plain = build_tree_batch(last, drafts, prefix, torch.device("cpu"))
+        padded = build_tree_batch(last, drafts, prefix, torch.device("cpu"), num_nodes=plain.tokens.shape[1] + 3)
+        K0, K1 = plain.tokens.shape[1], padded.tokens.shape[1]
+        assert K1 == K0 + 3 and torch.equal(padded.tokens[:, :K0], plain.tokens)
+        # A target that predicts the draft's own tokens often, so paths get accepted.
+        target = torch.from_numpy(rng.integers(0, 5, (bs, K0)))
+        target_pad = torch.cat([target, torch.from_numpy(rng.integers(0, 5, (bs, 3)))], dim=1)
+        results = []
+        for tb, K, tgt in ((plain, K0, target), (padded, K1, target_pad)):
+            i = tb.indices
+            r = kernels.verify_tree_greedy(tb.tokens, i.retrive_index, i.retrive_next_token, i.retrive_next_sibling,
+                                           tgt, K)
+            results.append([(int(r.accept_token_num[b]), (r.accept_index[b, :int(r.accept_token_num[b]) + 1] - b * K).tolist(),
+                             int(r.predicts[int(r.accept_index[b, int(r.accept_token_num[b])])])) for b in range(bs)])
+        assert results[0] == results[1]

@@ -9,13 +9,15 @@ A graph has fixed shapes, so a step is padded to its bucket:
 - batch rows: padded to the next bucket (1, 2, 4, ... up to max_batch); padding rows write their
   K/V into a scratch slot that no request owns (the cache has one slot more than max_batch) and
   attend only to themselves, so they never touch a request's rows;
-- nodes per request K: exact (1 .. max_budget + 1), since padding K would need cache rows past
-  max_len at the end of a sequence;
+- nodes per request K: the next node bucket (1, 2, 4, 8, 16, ...; the engine pads the tree with
+  isolated nodes, never verified, written to the request's own rows past its tree), or exact
+  near the end of max_len where the padding rows would not fit;
 - attended cache rows: the next KV bucket (powers of two from ``min_kv``, capped at max_len); the
   step's mask is False beyond its real rows, so the extra rows cost bandwidth, never correctness.
 
-Graphs are captured lazily, the first time their shape is seen (tens of milliseconds each), and
-share one memory pool. Prefill stays eager: its length varies per prompt.
+``capture_all`` captures every bucket at start-up (tens of milliseconds each), so no step pays a
+capture; a shape not captured yet (exact K near max_len) is captured on first use. Graphs share
+one memory pool. Prefill stays eager: its length varies per prompt.
 
 ``static_forward`` runs exactly the padded computation a graph replays, without capturing, so the
 padding logic is tested on the CPU (tests/verifier/test_cuda_graphs.py).
@@ -24,6 +26,7 @@ padding logic is tested on the CPU (tests/verifier/test_cuda_graphs.py).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -70,18 +73,34 @@ class GraphRunner:
     tensor is the graph's output buffer: valid until the next forward."""
 
     def __init__(self, model: Transformer, cache: KVCache, max_batch: int, scratch_slot: int,
-                 min_kv: int = 256, capture: bool = True) -> None:
+                 min_kv: int = 256, capture: bool = True, max_nodes: int = 16) -> None:
         if not 0 <= scratch_slot < cache.num_slots:
             raise ValueError(f"scratch_slot: expected a cache slot in [0, {cache.num_slots}), got {scratch_slot}")
         self.model, self.cache, self.scratch = model, cache, scratch_slot
         self.capture = capture and model.device.type == "cuda"
         self.batch_buckets = pow2_buckets(1, max_batch)
         self.kv_buckets = pow2_buckets(min(min_kv, cache.max_len), cache.max_len)
+        self.node_buckets = pow2_buckets(1, max_nodes)
         self._graphs: dict[tuple[int, int, int], _Graph] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.capture else None
 
     def kv_bucket(self, kv_len: int) -> int:
         return next_bucket(kv_len, self.kv_buckets)
+
+    def nodes_bucket(self, K: int, room: int) -> int:
+        """The bucket of K tree nodes when ``room`` cache rows are free after the longest prefix."""
+        b = next_bucket(K, self.node_buckets) if K <= self.node_buckets[-1] else K
+        return b if b <= room else K
+
+    def capture_all(self) -> None:
+        """Captures every (batch, nodes, KV) bucket now instead of during steps."""
+        t = time.perf_counter()
+        for B in self.batch_buckets:
+            for K in self.node_buckets:
+                for L in self.kv_buckets:
+                    if K <= L and (B, K, L) not in self._graphs:
+                        self._graphs[(B, K, L)] = self._build(B, K, L)
+        log.info("captured %d CUDA graphs in %.1f s", len(self._graphs), time.perf_counter() - t)
 
     @property
     def num_graphs(self) -> int:
@@ -140,8 +159,7 @@ class GraphRunner:
         stream = torch.cuda.Stream(dev)
         stream.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._run(g, L)
+            self._run(g, L)
         torch.cuda.current_stream(dev).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
