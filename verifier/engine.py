@@ -81,7 +81,6 @@ class Engine:
         if use_graphs:
             self.graphs = GraphRunner(model, self.cache, config.max_batch, config.max_batch,
                                       max_nodes=config.max_budget + 1)
-            self.graphs.capture_all()
         self.scheduler = Scheduler(config.max_batch)
         self.eos_ids = tuple(codec.eos_token_ids or mc.eos_token_ids)
         self.grammars = GrammarCompiler(codec.tokenizer, mc.vocab_size, self.eos_ids)  # lazy: structured output

@@ -15,9 +15,10 @@ A graph has fixed shapes, so a step is padded to its bucket:
 - attended cache rows: the next KV bucket (powers of two from ``min_kv``, capped at max_len); the
   step's mask is False beyond its real rows, so the extra rows cost bandwidth, never correctness.
 
-``capture_all`` captures every bucket at start-up (tens of milliseconds each), so no step pays a
-capture; a shape not captured yet (exact K near max_len) is captured on first use. Graphs share
-one memory pool. Prefill stays eager: its length varies per prompt.
+Graphs are captured lazily, the first time their shape is seen (tens of milliseconds each; the
+node buckets keep the number of shapes small), and share one memory pool. (Capturing every bucket
+at engine start, before any eager forward, failed once on the device: "operation failed due to a
+previous error during capture"; see ``_build``.) Prefill stays eager: its length varies per prompt.
 
 ``static_forward`` runs exactly the padded computation a graph replays, without capturing, so the
 padding logic is tested on the CPU (tests/verifier/test_cuda_graphs.py).
@@ -26,7 +27,6 @@ padding logic is tested on the CPU (tests/verifier/test_cuda_graphs.py).
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
 import torch
@@ -83,6 +83,7 @@ class GraphRunner:
         self.node_buckets = pow2_buckets(1, max_nodes)
         self._graphs: dict[tuple[int, int, int], _Graph] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.capture else None
+        self._warmed = False
 
     def kv_bucket(self, kv_len: int) -> int:
         return next_bucket(kv_len, self.kv_buckets)
@@ -91,16 +92,6 @@ class GraphRunner:
         """The bucket of K tree nodes when ``room`` cache rows are free after the longest prefix."""
         b = next_bucket(K, self.node_buckets) if K <= self.node_buckets[-1] else K
         return b if b <= room else K
-
-    def capture_all(self) -> None:
-        """Captures every (batch, nodes, KV) bucket now instead of during steps."""
-        t = time.perf_counter()
-        for B in self.batch_buckets:
-            for K in self.node_buckets:
-                for L in self.kv_buckets:
-                    if K <= L and (B, K, L) not in self._graphs:
-                        self._graphs[(B, K, L)] = self._build(B, K, L)
-        log.info("captured %d CUDA graphs in %.1f s", len(self._graphs), time.perf_counter() - t)
 
     @property
     def num_graphs(self) -> int:
@@ -156,10 +147,18 @@ class GraphRunner:
             return g
         # Warm up on a side stream (allocator and cuBLAS/SDPA workspaces), then capture. The
         # padding rows write only into the scratch slot, so neither touches a request's K/V.
+        # The first capture of a process also gets one forward on the current stream first: a
+        # capture that was the process's first CUDA work (the engine's cost probe runs before any
+        # prefill) was invalidated on the device, while captures after eager forwards never were.
+        if not self._warmed:
+            self._run(g, L)
+            torch.cuda.synchronize(dev)
+            self._warmed = True
         stream = torch.cuda.Stream(dev)
         stream.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(stream):
-            self._run(g, L)
+            for _ in range(2):
+                self._run(g, L)
         torch.cuda.current_stream(dev).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
