@@ -81,6 +81,11 @@ def create_admin_app(state: ServiceState, catalog: Catalog) -> FastAPI:
 
     Auth = Annotated[None, Depends(require_token)]
 
+    def require_read_all(principal: Reader) -> None:
+        require(principal, Role.READ)  # a route over every namespace (e.g. /v1/replication)
+
+    app.state.require_read_all = require_read_all  # for routers mounted by the service
+
     def namespace_dep(namespace: Annotated[str, Path(max_length=64)], principal: Reader) -> str:
         require(principal, Role.READ, namespace)  # before existence: no probing for other namespaces
         state.corpus(namespace)  # KeyError -> 404

@@ -129,7 +129,10 @@ class CorpusService:
         app = create_admin_app(self.state, self.catalog)
         if self.replica is not None:
             from corpus_service.replication.routes import replication_router
-            app.include_router(replication_router(self.replica))
+            from fastapi import Depends
+
+            # With client tokens, the replica's status (every namespace) needs read on all of them.
+            app.include_router(replication_router(self.replica), dependencies=[Depends(app.state.require_read_all)])
         tls = {}
         if cfg.tls_cert:
             tls = {"ssl_certfile": cfg.tls_cert, "ssl_keyfile": cfg.tls_key}

@@ -31,7 +31,7 @@ class VerifierConfig:
     host: str = "127.0.0.1"
     port: int = 8000  # 0 = an ephemeral port (written to --ports-file)
     ports_file: str = ""
-    api_key: str = ""  # if set, requests need "Authorization: Bearer <api_key>"
+    api_key: str = field(default="", repr=False)  # if set, requests need "Authorization: Bearer <api_key>"
     served_model_name: str = ""  # default: the model file or directory name
     max_batch: int = 8
     max_len: int = 2048

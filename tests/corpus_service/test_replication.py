@@ -181,3 +181,27 @@ def test_snapshots_and_uploads_through_the_nats_object_store(cluster, tmp_path):
     with late.http() as http:
         names = {c["name"]: c["tokens"] for c in http.get("/v1/namespaces/default/corpora").json()}
     assert names == {"docs": 8, "more": 3}
+
+
+def test_replication_status_needs_a_token_when_tokens_are_configured(tmp_path):
+    """/v1/replication covers every namespace: with client tokens it needs read on all of them."""
+    import json
+
+    import httpx
+
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps({"clients": [
+        {"name": "ops", "token": "tok-ops-read-all-6b1d9e2c7a40f3e8", "namespaces": ["*"], "role": "read"},
+        {"name": "one", "token": "tok-one-ns-only-1c5a8e3f9d2b7046", "namespaces": ["default"], "role": "read"}]}))
+    nats = NatsServer(tmp_path / "nats").start()
+    srv = replica(tmp_path / "r", nats, "r", tmp_path / "blobs", "--client-tokens", str(tokens)).start()
+    try:
+        url = f"{srv.admin_url}/v1/replication"
+        assert httpx.get(url, timeout=30).status_code == 401
+        assert httpx.get(url, headers={"Authorization": "Bearer tok-one-ns-only-1c5a8e3f9d2b7046"},
+                         timeout=30).status_code == 403
+        r = httpx.get(url, headers={"Authorization": "Bearer tok-ops-read-all-6b1d9e2c7a40f3e8"}, timeout=30)
+        assert r.status_code == 200 and isinstance(r.json(), dict), r.text
+    finally:
+        srv.stop()
+        nats.kill()
