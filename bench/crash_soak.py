@@ -145,11 +145,24 @@ class Workload(threading.Thread):
                 self.pending.pop(k, None)
 
 
+def has_path(tokens: list[int], parents: list[int], path: list[int]) -> bool:
+    """Whether the draft tree holds ``path`` as a chain from the root."""
+    frontier = [-1]
+    for tok in path:
+        frontier = [i for i, (t, p) in enumerate(zip(tokens, parents)) if t == tok and p in frontier]
+        if not frontier:
+            return False
+    return True
+
+
 def continues(client: CorpusClient, rid: str, seq: list[int]) -> bool:
+    """Whether the corpus still holds ``seq``: a probe with its first PROBE tokens drafts the next
+    CHECK as a chain. Durability is about the content, not its rank among other candidates, so
+    the chain may be anywhere in a wider tree."""
     client.start_request(rid, seq[:PROBE])
-    tokens = client.draft([rid], CHECK).tree(0)[0]
+    tokens, parents, _ = client.draft([rid], 4 * CHECK).tree(0)
     client.finish(rid)
-    return tokens[:CHECK] == seq[PROBE:PROBE + CHECK]
+    return has_path(list(tokens), list(parents), seq[PROBE:PROBE + CHECK])
 
 
 def wait_uploads_ready(srv: ServerProcess, must: set[str], may: set[str] = frozenset(), timeout: float = 120.0) -> dict[str, dict]:

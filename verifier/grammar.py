@@ -72,6 +72,11 @@ class GrammarCompiler:
                 self._ll = _LL_TOKENIZERS[key][1]
             return self._ll
 
+    def warm(self) -> None:
+        """Builds the llguidance tokenizer now (the server calls it on a background thread at
+        start-up, so the first structured request does not pay ~0.5 s on the API's event loop)."""
+        self._ll_tokenizer()
+
     def matcher(self, spec: GrammarSpec) -> "GrammarMatcher":
         """ValueError (with llguidance's message) for a grammar that does not compile."""
         from llguidance import LLMatcher

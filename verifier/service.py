@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import socket
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +52,7 @@ def serve(cfg: VerifierConfig) -> None:
 
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     v = build_verifier(cfg)
+    threading.Thread(target=v.engine.grammars.warm, name="grammar-warmup", daemon=True).start()
     loop = EngineLoop(v.engine).start()
     app = create_app(loop, v.model_name, cfg.api_key)
     sock = socket.socket(socket.AF_INET6 if ":" in cfg.host else socket.AF_INET)
