@@ -1,7 +1,17 @@
 """Shared helpers for the engine/API tests on the real model."""
 
+import contextlib
+import socket
+import threading
+import time
+
+import httpx
+import uvicorn
+
+from verifier.api import create_app
 from verifier.drafter import Drafter
 from verifier.engine import Engine, EngineConfig
+from verifier.loop import EngineLoop
 from verifier.sampling import SamplingParams
 
 MAX_TOKENS = 24
@@ -11,3 +21,24 @@ GREEDY = SamplingParams(max_tokens=MAX_TOKENS)
 def engine(lm, drafter: Drafter | None, budget: int = 7, max_batch: int = 4) -> Engine:
     return Engine(lm.model, lm.codec, drafter, EngineConfig(max_batch=max_batch, max_len=640,
                                                            budget=budget if drafter else 0, max_budget=15))
+
+
+@contextlib.contextmanager
+def serve_api(lm, budget: int, timeout: float = 120):
+    """A real uvicorn server on a 127.0.0.1 ephemeral port over an engine with the local corpus;
+    yields an httpx client for it."""
+    loop = EngineLoop(engine(lm, Drafter("local", vocab_size=lm.model.config.vocab_size), budget=budget)).start()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(loop, "smollm2"), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}", timeout=timeout) as client:
+            yield client
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        loop.stop()

@@ -1,35 +1,15 @@
 """The OpenAI-compatible API through a real uvicorn server on 127.0.0.1 (ephemeral port)."""
 
 import json
-import socket
-import threading
-import time
 
-import httpx
 import pytest
-import uvicorn
-from engine_fixtures import engine
-
-from verifier.api import create_app
-from verifier.drafter import Drafter
-from verifier.loop import EngineLoop
+from engine_fixtures import serve_api
 
 
 @pytest.fixture(scope="module")
 def api(smollm2):
-    loop = EngineLoop(engine(smollm2, Drafter("local", vocab_size=smollm2.model.config.vocab_size), budget=4)).start()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(loop, "smollm2"), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    with httpx.Client(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}", timeout=120) as client:
+    with serve_api(smollm2, budget=4) as client:
         yield client
-    server.should_exit = True
-    thread.join(10)
-    loop.stop()
 
 
 def test_completions_with_speculative_usage(api):

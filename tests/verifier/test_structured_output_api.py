@@ -3,19 +3,10 @@ response_format json_schema / json_object, the regex and ebnf extensions, and 40
 
 import json
 import re
-import socket
-import threading
-import time
 
-import httpx
 import jsonschema
 import pytest
-import uvicorn
-from engine_fixtures import engine
-
-from verifier.api import create_app
-from verifier.drafter import Drafter
-from verifier.loop import EngineLoop
+from engine_fixtures import serve_api
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
           "required": ["city", "country"], "additionalProperties": False}
@@ -23,19 +14,8 @@ SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "country"
 
 @pytest.fixture(scope="module")
 def api(smollm2):
-    loop = EngineLoop(engine(smollm2, Drafter("local", vocab_size=smollm2.model.config.vocab_size), budget=6)).start()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(loop, "smollm2"), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    with httpx.Client(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}", timeout=300) as client:
+    with serve_api(smollm2, budget=6, timeout=300) as client:
         yield client
-    server.should_exit = True
-    thread.join(10)
-    loop.stop()
 
 
 def test_json_schema_response_format_validates_and_matches_plain_decoding(api):
