@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 from verifier.drafter import Drafter  # noqa: E402
 from verifier.engine import Engine, EngineConfig  # noqa: E402
 from verifier.model import ForwardBatch, KVCache, ModelConfig, build_model, load_model  # noqa: E402
+from verifier.model import fusion  # noqa: E402
 from verifier.model.cuda_graphs import GraphRunner  # noqa: E402
 from verifier.model.loader import DTYPES  # noqa: E402
 from verifier.sampling import SamplingParams  # noqa: E402
@@ -141,7 +142,8 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
 
     # warm-up (CUDA context, cuBLAS handles, the native kernels' build/load)
     warm = Engine(lm.model, lm.codec, Drafter("local", vocab_size=V),
-                  EngineConfig(max_batch=2, max_len=max_len, budget=min(4, args.max_budget), max_budget=args.max_budget))
+                  EngineConfig(max_batch=2, max_len=max_len, budget=min(4, args.max_budget), max_budget=args.max_budget,
+                               cuda_graphs=not args.eager, compile=not args.eager))
     warm.generate(all_prompts[:2], SamplingParams(max_tokens=4))
 
     server, target = None, None
@@ -159,7 +161,7 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
             row: dict = {"prompts": len(prompts)}
             plain = Engine(lm.model, lm.codec, None, EngineConfig(max_batch=B, max_len=max_len, budget=0,
                                                                   max_budget=args.max_budget,
-                                                                  cuda_graphs=not args.eager))
+                                                                  cuda_graphs=not args.eager, compile=not args.eager))
             base = run_engine(plain, prompts, args.max_new)
             row["plain"] = {k: v for k, v in base.items() if k != "outputs"}
             del plain
@@ -175,7 +177,7 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
                                   draft_timeout_s=args.draft_timeout)
                 spec = Engine(lm.model, lm.codec, drafter,
                               EngineConfig(max_batch=B, max_len=max_len, budget=budget, max_budget=args.max_budget,
-                                           cost_probe_s=args.cost_probe_s, cuda_graphs=not args.eager))
+                                           cost_probe_s=args.cost_probe_s, cuda_graphs=not args.eager, compile=not args.eager))
                 r = run_engine(spec, prompts, args.max_new)
                 n_diff, first = mismatches(base["outputs"], r["outputs"])
                 d = drafter.stats
@@ -257,6 +259,8 @@ def bench_8b(args, device: torch.device, dtype: torch.dtype) -> dict:
     read_s = weight_bytes / bw
     K_list, B_list, prefix = args.ks, args.batches_8b, args.prefix
     use_graphs = device.type == "cuda" and not args.eager
+    if use_graphs:  # as the engine does on CUDA: fused elementwise kernels (verifier.model.fusion)
+        fusion.enable_compile()
     cache = KVCache(cfg.num_layers, max(B_list) + use_graphs, prefix + max(K_list) + 1, cfg.num_kv_heads,
                     cfg.head_dim, device, dtype)
     graphs = GraphRunner(model, cache, max(B_list), max(B_list), min_kv=prefix) if use_graphs else None
@@ -297,7 +301,7 @@ def bench_structured(args, device: torch.device, dtype: torch.dtype) -> dict:
 
     def config(B: int, b: int | None) -> EngineConfig:
         return EngineConfig(max_batch=B, max_len=max_len, budget=b, max_budget=args.max_budget,
-                            cost_probe_s=args.cost_probe_s, cuda_graphs=not args.eager)
+                            cost_probe_s=args.cost_probe_s, cuda_graphs=not args.eager, compile=not args.eager)
 
     Engine(lm.model, lm.codec, None, config(2, 0)).generate(all_prompts[:2], params)  # warm-up (+ grammar tokenizer)
     for B in args.structured_batches:
@@ -403,19 +407,30 @@ def main(argv: list[str] | None = None) -> int:
     env = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
            "torch": torch.__version__, "argv": sys.argv[1:] if argv is None else argv,
            "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    smol = None if args.skip_smol else bench_smollm2(args, device, dtype)
-    big = None if args.skip_8b else bench_8b(args, device, dtype)
-    structured = None if args.skip_structured else bench_structured(args, device, dtype)
-    penalties = None
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    parts: dict = {"smollm2": None, "llama3_8b_shape": None, "structured": None, "penalties": None}
+
+    def write() -> dict:  # after every part: a later part that fails or times out keeps the earlier ones
+        summary = {**summarize(parts["smollm2"], parts["llama3_8b_shape"], parts["structured"]),
+                   **penalty_workload.summarize(parts["penalties"])}
+        out.write_text(json.dumps({"env": env, "summary": summary, **parts}, indent=1) + "\n")
+        return summary
+
+    if not args.skip_smol:
+        parts["smollm2"] = bench_smollm2(args, device, dtype)
+        write()
+    if not args.skip_8b:
+        parts["llama3_8b_shape"] = bench_8b(args, device, dtype)
+        write()
+    if not args.skip_structured:
+        parts["structured"] = bench_structured(args, device, dtype)
+        write()
     if not args.skip_penalties:  # bench/penalty_workload.py: the Spec-Bench prompts with penalties
         lm = load_model(args.gguf, device, dtype)
         prompts = load_prompts(data_dir(args.data_dir) / "traces" / TRACE, max(max(args.penalty_batches), args.min_prompts))
-        penalties = penalty_workload.bench(args, lm, prompts, run_engine, mismatches, ratio)
-    summary = {**summarize(smol, big, structured), **penalty_workload.summarize(penalties)}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"env": env, "summary": summary, "smollm2": smol, "llama3_8b_shape": big,
-                               "structured": structured, "penalties": penalties}, indent=1) + "\n")
+        parts["penalties"] = penalty_workload.bench(args, lm, prompts, run_engine, mismatches, ratio)
+    summary = write()
     print("SUMMARY " + json.dumps(summary), flush=True)
     return 0
 

@@ -27,7 +27,7 @@ def bench(args, lm, all_prompts: list[list[int]], run_engine, mismatches, ratio)
 
     def config(B: int, b: int | None) -> EngineConfig:
         return EngineConfig(max_batch=B, max_len=max_len, budget=b, max_budget=args.max_budget,
-                            cost_probe_s=args.cost_probe_s, cuda_graphs=not args.eager)
+                            cost_probe_s=args.cost_probe_s, cuda_graphs=not args.eager, compile=not args.eager)
 
     def strip(r: dict) -> dict:
         return {k: v for k, v in r.items() if k != "outputs"}

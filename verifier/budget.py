@@ -96,6 +96,22 @@ class BudgetPolicy:
                 for k in range(longest + 1)]
         return int(np.argmax(rate))
 
+    def choose_nodes_rows(self, probs: np.ndarray, counts: np.ndarray) -> int:
+        """``choose_nodes`` for [bs, W] padded probabilities (``counts[b]`` real, padding 0),
+        without a loop over rows."""
+        W = int(counts.max()) if counts.size else 0
+        probs = probs[:, :W]
+        bs = probs.shape[0]
+        if self.fixed is not None:
+            return min(self.fixed, W)
+        c = self.calibration
+        gains = np.zeros(W + 1)
+        if bs and W:
+            gains[1:] = np.cumsum(-np.sort(-probs.astype(np.float64), axis=1), axis=1).sum(axis=0)
+        rate = [(bs + c * gains[k]) / (self.cost(bs * self.node_bucket(k + 1)) * self.overhead[k > 0])
+                for k in range(W + 1)]
+        return int(np.argmax(rate))
+
     def observe_step(self, speculative: bool, seconds: float, tokens: int) -> None:
         """One step's wall time against the cost model's forward time for its tokens in the batch."""
         if self.cost is None or seconds <= 0:

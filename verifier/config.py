@@ -40,6 +40,9 @@ class VerifierConfig:
     draft_timeout_s: float = 0.05  # longest wait for a remote draft before drafting in process
     corpus_timeout_s: float = 1.0  # the corpus client's deadline (retries included), in the background
     cost_probe_s: float = 10.0
+    cuda_graphs: bool = True  # replay decode/verify steps as CUDA graphs (cuda only)
+    compile: bool = True  # torch.compile the layers' elementwise ops into fused kernels (cuda only)
+    capture_at_start: bool = True  # capture every bucket's greedy-step graph at start-up (cuda graphs)
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -75,7 +78,8 @@ class VerifierConfig:
         if self.corpus == "none":
             fixed = 0
         return EngineConfig(max_batch=self.max_batch, max_len=self.max_len, budget=fixed,
-                            max_budget=self.max_budget, cost_probe_s=self.cost_probe_s)
+                            max_budget=self.max_budget, cost_probe_s=self.cost_probe_s, cuda_graphs=self.cuda_graphs,
+                            compile=self.compile, capture_at_start=self.capture_at_start)
 
 
 def _is_loopback(host: str) -> bool:
@@ -90,6 +94,19 @@ def _is_loopback(host: str) -> bool:
             return False
 
 
+def parse_bool(v: str | bool) -> bool:
+    """A flag or environment value: 1/true/yes/on or 0/false/no/off (argparse's bool() would take
+    "false" as True)."""
+    if isinstance(v, bool):
+        return v
+    s = str(v).strip().lower()
+    if s in ("1", "true", "yes", "on"):
+        return True
+    if s in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false (1/0, yes/no, on/off), got {v!r}")
+
+
 def add_config_flags(parser: argparse.ArgumentParser, cls=VerifierConfig) -> None:
     hints = typing.get_type_hints(cls)
     for f in fields(cls):
@@ -99,7 +116,8 @@ def add_config_flags(parser: argparse.ArgumentParser, cls=VerifierConfig) -> Non
                                 help=f"repeatable (env {env}, ;-separated; default {f.default!r})")
             continue
         default = os.environ.get(env, f.default if f.default is not MISSING else None)
-        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=hints[f.name], default=hints[f.name](default),
+        kind = parse_bool if hints[f.name] is bool else hints[f.name]
+        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=kind(default),
                             help=f"(env {env}; default {f.default!r})")
 
 

@@ -17,6 +17,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
+import numpy as np
+
 from corpus_service import NgramCorpus
 from corpus_service.engine import DraftBatch
 
@@ -75,6 +77,21 @@ class Drafter:
         if tokens:
             self.local.extend(req_id, tokens)
             self._remote_call(self._client.extend if self._client else None, req_id, tokens)
+
+    def extend_many(self, items: list[tuple[str, list[int]]]) -> None:
+        """A step's extends in one native call and one queued remote call (not one per request)."""
+        items = [(r, t) for r, t in items if t]
+        if not items:
+            return
+        ids = [r for r, _ in items]
+        flat = np.fromiter((tok for _, t in items for tok in t), dtype=np.int32)
+        self.local.extend_batch(ids, flat, np.fromiter((len(t) for _, t in items), dtype=np.int64, count=len(items)))
+        if self._client is not None:
+            self._remote_call(self._extend_remote, items)
+
+    def _extend_remote(self, items: list[tuple[str, list[int]]]) -> None:
+        for req_id, tokens in items:
+            self._client.extend(req_id, tokens)
 
     def finish(self, req_id: str) -> None:
         if self.local.has_request(req_id):

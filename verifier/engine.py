@@ -25,13 +25,14 @@ from .drafter import Drafter
 from .grammar import GrammarCompiler, finish_if_complete, mask_logits, prune_drafts, settle
 from .logprobs import row_logprobs
 from .model import ForwardBatch, KVCache, TextCodec, Transformer
+from .model import fusion
 from .model.cuda_graphs import GraphRunner
 from .numerics import error_message, nonfinite_rows
-from .penalties import process_logits
+from .penalties import needs_processing, process_logits
 from .request import Request, Status, append_tokens
 from .sampling import SamplingParams, sample, target_probs
 from .scheduler import Scheduler
-from .tree_batch import build_tree_batch, prune_tree
+from .tree_batch import PackedTrees, build_tree_batch, pack_rows, prune_rows, prune_tree
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,11 @@ class EngineConfig:
     budget: int | None = None  # draft nodes per request; None = adaptive (cost model + acceptance)
     max_budget: int = 15
     cost_probe_s: float = 10.0  # start-up time allowed for measuring the cost model
-    cuda_graphs: bool = True  # replay captured graphs for decode/verify forwards (CUDA only)
+    cuda_graphs: bool = True  # replay captured graphs for decode/verify steps (CUDA only)
+    compile: bool = True  # torch.compile the layers' elementwise ops into fused kernels (CUDA only)
+    capture_at_start: bool = True  # capture the greedy-step graphs of every bucket at start-up (CUDA graphs)
+    prefill_tokens: int = 8192  # prompt tokens (padding included) per batched prefill forward
+    emulate_graphs: bool = False  # tests: the graph path (padded buckets, one-graph greedy step) run eagerly on any device
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_batch <= 4096:
@@ -52,6 +57,8 @@ class EngineConfig:
             raise ValueError(f"max_len: expected 16..2^20, got {self.max_len}")
         if not 1 <= self.max_budget <= kernels.MAX_NODES - 1:
             raise ValueError(f"max_budget: expected 1..{kernels.MAX_NODES - 1}, got {self.max_budget}")
+        if not 1 <= self.prefill_tokens <= 1 << 20:
+            raise ValueError(f"prefill_tokens: expected 1..2^20, got {self.prefill_tokens}")
         if self.budget is not None and not 0 <= self.budget <= self.max_budget:
             raise ValueError(f"budget: expected 0..max_budget ({self.max_budget}) or None (adaptive), got {self.budget}")
 
@@ -67,20 +74,46 @@ class EngineStats:
     spec_steps: int = 0  # request-steps that verified at least one draft node
 
 
+def prefill_chunks(reqs: list[Request], max_tokens: int) -> list[list[Request]]:
+    """Admitted requests grouped for batched prefill: by prompt length, so that each group's
+    padded size (count x longest) stays within ``max_tokens`` (a longer prompt goes alone) and
+    padding adds at most a quarter to the real tokens."""
+    out: list[list[Request]] = []
+    group: list[Request] = []
+    real = 0
+    for r in sorted(reqs, key=lambda r: len(r.prompt_ids)):
+        n = len(r.prompt_ids)  # the longest so far (sorted)
+        if group and ((len(group) + 1) * n > max_tokens or (len(group) + 1) * n > 1.25 * (real + n)):
+            out.append(group)
+            group, real = [], 0
+        group.append(r)
+        real += n
+    if group:
+        out.append(group)
+    return out
+
+
 class Engine:
     def __init__(self, model: Transformer, codec: TextCodec, drafter: Drafter | None,
                  config: EngineConfig = EngineConfig(), cost: CostModel | None = None) -> None:
         self.model, self.codec, self.drafter, self.config = model, codec, drafter, config
         mc = model.config
         self.device = model.device
-        use_graphs = config.cuda_graphs and self.device.type == "cuda"
+        on_cuda = self.device.type == "cuda"
+        use_graphs = (config.cuda_graphs and on_cuda) or config.emulate_graphs
         # With graphs, one extra slot takes the K/V of the padding rows of a batch bucket.
         self.cache = KVCache(mc.num_layers, config.max_batch + use_graphs, config.max_len, mc.num_kv_heads,
                              mc.head_dim, self.device, model.dtype)
         self.graphs = None
         if use_graphs:
             self.graphs = GraphRunner(model, self.cache, config.max_batch, config.max_batch,
-                                      max_nodes=config.max_budget + 1)
+                                      max_nodes=config.max_budget + 1, capture=on_cuda and config.cuda_graphs)
+        if config.compile and on_cuda:
+            self._compile_fusions()
+        if self.graphs is not None and self.graphs.capture and config.capture_at_start:
+            t = time.perf_counter()
+            n = self.graphs.capture_greedy_steps(None if drafter is not None else (1,))
+            log.info("captured %d greedy-step graphs in %.1f s", n, time.perf_counter() - t)
         self.scheduler = Scheduler(config.max_batch)
         self.eos_ids = tuple(codec.eos_token_ids or mc.eos_token_ids)
         self.grammars = GrammarCompiler(codec.tokenizer, mc.vocab_size, self.eos_ids)  # lazy: structured output
@@ -98,6 +131,31 @@ class Engine:
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._live: dict[str, Request] = {}
+        self._extends: list[tuple[str, list[int]]] = []  # this step's committed tokens for the drafter
+
+    def _compile_fusions(self) -> None:
+        """Compiles the layers' elementwise ops (verifier.model.fusion) for every shape class a
+        step can bring (inductor specializes sizes 0 and 1: batch 1 or more, one token or more,
+        causal prefill or masked verify), so no compilation lands inside a request's step. The
+        forwards write into a slot no request owns yet; the model stays eager if any fails."""
+        if not fusion.enable_compile():
+            return
+        dev = self.device
+        slot = self.config.max_batch if self.graphs is not None else 0
+        t = time.perf_counter()
+        try:
+            for bs, T, masked in itertools.product((1, 2), (1, 4), (False, True)):
+                rows = torch.arange(T, device=dev).expand(bs, T)
+                mask = torch.ones(bs, T, T, dtype=torch.bool, device=dev).tril() if masked else None
+                self.model(torch.zeros(bs, T, dtype=torch.int64, device=dev), self.cache,
+                           ForwardBatch(rows, rows, torch.full((bs,), slot, device=dev), T, mask),
+                           last_index=None if masked else torch.full((bs,), T - 1, device=dev))
+        except Exception as e:  # noqa: BLE001  (inductor/triton failures vary by machine)
+            log.warning("torch.compile of the elementwise ops failed, running them eagerly: %s", e)
+            fusion.disable_compile()
+        else:
+            log.info("compiled the elementwise ops in %.1f s", time.perf_counter() - t)
+        self.cache.clear(slot)
 
     # ------------------------------------------------------------------ requests (thread-safe)
 
@@ -141,9 +199,10 @@ class Engine:
         Returns the requests that got tokens or finished."""
         t0 = time.perf_counter()
         updated = self._take_inbox()
-        for req in self.scheduler.admit():
-            self._prefill(req)
-            updated.append(req)
+        admitted = self.scheduler.admit()
+        for chunk in prefill_chunks(admitted, self.config.prefill_tokens):
+            self._prefill(chunk)
+        updated.extend(admitted)
         running = [r for r in self.scheduler.running if not r.finished]
         if running:
             self._verify_step(running)
@@ -204,24 +263,40 @@ class Engine:
         self.scheduler.waiting = deque(r for r in self.scheduler.waiting if not r.finished)
         return done
 
-    def _prefill(self, req: Request) -> None:
-        n = len(req.prompt_ids)
+    def _prefill(self, reqs: list[Request]) -> None:
+        """One causal forward over the prompts of ``reqs``, right-padded to the longest, then each
+        request's first token from its last prompt position. The padding rows' K/V land past each
+        prompt, where masks never look and decoding overwrites them; they repeat the prompt's last
+        token, so they are finite where the prompt is (a masked NaN still poisons attention: 0 * NaN)."""
         dev = self.device
-        rows = torch.arange(n, device=dev)[None]
-        fb = ForwardBatch(rows, rows, torch.tensor([req.slot], device=dev), n, None, (req.slot, 1))
-        logits = self.model(torch.tensor([req.prompt_ids], device=dev), self.cache, fb, last_only=True)[:, 0]
+        lens = [len(r.prompt_ids) for r in reqs]
+        T = max(lens)
+        ids = np.empty((len(reqs), T), dtype=np.int64)
+        for i, r in enumerate(reqs):
+            ids[i, :lens[i]] = r.prompt_ids
+            ids[i, lens[i]:] = r.prompt_ids[-1]
+        rows = torch.arange(T, device=dev).expand(len(reqs), T)
+        fb = ForwardBatch(rows, rows, torch.tensor([r.slot for r in reqs], device=dev), T, None)
+        last = torch.tensor(lens, device=dev) - 1
+        logits = self.model(torch.from_numpy(ids).to(dev), self.cache, fb, last_index=last)[:, 0]
         bad = nonfinite_rows(logits)
-        process_logits(logits[:, None], [req], logits.new_zeros(1, 1, dtype=torch.int64),
-                       torch.ones(1, 1, 1, dtype=torch.bool, device=dev), self.eos_ids)
-        mask_logits([req], None, logits)
-        first = self._sample_one(logits, [req])
-        req.cache_len = n
-        self.stats.prefill_tokens += n
-        if self.drafter is not None:
-            self.drafter.start_request(req.req_id, req.prompt_ids)
-        self._commit_path(req, [first], logits, [0], bad.tolist())
-        if bad.any():
-            self.cache.clear(req.slot)
+        for i, req in enumerate(reqs):
+            process_logits(logits[i:i + 1, None], [req], logits.new_zeros(1, 1, dtype=torch.int64),
+                           torch.ones(1, 1, 1, dtype=torch.bool, device=dev), self.eos_ids)
+            mask_logits([req], None, logits[i:i + 1])
+        greedy = [i for i, r in enumerate(reqs) if r.params.greedy]
+        first = dict(zip(greedy, logits[greedy].argmax(-1).tolist())) if greedy else {}  # one copy for all
+        bad = bad.tolist()
+        for i, req in enumerate(reqs):
+            tok = first[i] if i in first else self._sample_one(logits[i:i + 1], [req])
+            req.cache_len = lens[i]
+            self.stats.prefill_tokens += lens[i]
+            if self.drafter is not None:
+                self.drafter.start_request(req.req_id, req.prompt_ids)
+            self._commit_path(req, [tok], logits[i:i + 1], [0], [bad[i]])
+            if bad[i]:
+                self.cache.clear(req.slot)
+        self._flush_extends()
 
     def _sample_one(self, logits: torch.Tensor, reqs: list[Request]) -> int:
         req = reqs[0]
@@ -238,7 +313,7 @@ class Engine:
         top_p = torch.tensor([r.params.top_p for r in reqs], device=dev).repeat_interleave(K)
         return temp, top_k, top_p
 
-    def _commit_path(self, req: Request, tokens: list[int], logits: torch.Tensor, path: list[int], bad: list[bool]) -> int:
+    def _commit_path(self, req: Request, tokens: list[int], logits: torch.Tensor | None, path: list[int], bad: list[bool]) -> int:
         """Commits tokens chosen from logits [K, V] rows ``path`` (one each) up to the first
         non-finite row, which fails the request (``verifier.numerics``); returns how many were committed."""
         m = bad.index(True) if True in bad else len(tokens)
@@ -258,9 +333,14 @@ class Engine:
         committed = req.output_ids[before:]
         req.logprobs.extend((logprobs or [])[:len(committed)])
         self.stats.generated_tokens += len(committed)
-        if self.drafter is not None:
-            self.drafter.extend(req.req_id, committed)
+        if self.drafter is not None and committed:
+            self._extends.append((req.req_id, committed))  # sent in one batch: _flush_extends
         return len(committed)
+
+    def _flush_extends(self) -> None:
+        if self._extends:
+            self.drafter.extend_many(self._extends)
+            self._extends = []
 
     def _drafts(self, running: list[Request]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         empty = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32))
@@ -278,23 +358,106 @@ class Engine:
         room = min(self.config.max_len - r.cache_len - 1 for r in running)  # rows prefix .. prefix + K - 1
         return [prune_tree(*d, max(0, min(k, room))) for d in drafts]
 
+    def _fast_greedy(self, running: list[Request]) -> bool:
+        """Whether the whole step can replay as one graph (GraphRunner.greedy_step): greedy
+        requests whose logits need no processing (penalties, min_tokens, grammar masks)."""
+        return self.graphs is not None and all(
+            r.params.greedy and r.grammar is None and not needs_processing(r) for r in running)
+
     def _verify_step(self, running: list[Request], plain: frozenset[str] = frozenset()) -> None:
-        dev = self.device
         t0 = time.perf_counter()  # the step's wall time, drafting included, feeds the budget policy
-        drafts = self._drafts(running)
-        if plain:  # a retry after non-finite logits: these requests verify no draft this step
-            drafts = [(d[0][:0], d[1][:0], d[2][:0]) if r.req_id in plain else d for r, d in zip(running, drafts)]
+        captures = self.graphs.captures if self.graphs is not None else 0
         slots = [r.slot for r in running]
-        K_min = 1
-        if self.graphs is not None:  # pad to the graph bucket where the padding rows fit
-            K_min = self.graphs.nodes_bucket(1 + max(len(d[0]) for d in drafts),
-                                             self.config.max_len - max(r.cache_len for r in running))
-        tb = build_tree_batch([r.last_token for r in running], drafts, [r.cache_len for r in running], dev, slots,
-                              K_min)
+        max_prefix = max(r.cache_len for r in running)
+        if self._fast_greedy(running):
+            packed = self._packed_drafts(running, plain, slots, max_prefix)
+            bs, K = packed.bs, packed.K
+            r = self.graphs.greedy_step(packed.host, bs, K, max_prefix + K)
+            accept_index, num, predicts, bad, logits = r.accept_index, r.accept_token_num, r.predicts, r.bad, r.logits
+            tokens, num_nodes, predicted = packed.tokens, packed.num_nodes, packed.predicted
+        else:
+            drafts = self._drafts(running)
+            if plain:  # a retry after non-finite logits: these requests verify no draft this step
+                drafts = [(d[0][:0], d[1][:0], d[2][:0]) if r.req_id in plain else d for r, d in zip(running, drafts)]
+            K_min = 1
+            if self.graphs is not None:  # pad to the graph bucket where the padding rows fit
+                K_min = self.graphs.nodes_bucket(1 + max(len(d[0]) for d in drafts), self.config.max_len - max_prefix)
+            tb = build_tree_batch([r.last_token for r in running], drafts, [r.cache_len for r in running], self.device,
+                                  slots, K_min)
+            bs, K = tb.tokens.shape
+            accept_index, num, predicts, bad, logits = self._verify_general(running, drafts, tb, slots, max_prefix)
+            tokens, num_nodes, predicted = tb.tokens_host, tb.num_nodes, tb.predicted
+        if self.graphs is None or self.graphs.captures == captures:  # a capture is not a step's cost
+            self.policy.observe_step(K > 1, time.perf_counter() - t0, bs * K)
+        bad_any = bad.any(-1).tolist()
+        # A draft node's NaN K/V reaches every row of its request (masked columns get weight 0, and
+        # 0 * NaN = NaN), so such a request verifies the step again without drafts, as plain decoding would.
+        retry = frozenset(r.req_id for b, r in enumerate(running) if num_nodes[b] > 1 and bad_any[b])
+        if retry:
+            for r in running:
+                if r.req_id in retry:
+                    self.cache.clear(r.slot, r.cache_len)
+            return self._verify_step(running, plain | retry)
+        accepted_total = 0
+        # Python lists: indexing them is several times cheaper than numpy scalars, per request per step.
+        num, accept_index, predicts = num.tolist(), accept_index.tolist(), predicts.tolist()
+        tokens, bad_rows = tokens.tolist(), bad.tolist()
+        for b, req in enumerate(running):
+            n, path_index = num[b], accept_index[b]
+            nodes = [i - b * K for i in path_index[1:1 + n]]
+            row = tokens[b]
+            new = [row[i] for i in nodes] + [predicts[path_index[n]]]
+            path = [0] + nodes  # emitted token j was chosen from the logits of path node j
+            req.cache_len += 1 + n
+            req.verify_steps += 1
+            req.draft_tokens += num_nodes[b] - 1
+            accepted_total += n
+            self.stats.spec_steps += num_nodes[b] > 1
+            # Usage counts accepted tokens that were committed (a stop can cut the path short).
+            req.accepted_tokens += min(n, self._commit_path(req, new, logits[b] if req.params.logprobs is not None else None, path,
+                                                             [bad_rows[b][i] for i in path]))
+            if bad_any[b]:  # NaN K/V in masked rows would still reach attention (0 * NaN)
+                self.cache.clear(req.slot, 0 if req.finish_reason == "error" else req.cache_len)
+        self._flush_extends()
+        self.stats.draft_tokens += sum(num_nodes) - bs
+        self.stats.accepted_tokens += accepted_total
+        if K > 1:
+            self.policy.observe(predicted, accepted_total)
+
+    def _packed_drafts(self, running: list[Request], plain: frozenset[str], slots: list[int], max_prefix: int) -> PackedTrees:
+        """The fast path's drafting: the corpus' padded arrays are chosen, pruned and packed for
+        the whole batch with array operations (no per-request Python), ready for greedy_step."""
+        bs = len(running)
+        budget = self.policy.draft_budget(bs) if self.drafter is not None else 0
+        spec = [i for i, r in enumerate(running) if r.params.speculate and r.req_id not in plain]
+        tokens = parents = np.zeros((bs, 0), dtype=np.int64)
+        probs, counts = np.zeros((bs, 0), dtype=np.float32), np.zeros(bs, dtype=np.int64)
+        if budget > 0 and spec:
+            batch = self.drafter.draft([running[i].req_id for i in spec], budget)
+            if len(spec) == bs:
+                tokens, parents, probs, counts = batch.tokens, batch.parents, batch.probs, batch.counts.astype(np.int64)
+            else:  # some requests do not speculate: their rows stay empty
+                W = batch.tokens.shape[1]
+                tokens, parents = np.zeros((bs, W), np.int32), np.full((bs, W), -1, np.int32)
+                probs, counts = np.zeros((bs, W), np.float32), np.zeros(bs, np.int64)
+                tokens[spec], parents[spec], probs[spec], counts[spec] = batch.tokens, batch.parents, batch.probs, batch.counts
+            k = self.policy.choose_nodes_rows(probs, counts)
+            k = max(0, min(k, self.config.max_len - max_prefix - 1))  # rows prefix .. prefix + K - 1
+            tokens, parents, probs, counts = prune_rows(tokens, parents, probs, counts, k)
+        K_min = self.graphs.nodes_bucket(1 + int(counts.max(initial=0)), self.config.max_len - max_prefix)
+        return pack_rows([r.last_token for r in running], tokens, parents, probs, counts,
+                         [r.cache_len for r in running], slots, K_min)
+
+    def _verify_general(self, running: list[Request], drafts, tb, slots: list[int], max_prefix: int):
+        """The step with the logits processed on the way (penalties, grammar masks, sampling):
+        the forward replays as a graph where there is one, the rest runs eagerly. Returns host
+        arrays (accept_index [bs, K], accept_token_num [bs], predicts [bs * K], bad [bs, K]) and
+        the logits."""
+        dev = self.device
         bs, K = tb.tokens.shape
         consecutive = slots == list(range(slots[0], slots[0] + bs))
         write_rows = tb.prefix_lens[:, None] + torch.arange(K, device=dev)
-        kv_len = max(r.cache_len for r in running) + K
+        kv_len = max_prefix + K
         if self.graphs is not None:
             kv_len = self.graphs.kv_bucket(kv_len)
         fb = ForwardBatch(tb.indices.positions.view(bs, K), write_rows, tb.slots, kv_len,
@@ -314,39 +477,10 @@ class Engine:
             self.cache.keep_accepted(fb.slots, tb.prefix_lens, K, res.accept_index, res.accept_token_num)
         # One device-to-host copy (each copy is a sync): accept_index [bs, K], num [bs], predicts [bs*K], bad [bs, K].
         parts = (res.accept_index, res.accept_token_num, res.predicts, bad)
-        host = torch.cat([t.reshape(-1).long() for t in parts]).cpu().split([t.numel() for t in parts])
-        accept_index, num, predicts = host[0].view(res.accept_index.shape), host[1], host[2]
-        bad = host[3].view(bs, K).bool()
-        tokens = tb.tokens_host
-        self.policy.observe_step(K > 1, time.perf_counter() - t0, bs * K)
-        bad_any = bad.any(-1).tolist()
-        # A draft node's NaN K/V reaches every row of its request (masked columns get weight 0, and
-        # 0 * NaN = NaN), so such a request verifies the step again without drafts, as plain decoding would.
-        retry = frozenset(r.req_id for b, r in enumerate(running) if tb.num_nodes[b] > 1 and bad_any[b])
-        if retry:
-            for r in running:
-                if r.req_id in retry:
-                    self.cache.clear(r.slot, r.cache_len)
-            return self._verify_step(running, plain | retry)
-        accepted_total = 0
-        for b, req in enumerate(running):
-            n = int(num[b])
-            nodes = (accept_index[b, 1:1 + n].long() - b * K).tolist()
-            new = [int(tokens[b, i]) for i in nodes] + [int(predicts[int(accept_index[b, n])])]
-            path = [0] + nodes  # emitted token j was chosen from the logits of path node j
-            req.cache_len += 1 + n
-            req.verify_steps += 1
-            req.draft_tokens += tb.num_nodes[b] - 1
-            accepted_total += n
-            self.stats.spec_steps += tb.num_nodes[b] > 1
-            # Usage counts accepted tokens that were committed (a stop can cut the path short).
-            req.accepted_tokens += min(n, self._commit_path(req, new, logits[b], path, bad[b, path].tolist()))
-            if bad_any[b]:  # NaN K/V in masked rows would still reach attention (0 * NaN)
-                self.cache.clear(req.slot, 0 if req.finish_reason == "error" else req.cache_len)
-        self.stats.draft_tokens += sum(tb.num_nodes) - bs
-        self.stats.accepted_tokens += accepted_total
-        if K > 1:
-            self.policy.observe(tb.predicted, accepted_total)
+        host = torch.cat([t.reshape(-1).long() for t in parts]).cpu().numpy()
+        n = bs * K
+        return (host[:n].reshape(bs, K), host[n:n + bs], host[n + bs:2 * n + bs], host[2 * n + bs:].reshape(bs, K).astype(bool),
+                logits)
 
     def _verify_sampled(self, running: list[Request], tb, logits: torch.Tensor):
         """Exact tree rejection sampling; greedy rows use one-hot targets (the same as greedy)."""

@@ -48,31 +48,123 @@ class TreeBatch:
     slots: torch.Tensor | None = None  # [bs] int64 cache slots, when given
 
 
-def build_tree_batch(last_tokens: list[int], drafts: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
-                     prefix_lens: list[int], device: torch.device, slots: list[int] | None = None,
-                     num_nodes: int = 1) -> TreeBatch:
+def prune_rows(tokens: np.ndarray, parents: np.ndarray, probs: np.ndarray, counts: np.ndarray, k: int):
+    """``prune_tree`` for a whole batch at once: rows of [n, W] padded drafts (``counts[i]`` real
+    nodes in row i) -> the same arrays [n, k] holding each row's k most probable nodes as a valid
+    tree (original order), and the new counts. Rows whose probabilities are not monotone keep
+    their first k nodes, as prune_tree does."""
+    n, W = tokens.shape
+    counts = np.minimum(counts, W).astype(np.int64)
+    k = min(k, W)
+    new_counts = np.minimum(counts, k)
+    if n == 0 or k == 0:
+        return tokens[:, :0], parents[:, :0], probs[:, :0], new_counts
+    if counts.max() <= k:  # nothing to drop
+        return tokens[:, :k], parents[:, :k], probs[:, :k], new_counts
+    valid = np.arange(W)[None, :] < counts[:, None]
+    key = np.where(valid, -probs.astype(np.float64), np.inf)
+    keep = np.sort(np.argsort(key, axis=1, kind="stable")[:, :k], axis=1)
+    kept = np.arange(k)[None, :] < new_counts[:, None]
+    rows = np.arange(n)[:, None]
+    remap = np.full((n, W), -1, dtype=np.int64)
+    remap[rows, keep] = np.where(kept, np.arange(k)[None, :], -1)
+    p = np.take_along_axis(parents.astype(np.int64), keep, 1)
+    new_parents = np.where(p >= 0, np.take_along_axis(remap, np.maximum(p, 0), 1), -1)
+    broken = np.any(kept & (p >= 0) & (new_parents < 0), axis=1)
+    if broken.any():  # not monotone: the first k nodes (parents precede children, so a valid tree)
+        keep[broken] = np.arange(k)
+        new_parents[broken] = parents[broken, :k]
+    return (np.take_along_axis(tokens, keep, 1), new_parents, np.take_along_axis(probs, keep, 1), new_counts)
+
+
+def pack_rows(last_tokens: list[int], tokens: np.ndarray, parents: np.ndarray, probs: np.ndarray,
+              counts: np.ndarray, prefix_lens: list[int], slots: list[int], num_nodes: int = 1) -> "PackedTrees":
+    """``pack_trees`` from [bs, W] padded draft arrays (``counts[b]`` real nodes each, parents -1 =
+    the root) without a Python loop over requests."""
+    bs = tokens.shape[0]
+    W = min(tokens.shape[1], int(counts.max(initial=0)))
+    tokens, parents, probs = tokens[:, :W], parents[:, :W], probs[:, :W]
+    K = max(num_nodes, 1 + W)
+    host = np.empty(2 * bs * K + 2 * bs, dtype=np.int64)
+    packed = PackedTrees(host, bs, K, (1 + counts).tolist(), 0.0)
+    t, par = packed.tokens, packed.parents
+    last = np.asarray(last_tokens, dtype=np.int64)[:, None]
+    t[:] = last
+    par[:] = -1
+    if W:
+        real = np.arange(W)[None, :] < counts[:, None]
+        t[:, 1:1 + W] = np.where(real, tokens, last)
+        par[:, 1:1 + W] = np.where(real, parents.astype(np.int64) + 1, -1)
+        packed.predicted = float(np.sum(probs, where=real))
+    packed.prefix_lens[:] = prefix_lens
+    packed.slots[:] = slots
+    return packed
+
+
+@dataclass
+class PackedTrees:
+    """A step's flattened trees on the host, in the layout that crosses to the device in one copy:
+    ``host`` = tokens [bs, K], parents [bs, K] (node index; -1 = root or isolated padding node),
+    prefix lens [bs], cache slots [bs], all int64."""
+
+    host: np.ndarray
+    bs: int
+    K: int
+    num_nodes: list[int]  # real nodes per request incl. the root
+    predicted: float  # sum of the draft nodes' path probabilities
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return self.host[:self.bs * self.K].reshape(self.bs, self.K)
+
+    @property
+    def parents(self) -> np.ndarray:
+        return self.host[self.bs * self.K:2 * self.bs * self.K].reshape(self.bs, self.K)
+
+    @property
+    def prefix_lens(self) -> np.ndarray:
+        return self.host[2 * self.bs * self.K:2 * self.bs * self.K + self.bs]
+
+    @property
+    def slots(self) -> np.ndarray:
+        return self.host[2 * self.bs * self.K + self.bs:]
+
+
+def pack_trees(last_tokens: list[int], drafts: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+               prefix_lens: list[int], slots: list[int] | None = None, num_nodes: int = 1) -> PackedTrees:
     """``num_nodes``: pad every tree to at least this many nodes (a CUDA-graph bucket)."""
     bs = len(last_tokens)
     K = max(num_nodes, 1 + max((len(d[0]) for d in drafts), default=0))
-    # The flattened tree (kernels.flatten_draft_tree's form) is built on the host and crosses to
-    # the device in one copy: tokens [bs, K], parents [bs, K], prefix lens [bs], cache slots [bs].
-    # Per-step host work, not GPU work, bounds a small model's step time.
+    # Per-step host work, not GPU work, bounds a small model's step time: the trees are flattened
+    # (kernels.flatten_draft_tree's form) with numpy and cross to the device in one copy.
     host = np.empty(2 * bs * K + 2 * bs, dtype=np.int64)
-    tokens, parents = host[:bs * K].reshape(bs, K), host[bs * K:2 * bs * K].reshape(bs, K)
+    packed = PackedTrees(host, bs, K, [1 + len(d[0]) for d in drafts], 0.0)
+    tokens, parents = packed.tokens, packed.parents
     # Padding nodes repeat the root's token at the root's position: the same finite K/V as the root
     # (a pad token whose K/V were NaN would poison every row of the request: 0 * NaN in attention).
     tokens[:] = np.asarray(last_tokens, dtype=np.int64)[:, None]
     parents[:] = -1  # the root, and padding nodes (isolated: they see the prefix and themselves)
-    host[2 * bs * K:2 * bs * K + bs] = prefix_lens
-    host[2 * bs * K + bs:] = slots if slots is not None else 0
+    packed.prefix_lens[:] = prefix_lens
+    packed.slots[:] = slots if slots is not None else 0
     predicted = 0.0
     for b, (tok, par, prob) in enumerate(drafts):
         n = len(tok)
-        tokens[b, 1:1 + n] = tok
-        parents[b, 1:1 + n] = np.asarray(par, dtype=np.int64) + 1  # draft parent -1 (root) -> node 0
-        predicted += float(np.sum(prob))
-    dev = torch.from_numpy(host).to(device)
+        if n:
+            tokens[b, 1:1 + n] = tok
+            parents[b, 1:1 + n] = np.asarray(par, dtype=np.int64) + 1  # draft parent -1 (root) -> node 0
+            predicted += float(np.sum(prob))
+    packed.predicted = predicted
+    return packed
+
+
+def build_tree_batch(last_tokens: list[int], drafts: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+                     prefix_lens: list[int], device: torch.device, slots: list[int] | None = None,
+                     num_nodes: int = 1) -> TreeBatch:
+    """``num_nodes``: pad every tree to at least this many nodes (a CUDA-graph bucket)."""
+    packed = pack_trees(last_tokens, drafts, prefix_lens, slots, num_nodes)
+    bs, K = packed.bs, packed.K
+    dev = torch.from_numpy(packed.host).to(device)
     prefix = dev[2 * bs * K:2 * bs * K + bs]
     mask, indices = kernels.tree_indices_from_parents(dev[bs * K:2 * bs * K].view(bs, K), prefix)
-    return TreeBatch(dev[:bs * K].view(bs, K), mask, indices, prefix, [1 + len(d[0]) for d in drafts], predicted,
-                     tokens, None if slots is None else dev[2 * bs * K + bs:])
+    return TreeBatch(dev[:bs * K].view(bs, K), mask, indices, prefix, packed.num_nodes, packed.predicted,
+                     packed.tokens, None if slots is None else dev[2 * bs * K + bs:])

@@ -18,9 +18,9 @@ MAX_TOKENS = 24
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS)
 
 
-def engine(lm, drafter: Drafter | None, budget: int = 7, max_batch: int = 4) -> Engine:
+def engine(lm, drafter: Drafter | None, budget: int = 7, max_batch: int = 4, **config) -> Engine:
     return Engine(lm.model, lm.codec, drafter, EngineConfig(max_batch=max_batch, max_len=640,
-                                                           budget=budget if drafter else 0, max_budget=15))
+                                                           budget=budget if drafter else 0, max_budget=15, **config))
 
 
 @contextlib.contextmanager

@@ -72,3 +72,50 @@ def test_padding_to_a_bucket_changes_no_verification():
             results.append([(int(r.accept_token_num[b]), (r.accept_index[b, :int(r.accept_token_num[b]) + 1] - b * K).tolist(),
                              int(r.predicts[int(r.accept_index[b, int(r.accept_token_num[b])])])) for b in range(bs)])
         assert results[0] == results[1]
+
+
+def _padded_batch(rng, bs, W):
+    """Random drafts as the corpus returns them: [bs, W] arrays, counts[b] real nodes per row
+    (path probabilities never grow from parent to child; padding: token -1, parent -1, prob 0)."""
+    tokens = np.full((bs, W), -1, np.int32)
+    parents = np.full((bs, W), -1, np.int32)
+    probs = np.zeros((bs, W), np.float32)
+    counts = rng.integers(0, W + 1, bs)
+    drafts = []
+    for b in range(bs):
+        t, p, pr = _random_draft(rng, int(counts[b]))
+        for j in range(len(p)):
+            if p[j] >= 0:
+                pr[j] = min(pr[j], pr[p[j]])
+        if b % 3 == 2 and len(pr) > 2:  # some rows not monotone: prune_tree's first-k fallback
+            pr = pr[::-1].copy()
+        n = len(t)
+        tokens[b, :n], parents[b, :n], probs[b, :n] = t, p, pr
+        drafts.append((t, p, pr))
+    return tokens, parents, probs, counts, drafts
+
+
+def test_batched_prune_and_pack_match_the_per_request_forms():
+    from verifier.budget import BudgetPolicy
+    from verifier.tree_batch import pack_rows, pack_trees, prune_rows
+
+    rng = np.random.default_rng(2)
+    policy = BudgetPolicy(15, None, lambda tokens: 1.0 + 0.01 * tokens)
+    for _ in range(60):
+        bs, W = int(rng.integers(1, 7)), int(rng.integers(0, 10))
+        tokens, parents, probs, counts, drafts = _padded_batch(rng, bs, W)
+        assert policy.choose_nodes_rows(probs, counts) == policy.choose_nodes([d[2] for d in drafts])
+        k = int(rng.integers(0, W + 2))
+        t, p, pr, c = prune_rows(tokens, parents, probs, counts, k)
+        want = [prune_tree(*d, k) for d in drafts]
+        assert c.tolist() == [len(w[0]) for w in want]
+        for b, (wt, wp, wpr) in enumerate(want):
+            n = len(wt)
+            assert t[b, :n].tolist() == wt.tolist() and p[b, :n].tolist() == wp.tolist(), (b, k)
+            np.testing.assert_allclose(pr[b, :n], wpr)
+        last, prefix, slots = rng.integers(0, 1000, bs).tolist(), rng.integers(1, 50, bs).tolist(), list(range(bs))
+        K_min = int(rng.integers(1, 5))
+        got = pack_rows(last, t, p, pr, c, prefix, slots, K_min)
+        ref = pack_trees(last, want, prefix, slots, K_min)
+        assert (got.bs, got.K, got.num_nodes) == (ref.bs, ref.K, ref.num_nodes)
+        assert np.array_equal(got.host, ref.host) and abs(got.predicted - ref.predicted) < 1e-4

@@ -26,16 +26,38 @@ padding logic is tested on the CPU (tests/verifier/test_cuda_graphs.py).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+import numpy as np
+
+from .. import kernels
+from ..numerics import nonfinite_rows
 from .kv_cache import KVCache
 from .transformer import ForwardBatch, Transformer
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _capturing(graph: torch.cuda.CUDAGraph, pool):
+    """A capture that nothing else can invalidate: the garbage collector stays off inside it (a
+    collected engine's graphs and pools free device memory, which is illegal mid-capture; this
+    broke captures on the device once earlier engines of the same process became garbage), and
+    other threads' CUDA calls do not count against it (capture_error_mode="thread_local")."""
+    enabled = gc.isenabled()
+    gc.disable()  # torch.cuda.graph itself collects once before it begins capturing
+    try:
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+            yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def next_bucket(n: int, buckets: tuple[int, ...]) -> int:
@@ -67,6 +89,26 @@ class _Graph:
     logits: Tensor | None = None  # [B, K, V] float32, written by replay
 
 
+@dataclass
+class _StepGraph:
+    """A whole greedy verify step as one graph: packed trees in, verification results out."""
+
+    graph: torch.cuda.CUDAGraph | None
+    inp: Tensor  # [2 B K + 2 B] int64: tokens, parents, prefix lens, slots (tree_batch.PackedTrees)
+    staging: Tensor  # the same on the host (pinned with CUDA): the step's one host-to-device copy
+    out: Tensor | None = None  # [3 B K + B] int64: accept_index, accept_token_num, predicts, bad
+    logits: Tensor | None = None  # [B, K, V] float32
+
+
+@dataclass
+class GreedyStepResult:
+    accept_index: np.ndarray  # [bs, K] flat node indices b * K + i of the accepted path (root first)
+    accept_token_num: np.ndarray  # [bs] accepted draft tokens
+    predicts: np.ndarray  # [bs * K] the target's token after each node
+    bad: np.ndarray  # [bs, K] bool: that node's logits had a NaN or inf (zeroed)
+    logits: Tensor  # [bs, K, V] float32, valid until the next forward
+
+
 class GraphRunner:
     """Replays captured forwards for decode/verify steps; ``forward`` takes what the eager model
     takes (ids [bs, K] and a ForwardBatch with a mask) and returns logits [bs, K, V]. The returned
@@ -82,6 +124,7 @@ class GraphRunner:
         self.kv_buckets = pow2_buckets(min(min_kv, cache.max_len), cache.max_len)
         self.node_buckets = pow2_buckets(1, max_nodes)
         self._graphs: dict[tuple[int, int, int], _Graph] = {}
+        self._steps: dict[tuple[int, int, int], _StepGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.capture else None
         self._warmed = False
 
@@ -95,7 +138,7 @@ class GraphRunner:
 
     @property
     def num_graphs(self) -> int:
-        return len(self._graphs)
+        return len(self._graphs) + len(self._steps)
 
     @torch.inference_mode()
     def forward(self, input_ids: Tensor, fb: ForwardBatch) -> Tensor:
@@ -112,6 +155,107 @@ class GraphRunner:
         else:
             g.graph.replay()
         return g.logits[:bs]
+
+    @torch.inference_mode()
+    def capture_greedy_steps(self, node_buckets: tuple[int, ...] | None = None) -> int:
+        """Captures the greedy-step graph of every (batch, nodes, KV) bucket up front, so that no
+        step of a request pays for a capture (tens of milliseconds each); returns how many."""
+        if not self.capture:
+            return 0
+        for B in self.batch_buckets:
+            for K in node_buckets or self.node_buckets:
+                for L in self.kv_buckets:
+                    if K <= L and (B, K, L) not in self._steps:
+                        self._steps[(B, K, L)] = self._build_step(B, K, L)
+        return len(self._steps)
+
+    @property
+    def captures(self) -> int:
+        """Graphs captured so far (a step that captured one took longer than its replays will)."""
+        return len(self._graphs) + len(self._steps)
+
+    @torch.inference_mode()
+    def greedy_step(self, host: np.ndarray, bs: int, K: int, kv_len: int) -> GreedyStepResult:
+        """A greedy verify step of ``bs`` requests with ``K`` nodes each (``host``: a
+        ``tree_batch.PackedTrees.host``): tree indices, attention mask, forward, non-finite check,
+        argmax, tree verification and KV compaction replay as one graph, between one copy in and
+        one copy out. Per step, the host launches one graph instead of dozens of kernels."""
+        B, L = next_bucket(bs, self.batch_buckets), self.kv_bucket(kv_len)
+        g = self._steps.get((B, K, L))
+        if g is None:
+            g = self._steps[(B, K, L)] = self._build_step(B, K, L)
+        self._load_step(g, host, bs, B, K)
+        if g.graph is None:
+            g.logits, g.out = self._run_step(g, B, K, L)
+        else:
+            g.graph.replay()
+        out = g.out.cpu().numpy()  # the step's one device-to-host copy (it waits for the replay)
+        n = B * K
+        return GreedyStepResult(out[:n].reshape(B, K)[:bs], out[n:n + B][:bs], out[n + B:2 * n + B][:bs * K],
+                                out[2 * n + B:].reshape(B, K)[:bs].astype(bool), g.logits[:bs])
+
+    def _load_step(self, g: _StepGraph, host: np.ndarray, bs: int, B: int, K: int) -> None:
+        dst = g.staging.numpy()
+        n, m = bs * K, B * K
+        tokens, parents = dst[:m].reshape(B, K), dst[m:2 * m].reshape(B, K)
+        tokens[:bs] = host[:n].reshape(bs, K)
+        parents[:bs] = host[n:2 * n].reshape(bs, K)
+        dst[2 * m:2 * m + bs] = host[2 * n:2 * n + bs]  # prefix lens
+        dst[2 * m + B:2 * m + B + bs] = host[2 * n + bs:]  # slots
+        if bs < B:  # padding rows: isolated nodes at position 0 of the scratch slot
+            tokens[bs:] = 0
+            parents[bs:] = -1
+            dst[2 * m + bs:2 * m + B] = 0
+            dst[2 * m + B + bs:] = self.scratch
+        g.inp.copy_(g.staging, non_blocking=True)  # ordered before the replay on this stream
+
+    def _run_step(self, g: _StepGraph, B: int, K: int, L: int) -> tuple[Tensor, Tensor]:
+        m = B * K
+        tokens, parents = g.inp[:m].view(B, K), g.inp[m:2 * m].view(B, K)
+        prefix, slots = g.inp[2 * m:2 * m + B], g.inp[2 * m + B:]
+        tree_mask, idx = kernels.tree_indices_from_parents(parents, prefix)
+        write_rows = prefix[:, None] + torch.arange(K, device=prefix.device)
+        fb = ForwardBatch(idx.positions.view(B, K), write_rows, slots, L, kernels.tree_attention_mask(tree_mask, prefix, L))
+        logits = self.model(tokens, self.cache, fb)
+        bad = nonfinite_rows(logits)
+        res = kernels.verify_tree_greedy(tokens, idx.retrive_index, idx.retrive_next_token, idx.retrive_next_sibling,
+                                         logits.argmax(-1), K)
+        if K > 1:  # with the root alone there is nothing to move
+            self.cache.keep_accepted(slots, prefix, K, res.accept_index, res.accept_token_num)
+        out = torch.cat([res.accept_index.reshape(-1).long(), res.accept_token_num.reshape(-1).long(),
+                         res.predicts.reshape(-1).long(), bad.reshape(-1).long()])
+        return logits, out
+
+    def _build_step(self, B: int, K: int, L: int) -> _StepGraph:
+        dev = self.model.device
+        size = 2 * B * K + 2 * B
+        staging = torch.zeros(size, dtype=torch.int64, pin_memory=self.capture)
+        staging[B * K:2 * B * K] = -1  # parents of isolated padding nodes
+        staging[2 * B * K + B:] = self.scratch
+        g = _StepGraph(None, staging.to(dev), staging)
+        if not self.capture:
+            return g
+        # As in _build: warm-ups on a side stream, then the capture. They run on the padding
+        # input above (every row in the scratch slot), so no request's K/V moves.
+        self._warm_once(lambda: self._run_step(g, B, K, L))
+        stream = torch.cuda.Stream(dev)
+        stream.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._run_step(g, B, K, L)
+        torch.cuda.current_stream(dev).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with _capturing(graph, self._pool):
+            g.logits, g.out = self._run_step(g, B, K, L)
+        g.graph = graph
+        log.debug("captured a greedy-step graph for batch %d, %d nodes, %d cache rows", B, K, L)
+        return g
+
+    def _warm_once(self, fn) -> None:
+        if not self._warmed:
+            fn()
+            torch.cuda.synchronize(self.model.device)
+            self._warmed = True
 
     def _load(self, g: _Graph, input_ids: Tensor, fb: ForwardBatch, bs: int, L: int) -> None:
         g.ids[:bs].copy_(input_ids)
@@ -150,10 +294,7 @@ class GraphRunner:
         # The first capture of a process also gets one forward on the current stream first: a
         # capture that was the process's first CUDA work (the engine's cost probe runs before any
         # prefill) was invalidated on the device, while captures after eager forwards never were.
-        if not self._warmed:
-            self._run(g, L)
-            torch.cuda.synchronize(dev)
-            self._warmed = True
+        self._warm_once(lambda: self._run(g, L))
         stream = torch.cuda.Stream(dev)
         stream.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(stream):
@@ -161,7 +302,7 @@ class GraphRunner:
                 self._run(g, L)
         torch.cuda.current_stream(dev).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with _capturing(graph, self._pool):
             g.logits = self._run(g, L)
         g.graph = graph
         log.debug("captured a CUDA graph for batch %d, %d nodes, %d cache rows", B, K, L)

@@ -26,11 +26,10 @@ class KVCache:
     def nbytes(self) -> int:
         return self.data.numel() * self.data.element_size()
 
-    def write(self, layer: int, slots: Tensor, rows: Tensor, k: Tensor, v: Tensor) -> None:
-        """k, v [bs, T, Hkv, D] into rows [bs, T] of slots [bs]."""
-        s = slots[:, None].expand_as(rows)
-        self._view[2 * layer][s, rows] = k
-        self._view[2 * layer + 1][s, rows] = v
+    def write_kv(self, layer: int, flat_rows: Tensor, kv: Tensor) -> None:
+        """kv [2, bs, T, Hkv, D] (keys, values) into flat rows [bs * T] (``flat_rows``): one kernel."""
+        pair = self.data.view(self.num_layers, 2, *self.data.shape[1:])[layer]
+        pair[:, flat_rows] = kv.reshape(2, -1, *kv.shape[-2:])
 
     def read(self, layer: int, slots: Tensor, kv_len: int, slot_range: tuple[int, int] | None) -> tuple[Tensor, Tensor]:
         """Keys and values [bs, Hkv, kv_len, D] (views when the slots are consecutive)."""

@@ -1,7 +1,7 @@
 """Rotary position embeddings with the HF scaling variants (default, linear, llama3, yarn).
 
 q/k use the "rotate half" layout of HF checkpoints: dimension j pairs with j + d/2 and rotates by
-angle pos * inv_freq[j mod d/2].
+angle pos * inv_freq[j mod d/2] (applied in ``verifier.model.fusion.rope_qkv``).
 """
 
 from __future__ import annotations
@@ -55,10 +55,3 @@ def rope_cache(cfg: ModelConfig, max_len: int, device: torch.device, dtype: torc
     angles = torch.arange(max_len, dtype=torch.float64)[:, None] * inv[None, :]
     angles = torch.cat([angles, angles], dim=-1)
     return (angles.cos() * mscale).to(device, dtype), (angles.sin() * mscale).to(device, dtype)
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x [..., T, head_dim]; cos/sin broadcastable [..., T, head_dim]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin

@@ -15,7 +15,8 @@ from torch import Tensor, nn
 
 from .config import ModelConfig
 from .kv_cache import KVCache
-from .rope import apply_rope, rope_cache
+from . import fusion
+from .rope import rope_cache
 
 
 @dataclass
@@ -45,10 +46,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        # Normalized in float32, rounded to the model's dtype, then scaled (as HF Llama does);
-        # F.rms_norm is one kernel where torch fuses it, instead of six.
-        h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return self.weight * h.to(x.dtype)
+        return fusion.ops["rms_norm"](x, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -63,19 +61,24 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(h, (cfg.num_heads + 2 * cfg.num_kv_heads) * d, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, fb: ForwardBatch) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, fb: ForwardBatch, flat_rows: Tensor,
+                bias: Tensor | None) -> Tensor:
         bs, T, _ = x.shape
         cfg = self.cfg
-        H, Hkv = cfg.num_heads, cfg.num_kv_heads
-        qkv = self.qkv_proj(x).view(bs, T, H + 2 * Hkv, cfg.head_dim)
-        qk = apply_rope(qkv[:, :, :H + Hkv], cos, sin)  # [bs, T, H + Hkv, D]
-        q, k, v = qk[:, :, :H].transpose(1, 2), qk[:, :, H:], qkv[:, :, H + Hkv:]
-        cache.write(self.layer, fb.slots, fb.write_rows, k, v)
+        H, Hkv, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q, kv = fusion.ops["rope_qkv"](self.qkv_proj(x).view(bs, T, H + 2 * Hkv, D), cos, sin, H, Hkv)
+        cache.write_kv(self.layer, flat_rows, kv)
         keys, values = cache.read(self.layer, fb.slots, fb.kv_len, fb.slot_range)  # [bs, Hkv, L, D]
-        mask = None if fb.mask is None else fb.mask[:, None]
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=fb.mask is None,
-                                             enable_gqa=cfg.num_heads != cfg.num_kv_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(bs, T, -1))
+        if bias is None:  # causal prefill: flash attention handles the shared kv heads itself
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, is_causal=True, enable_gqa=H != Hkv)
+            return self.o_proj(out.transpose(1, 2).reshape(bs, T, -1))
+        # Decode/verify with a mask: the G = H / Hkv query heads that share a kv head become G * T
+        # query rows of that head (head h uses kv head h // G), so one memory-efficient attention
+        # kernel runs with the precomputed additive mask and no copies of keys/values.
+        G = H // Hkv
+        qg = q.view(bs, T, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(bs, Hkv, G * T, D)
+        out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=bias)
+        return self.o_proj(out.view(bs, Hkv, G, T, D).permute(0, 3, 1, 2, 4).reshape(bs, T, H * D))
 
 
 class MLP(nn.Module):
@@ -87,8 +90,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(fusion.ops["silu_mul"](self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -99,9 +101,19 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, fb: ForwardBatch) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, fb)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, h: Tensor, residual: Tensor | None, cos: Tensor, sin: Tensor, cache: KVCache,
+                fb: ForwardBatch, flat_rows: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor]:
+        """h: the previous layer's MLP output (the embeddings for layer 0, residual None);
+        returns (this layer's MLP output, the residual stream before it). Each residual add is
+        fused with the norm that follows it."""
+        if residual is None:
+            residual, x = h, self.input_layernorm(h)
+        else:
+            residual, x = fusion.ops["add_rms_norm"](h, residual, self.input_layernorm.weight, self.input_layernorm.eps)
+        a = self.self_attn(x, cos, sin, cache, fb, flat_rows, bias)
+        norm = self.post_attention_layernorm
+        residual, x = fusion.ops["add_rms_norm"](a, residual, norm.weight, norm.eps)
+        return self.mlp(x), residual
 
 
 class Transformer(nn.Module):
@@ -131,18 +143,34 @@ class Transformer(nn.Module):
         return self._rope
 
     @torch.inference_mode()
-    def forward(self, input_ids: Tensor, cache: KVCache, fb: ForwardBatch, last_only: bool = False) -> Tensor:
-        """Logits [bs, T, V] (float32), or [bs, 1, V] of the last position with ``last_only``."""
+    def forward(self, input_ids: Tensor, cache: KVCache, fb: ForwardBatch, last_only: bool = False,
+                last_index: Tensor | None = None) -> Tensor:
+        """Logits [bs, T, V] (float32), or [bs, 1, V] of the last position with ``last_only``, or
+        of position ``last_index[b]`` of each row (right-padded prompts of a batched prefill)."""
         cos_all, sin_all = self.rope(cache.max_len)
         cos, sin = cos_all[fb.positions][:, :, None], sin_all[fb.positions][:, :, None]  # [bs, T, 1, D]
-        x = self.embed_tokens(input_ids)
+        flat_rows = cache.flat_rows(fb.slots, fb.write_rows).view(-1)
+        bias = None if fb.mask is None else self.attention_bias(fb.mask)
+        h, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            x = layer(x, cos, sin, cache, fb)
-        if last_only:
-            x = x[:, -1:]
-        x = self.norm(x)
+            h, residual = layer(h, residual, cos, sin, cache, fb, flat_rows, bias)
+        if last_index is not None:
+            rows = torch.arange(h.shape[0], device=h.device)
+            h, residual = h[rows, last_index][:, None], residual[rows, last_index][:, None]
+        elif last_only:
+            h, residual = h[:, -1:], residual[:, -1:]
+        _, x = fusion.ops["add_rms_norm"](h, residual, self.norm.weight, self.norm.eps)
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(x, w).float()
+
+    def attention_bias(self, mask: Tensor) -> Tensor:
+        """mask [bs, T, L] bool (True = attend) -> the additive mask of the grouped-query layout
+        [bs, 1, G * T, L] (query row g * T + t is head g's row t), built once per forward."""
+        bs, T, L = mask.shape
+        G = self.config.num_heads // self.config.num_kv_heads
+        bias = torch.zeros(bs, 1, 1, T, L, dtype=self.dtype, device=mask.device)
+        bias.masked_fill_(~mask[:, None, None], float("-inf"))
+        return bias.expand(bs, 1, G, T, L).reshape(bs, 1, G * T, L)
 
 
 def fuse_state_dict(state: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:

@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Device time of one verifier step, without model weights to transfer: a random-weight model of a
+real shape (default SmolLM2-135M), bf16, on the GPU.
+
+For batch B and K tree nodes per request it times (medians over --repeats, after warm-up):
+- ``replay``: the captured forward graph alone (GraphRunner.forward's graph);
+- ``step``: the whole one-graph greedy step (GraphRunner.greedy_step: copy in, replay, copy out);
+both with the layers' elementwise ops compiled (verifier.model.fusion) and, as the same-run
+baseline, eager. Also the batched prefill of B prompts against prefilling them one by one.
+Prints one summary line, writes JSON.
+
+    python3 bench/step_profile.py --out bench/results/step_profile.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tokenizers import Tokenizer, models  # noqa: E402
+
+from verifier import kernels  # noqa: E402
+from verifier.engine import Engine, EngineConfig  # noqa: E402
+from verifier.model import ForwardBatch, ModelConfig, TextCodec, build_model, fusion  # noqa: E402
+from verifier.model.cuda_graphs import next_bucket  # noqa: E402
+from verifier.sampling import SamplingParams  # noqa: E402
+from verifier.tree_batch import pack_trees  # noqa: E402
+
+
+def parse_ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_ms(fn, repeats: int, device: torch.device) -> float:
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        t = time.perf_counter()
+        fn()
+        sync(device)
+        times.append((time.perf_counter() - t) * 1e3)
+    return round(statistics.median(times), 3)
+
+
+def profile(model, codec, batches: list[int], ks: list[int], prefix: int, repeats: int, compiled: bool) -> dict:
+    fusion.disable_compile()
+    dev = model.device
+    eng = Engine(model, codec, None, EngineConfig(max_batch=max(batches), max_len=prefix + max(ks) + 64, budget=0,
+                                                  compile=compiled, capture_at_start=False,
+                                                  emulate_graphs=dev.type != "cuda"))  # CPU: a smoke test
+    out: dict = {}
+    L = eng.graphs.kv_bucket(prefix + max(ks))
+    for B in batches:
+        for K in ks:
+            ids = torch.zeros(B, K, dtype=torch.int64, device=dev)
+            pos = (prefix + torch.arange(K, device=dev)).expand(B, K).contiguous()
+            tree = torch.ones(K, K, dtype=torch.bool, device=dev).tril().expand(B, K, K).contiguous()
+            mask = kernels.tree_attention_mask(tree, torch.full((B,), prefix, device=dev), L)
+            fb = ForwardBatch(pos, pos, torch.arange(B, device=dev), L, mask)
+            for _ in range(3):
+                eng.graphs.forward(ids, fb)
+            graph = eng.graphs._graphs[(next_bucket(B, eng.graphs.batch_buckets), K, L)].graph
+            replay = graph.replay if graph is not None else (lambda: eng.graphs.forward(ids, fb))
+            chain = (np.arange(K - 1), np.arange(K - 1) - 1, np.ones(K - 1, np.float32))
+            packed = pack_trees([5] * B, [chain] * B, [prefix] * B, list(range(B)), K)
+            for _ in range(3):
+                eng.graphs.greedy_step(packed.host, B, K, prefix + K)
+            out[f"B{B}_K{K}"] = {"replay_ms": timed_ms(replay, repeats, dev),
+                                 "step_ms": timed_ms(lambda: eng.graphs.greedy_step(packed.host, B, K, prefix + K),
+                                                     repeats, dev)}
+    # Batched prefill vs one prompt at a time (the engine's _prefill on the same requests).
+    prompts = [[(7 * i + j) % 1000 for j in range(prefix)] for i in range(max(batches))]
+    params = SamplingParams(max_tokens=1, ignore_eos=True)
+    eng.generate(prompts, params)  # warm
+    batched = timed_ms(lambda: eng.generate(prompts, params), 3, dev)
+    single = timed_ms(lambda: [eng.generate([p], params) for p in prompts], 3, dev)
+    out["prefill_ms"] = {"batched": batched, "one_by_one": single, "prompts": len(prompts), "tokens": prefix}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m", help="a ModelConfig preset name")
+    p.add_argument("--batches", type=parse_ints, default=[1, 8, 64])
+    p.add_argument("--ks", type=parse_ints, default=[1, 16])
+    p.add_argument("--prefix", type=int, default=200)
+    p.add_argument("--repeats", type=int, default=50)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="cuda (the measurement); cpu runs the same code eagerly, as a smoke test")
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "step_profile.json"))
+    args = p.parse_args(argv)
+    cfg = ModelConfig.from_name(args.model)
+    torch.manual_seed(0)
+    dev = torch.device(args.device)
+    model = build_model(cfg, None, dev, torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    codec = TextCodec(Tokenizer(models.WordLevel({"a": 0}, unk_token="a")), "", (cfg.vocab_size - 1,))
+    res = {"model": args.model, "prefix": args.prefix,
+           "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+           "eager_ops": profile(model, codec, args.batches, args.ks, args.prefix, args.repeats, False),
+           "compiled_ops": profile(model, codec, args.batches, args.ks, args.prefix, args.repeats, True)}
+    b1 = f"B{args.batches[0]}_K{args.ks[0]}"
+    e, c = res["eager_ops"][b1], res["compiled_ops"][b1]
+    res["summary"] = {f"{b1}_step_ms": c["step_ms"], f"{b1}_step_ms_eager_ops": e["step_ms"],
+                      "compiled_vs_eager": round(c["step_ms"] / e["step_ms"], 3),
+                      "prefill_batched_vs_one_by_one": round(res["compiled_ops"]["prefill_ms"]["batched"]
+                                                             / res["compiled_ops"]["prefill_ms"]["one_by_one"], 3)}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+    print("SUMMARY " + json.dumps(res["summary"]), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""``ngram-verifier serve`` flags mirror VerifierConfig fields; booleans parse as words, not as
+Python's bool("false") == True, from flags and from environment variables."""
+
+import argparse
+
+import pytest
+
+from verifier.config import VerifierConfig, add_config_flags, config_from_args, parse_bool
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser()
+    add_config_flags(p)
+    return config_from_args(p.parse_args(argv))
+
+
+def test_bool_flags_and_env(monkeypatch):
+    c = _parse(["--cuda-graphs", "false", "--compile", "0"])
+    assert (c.cuda_graphs, c.compile, c.capture_at_start) == (False, False, True)
+    e = c.engine_config()
+    assert (e.cuda_graphs, e.compile, e.capture_at_start) == (False, False, True)
+    monkeypatch.setenv("NGRAM_VERIFIER_CAPTURE_AT_START", "off")
+    assert _parse([]).capture_at_start is False
+    assert _parse([]) == VerifierConfig(capture_at_start=False)
+
+
+def test_bad_bool_is_a_clear_error(capsys):
+    with pytest.raises(SystemExit):
+        _parse(["--compile", "maybe"])
+    assert "expected true/false" in capsys.readouterr().err
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_bool("2")
