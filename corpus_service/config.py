@@ -64,6 +64,8 @@ class CorpusConfig:
     own_weight: float = 1.0
     learned_weight: float = 0.1  # own-context matches are the more reliable evidence (measured)
     external_weight: float = 1.0
+    # Siblings of a request group (the n samples of one prompt), scored like the own context.
+    group_weight: float = 1.0
     learn_prompts: bool = True  # prompts feed the learned corpus too (other requests reuse them)
     learned_max_bytes: int = 2 << 30  # memory bound of the learned corpus (0 = unbounded)
     flush_tokens: int = 128  # committed tokens per learned-corpus chunk
@@ -99,7 +101,7 @@ class CorpusConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
                 raise ValueError(f"{name}: expected an int in [{lo}, {hi}], got {v!r}")
-        for name in ("alpha", "shared_alpha", "lambda_", "depth_gain", "weak_weight", "own_weight", "learned_weight", "external_weight", "request_ttl_s"):
+        for name in ("alpha", "shared_alpha", "lambda_", "depth_gain", "weak_weight", "own_weight", "learned_weight", "external_weight", "group_weight", "request_ttl_s"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0 or v != v or v == float("inf"):
                 raise ValueError(f"{name}: expected a finite number >= 0, got {v!r}")
@@ -128,7 +130,7 @@ class CorpusConfig:
         c.external_orders = list(self.external_orders)
         for name in ("max_candidates", "max_chain", "max_match", "max_depth", "min_prob", "own_weight", "shared_alpha", "weak_weight", "weak_depth",
                      "enough_candidates", "enough_order",
-                     "learned_weight", "external_weight", "learn_prompts", "flush_tokens", "overlap",
+                     "learned_weight", "external_weight", "group_weight", "learn_prompts", "flush_tokens", "overlap",
                      "vocab_size", "request_ttl_s", "max_requests", "max_request_tokens", "max_external_tokens"):
             setattr(c, name, getattr(self, name))
         c.mode = MODES[self.mode]

@@ -117,9 +117,12 @@ void Corpus::sweep_idle() {
   }
   // What an abandoned request committed is still good data: keep it.
   for (auto& rs : expired) {
-    std::lock_guard<std::mutex> g(rs->mu);
-    LearnChunk c;
-    if (rs->take_chunk(0, cfg_.overlap, true, &c)) enqueue_chunk(std::move(c));
+    {
+      std::lock_guard<std::mutex> g(rs->mu);
+      LearnChunk c;
+      if (rs->take_chunk(0, cfg_.overlap, true, &c)) enqueue_chunk(std::move(c));
+    }
+    leave_group(*rs);
   }
 }
 
@@ -129,19 +132,23 @@ void Corpus::check_request_size(size_t have, size_t more) const {
                         " tokens, more than max_request_tokens = " + std::to_string(cfg_.max_request_tokens));
 }
 
-void Corpus::start_request(const std::string& id, const int32_t* prompt, size_t n, int learn_prompt) {
+void Corpus::start_request(const std::string& id, const int32_t* prompt, size_t n, int learn_prompt,
+                           const std::string& group, bool learn) {
   check_tokens(prompt, n, "prompt");
   check_request_size(0, n);
   sweep_idle();
-  auto rs = new_state(true);
+  auto rs = new_state(learn);
   rs->own.extend_last(prompt, n);
   rs->total_len = n;
-  if (learn_prompt > 0 || (learn_prompt < 0 && cfg_.learn_prompts)) rs->pending.assign(prompt, prompt + n);
+  const bool learn_p = learn && (learn_prompt > 0 || (learn_prompt < 0 && cfg_.learn_prompts));
   rs->touch();
   std::lock_guard<std::mutex> g(req_mu_);
   if (requests_.count(id)) throw AlreadyExists("request id '" + id + "' is already live");
   if (requests_.size() >= cfg_.max_requests)
     throw LimitExceeded("too many live requests (max_requests = " + std::to_string(cfg_.max_requests) + ")");
+  // A later member of a group does not feed the learned corpus the prompt prefix it shares.
+  size_t skip = group.empty() ? 0 : groups_.join(group, rs, prompt, n, learn_p);
+  if (learn_p) rs->pending.assign(prompt + skip, prompt + n);
   requests_.emplace(id, std::move(rs));
 }
 
@@ -153,6 +160,7 @@ void Corpus::extend(const std::string& id, const int32_t* tokens, size_t n) {
   {
     std::lock_guard<std::mutex> g(rs->mu);
     check_request_size(rs->own.live(), n);
+    GroupWriteLock gw(*rs);
     rs->append(tokens, n);
     rs->touch();
     flush = rs->take_chunk(cfg_.flush_tokens, cfg_.overlap, false, &c);
@@ -183,6 +191,7 @@ void Corpus::extend_many(const std::vector<std::string>& ids, const int32_t* tok
     bool flush;
     {
       std::lock_guard<std::mutex> g(states[i]->mu);
+      GroupWriteLock gw(*states[i]);
       states[i]->append(t, n);
       states[i]->touch();
       flush = states[i]->take_chunk(cfg_.flush_tokens, cfg_.overlap, false, &c);
@@ -207,7 +216,20 @@ void Corpus::finish(const std::string& id) {
     LearnChunk c;
     if (rs->take_chunk(0, cfg_.overlap, true, &c)) enqueue_chunk(std::move(c));
   }
+  leave_group(*rs);
   release(std::move(rs));
+}
+
+void Corpus::leave_group(RequestState& rs) {
+  std::vector<uint64_t> ended;
+  groups_.leave(rs, &ended);
+  // The group is gone: its members' chunk records go too, after their last chunks (queue order).
+  for (uint64_t serial : ended) {
+    LearnChunk c;
+    c.doc = serial;
+    c.last = true;
+    enqueue_chunk(std::move(c));
+  }
 }
 
 void Corpus::erase(const std::string& id) {
@@ -228,6 +250,7 @@ void Corpus::sync_window(const std::string& id, const int32_t* window, size_t n,
   }
   if (rs) {
     std::lock_guard<std::mutex> g(rs->mu);
+    GroupWriteLock gw(*rs);
     rs->touch();
     uint64_t known = rs->total_len;
     if (total_len >= known && total_len - known <= n) {
@@ -240,6 +263,7 @@ void Corpus::sync_window(const std::string& id, const int32_t* window, size_t n,
         if (rs->own.live() + fresh > cfg_.max_request_tokens) {
           rs->own.clear();  // keep only the window: drafting needs the recent context most
           rs->own.extend_last(window, n);
+          rs->shared_prefix = 0;  // the shared prompt is gone from it
           rs->total_len = total_len;
           return;
         }
@@ -249,6 +273,7 @@ void Corpus::sync_window(const std::string& id, const int32_t* window, size_t n,
     }
     rs->own.clear();
     rs->own.extend_last(window, n);
+    rs->shared_prefix = 0;
     rs->total_len = total_len;
     return;
   }
@@ -306,6 +331,17 @@ void Corpus::draft_one(RequestState& rs, int budget, const std::vector<std::shar
     };
     // The request's current position trivially matches itself: exclude it.
     add_source(rs.own, rs.own.end() - 1, cfg_.own_weight, cfg_.score);
+    // A group's members draft from each other at once, and skip all their chunks (group.h).
+    std::shared_lock<std::shared_mutex> group_lock;
+    if (rs.group) {
+      group_lock = std::shared_lock<std::shared_mutex>(rs.group->mu);
+      thread_local std::vector<SiblingSource> siblings;
+      thread_local PositionRanges chunks;
+      sibling_sources(rs, &siblings);
+      for (auto& s : siblings) add_source(*s.index, s.exclude_from, cfg_.group_weight, cfg_.score, &s.skip);
+      group_chunks(*rs.group, live_chunks_, &chunks);
+      own_chunks = &chunks;
+    }
     add_source(learned_, UINT64_MAX, cfg_.learned_weight, shared, own_chunks);
     for (auto& e : ext) add_source(*e, UINT64_MAX, cfg_.external_weight, shared);
   }
@@ -464,7 +500,8 @@ void Corpus::apply_chunk(const LearnChunk& c) {
   uint64_t e = UINT64_MAX;
   if (c.tokens.size() > c.context) e = learned_.append_document(c.tokens.data(), c.tokens.size(), c.context, prev_end);
   if (c.last) {
-    if (it != live_chunks_.end()) live_chunks_.erase(it);
+    if (c.keep && e != UINT64_MAX) live_chunks_[c.doc].emplace_back(e + 1 - (c.tokens.size() - c.context), e);
+    if (!c.keep && it != live_chunks_.end()) live_chunks_.erase(it);
   } else if (e != UINT64_MAX) {
     live_chunks_[c.doc].emplace_back(e + 1 - (c.tokens.size() - c.context), e);
   }
@@ -572,12 +609,13 @@ void Corpus::reset() {
   {
     std::lock_guard<std::mutex> g(req_mu_);
     requests_.clear();
+    groups_.clear();
   }
   std::unique_lock<std::shared_mutex> wl(learned_mu_);
   learned_.clear();
   open_docs_.clear();
   open_by_tail_.clear();
-    live_chunks_.clear();
+  live_chunks_.clear();
 }
 
 std::vector<int32_t> Corpus::learned_tokens() {
@@ -723,6 +761,7 @@ std::map<std::string, double> Corpus::stats() {
     std::lock_guard<std::mutex> g(req_mu_);
     s["live_requests"] = static_cast<double>(requests_.size());
   }
+  s["live_groups"] = static_cast<double>(groups_.size());
   {
     std::lock_guard<std::mutex> g(ext_mu_);
     s["external_corpora"] = static_cast<double>(externals_.size());
@@ -759,6 +798,7 @@ void Corpus::check_integrity() {
     rs->own.check_integrity();
     if (rs->pending.size() > rs->own.live()) throw std::logic_error("request pending beyond its tokens");
   }
+  groups_.check_integrity(live);
 }
 
 }  // namespace ngc

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "draft_tree.h"
+#include "group.h"
 #include "request_state.h"
 #include "token_index.h"
 
@@ -45,6 +46,7 @@ struct CorpusConfig {
   float own_weight = 1.0f;       // source weights (kScore)
   float learned_weight = 0.1f;
   float external_weight = 1.0f;
+  float group_weight = 1.0f;     // siblings in a request group (scored like the own context; group.h)
   bool learn_prompts = true;     // also feed prompts into the learned corpus
   size_t learned_max_tokens = 0; // memory bound of the learned corpus in tokens (0 = unbounded)
   size_t flush_tokens = 128;     // committed tokens per learned-corpus chunk
@@ -74,7 +76,10 @@ class Corpus {
   // Request-level API.
   // learn_prompt: 1 feeds the prompt to the learned corpus, 0 does not, -1 follows the config
   // (0 suits a request re-established after a restart, whose tokens were learned already).
-  void start_request(const std::string& id, const int32_t* prompt, size_t n, int learn_prompt = -1);
+  // group: requests of one non-empty group key draft from each other's context (group.h).
+  // learn: false keeps all of the request's tokens out of the learned corpus (a replica's requests).
+  void start_request(const std::string& id, const int32_t* prompt, size_t n, int learn_prompt = -1,
+                     const std::string& group = "", bool learn = true);
   void extend(const std::string& id, const int32_t* tokens, size_t n);
   // Extends ids[i] by the next lengths[i] tokens of `tokens`; all or nothing.
   void extend_many(const std::vector<std::string>& ids, const int32_t* tokens, const int64_t* lengths);
@@ -119,6 +124,7 @@ class Corpus {
   std::shared_ptr<RequestState> new_state(bool learn);
   void check_request_size(size_t have, size_t more) const;
   void release(std::shared_ptr<RequestState> rs);
+  void leave_group(RequestState& rs);  // rs ended: drops its group with its last member
   void draft_batch(const std::vector<std::string>& ids, int budget, bool pad, DraftOutput* out);
   void draft_one(RequestState& rs, int budget, const std::vector<std::shared_ptr<const TokenIndex>>& ext,
                  DraftTree& tree, std::vector<int32_t>& tokens, std::vector<int32_t>& parents,
@@ -145,6 +151,7 @@ class Corpus {
   std::unordered_map<std::string, std::shared_ptr<RequestState>> requests_;
   std::vector<std::shared_ptr<RequestState>> pool_;  // finished states kept for reuse (warm memory)
   int64_t last_sweep_ns_ = 0;
+  GroupRegistry groups_;
 
   mutable std::mutex ext_mu_;
   std::map<std::string, std::shared_ptr<const TokenIndex>> externals_;

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -15,12 +16,15 @@
 
 namespace ngc {
 
+struct RequestGroup;  // group.h
+
 // A chunk headed for the learned corpus: tokens[0..context) are left context only.
 struct LearnChunk {
   std::vector<int32_t> tokens;
   size_t context = 0;
   uint64_t doc = 0;   // serial of the request it comes from: chunks of one request are linked
   bool last = false;  // the request ended: no chunk will continue this one
+  bool keep = false;  // with last: keep the request's chunk records (its group still drafts around them)
 };
 
 struct RequestState {
@@ -34,6 +38,9 @@ struct RequestState {
   uint64_t serial;                 // unique per request, names its chunks in the learned corpus
   uint64_t total_len = 0;          // tokens in the request so far (may exceed own.live() for windows)
   int64_t last_used_ns = 0;        // for the idle timeout
+  std::shared_ptr<RequestGroup> group;  // the group it drafts with (null: none; group.h)
+  size_t shared_prefix = 0;        // leading tokens of `own` equal to the group's prompt
+  bool ended = false;              // a group member that finished (still a source for its siblings)
 
   // Makes a finished request's state reusable for a new one, keeping its allocations.
   void recycle(bool learn_tokens, uint64_t new_serial) {
@@ -42,6 +49,9 @@ struct RequestState {
     learn = learn_tokens;
     serial = new_serial;
     total_len = 0;
+    group.reset();
+    shared_prefix = 0;
+    ended = false;
   }
 
   void touch() {
@@ -59,6 +69,7 @@ struct RequestState {
   bool take_chunk(size_t min_tokens, size_t overlap, bool last, LearnChunk* out) {
     out->doc = serial;
     out->last = last;
+    out->keep = last && group != nullptr;
     if (pending.size() < min_tokens || (pending.empty() && !last)) return false;
     size_t before = own.live() - pending.size();  // tokens of own that precede the pending ones
     size_t ctx = before < overlap ? before : overlap;

@@ -1,0 +1,114 @@
+#include "group.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace ngc {
+
+void sibling_sources(const RequestState& rs, std::vector<SiblingSource>* out) {
+  out->clear();
+  for (const auto& m : rs.group->members) {
+    if (m.get() == &rs || m->own.live() == 0) continue;
+    SiblingSource s{&m->own, {}, m->own.end() - 1};
+    // The prompt prefix both share is in rs's own index already: its occurrences count once.
+    size_t shared = std::min(rs.shared_prefix, m->shared_prefix);
+    if (shared > 0) s.skip.emplace_back(m->own.begin(), m->own.begin() + shared - 1);
+    out->push_back(std::move(s));
+  }
+}
+
+void group_chunks(const RequestGroup& g, const std::unordered_map<uint64_t, PositionRanges>& live_chunks,
+                  PositionRanges* out) {
+  out->clear();
+  for (const auto& m : g.members) {
+    auto it = live_chunks.find(m->serial);
+    if (it != live_chunks.end()) out->insert(out->end(), it->second.begin(), it->second.end());
+  }
+}
+
+size_t GroupRegistry::join(const std::string& key, const std::shared_ptr<RequestState>& rs, const int32_t* prompt,
+                           size_t n, bool learn_prompt) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto& slot = groups_[key];
+  if (!slot) slot = std::make_shared<RequestGroup>(key);
+  RequestGroup& grp = *slot;
+  std::unique_lock<std::shared_mutex> wl(grp.mu);
+  size_t learned = 0;
+  if (grp.members.empty()) {
+    grp.prompt.assign(prompt, prompt + n);
+    grp.prompt_learned = learn_prompt;
+    rs->shared_prefix = n;
+  } else {
+    auto diff = std::mismatch(grp.prompt.begin(), grp.prompt.end(), prompt, prompt + n);
+    rs->shared_prefix = static_cast<size_t>(diff.first - grp.prompt.begin());
+    if (grp.prompt_learned) learned = rs->shared_prefix;
+  }
+  rs->group = slot;
+  rs->ended = false;
+  grp.members.push_back(rs);
+  ++grp.live;
+  return learned;
+}
+
+void GroupRegistry::leave(RequestState& rs, std::vector<uint64_t>* ended) {
+  if (!rs.group) return;
+  std::lock_guard<std::mutex> g(mu_);
+  RequestGroup& grp = *rs.group;
+  std::unique_lock<std::shared_mutex> wl(grp.mu);
+  if (rs.ended) return;
+  rs.ended = true;
+  if (--grp.live > 0) return;
+  for (const auto& m : grp.members) ended->push_back(m->serial);
+  grp.members.clear();  // the members referenced the group and the group its members: break the cycle
+  auto it = groups_.find(grp.key);
+  if (it != groups_.end() && it->second.get() == &grp) groups_.erase(it);
+}
+
+void GroupRegistry::clear() {
+  std::lock_guard<std::mutex> g(mu_);
+  for (auto& [key, grp] : groups_) {
+    std::unique_lock<std::shared_mutex> wl(grp->mu);
+    for (const auto& m : grp->members) m->ended = true;
+    grp->members.clear();
+    grp->live = 0;
+  }
+  groups_.clear();
+}
+
+size_t GroupRegistry::size() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return groups_.size();
+}
+
+void GroupRegistry::check_integrity(const std::vector<std::shared_ptr<RequestState>>& live) const {
+  std::lock_guard<std::mutex> g(mu_);
+  std::unordered_map<const RequestGroup*, size_t> live_members;
+  for (const auto& rs : live) {
+    if (!rs->group) continue;
+    {
+      // A request finished concurrently may still be in `live`: only one that has not left counts.
+      std::shared_lock<std::shared_mutex> rl(rs->group->mu);
+      if (rs->ended) continue;
+    }
+    auto it = groups_.find(rs->group->key);
+    if (it == groups_.end() || it->second != rs->group) throw std::logic_error("a live group member's group is not registered");
+    ++live_members[rs->group.get()];
+  }
+  for (const auto& [key, grp] : groups_) {
+    std::shared_lock<std::shared_mutex> rl(grp->mu);
+    if (grp->key != key) throw std::logic_error("group registered under another key");
+    if (grp->live == 0 || grp->members.empty()) throw std::logic_error("a group without live members is kept");
+    size_t not_ended = 0;
+    for (const auto& m : grp->members) {
+      if (m->group != grp) throw std::logic_error("a group member points to another group");
+      if (m->shared_prefix > grp->prompt.size() || m->shared_prefix > m->own.live())
+        throw std::logic_error("a group member's shared prefix exceeds the prompt");
+      not_ended += !m->ended;
+    }
+    if (not_ended != grp->live) throw std::logic_error("group live count disagrees with its members");
+    auto lm = live_members.find(grp.get());
+    if (lm != live_members.end() && lm->second > grp->live) throw std::logic_error("more live members than counted");
+  }
+}
+
+}  // namespace ngc
