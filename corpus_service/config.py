@@ -64,8 +64,9 @@ class CorpusConfig:
     own_weight: float = 1.0
     learned_weight: float = 0.1  # own-context matches are the more reliable evidence (measured)
     external_weight: float = 1.0
-    # Siblings of a request group (the n samples of one prompt), scored like the own context.
-    group_weight: float = 1.0
+    # Siblings of a request group (the n samples of one prompt), scored like the own context. 0.3-0.7
+    # drafted best with 4 samples at temperature 0.7 (bench/acceptance.py --concurrent-samples).
+    group_weight: float = 0.5
     learn_prompts: bool = True  # prompts feed the learned corpus too (other requests reuse them)
     learned_max_bytes: int = 2 << 30  # memory bound of the learned corpus (0 = unbounded)
     flush_tokens: int = 128  # committed tokens per learned-corpus chunk

@@ -46,7 +46,7 @@ struct CorpusConfig {
   float own_weight = 1.0f;       // source weights (kScore)
   float learned_weight = 0.1f;
   float external_weight = 1.0f;
-  float group_weight = 1.0f;     // siblings in a request group (scored like the own context; group.h)
+  float group_weight = 0.5f;     // siblings in a request group (own-context scoring; group.h)
   bool learn_prompts = true;     // also feed prompts into the learned corpus
   size_t learned_max_tokens = 0; // memory bound of the learned corpus in tokens (0 = unbounded)
   size_t flush_tokens = 128;     // committed tokens per learned-corpus chunk
