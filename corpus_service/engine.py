@@ -53,7 +53,7 @@ def _check_budget(budget: Any) -> int:
     return int(budget)
 
 
-MAX_GROUP_CHARS = 256
+MAX_GROUP_CHARS = 1024  # the service scopes keys by session: its own bound (256) leaves room
 
 
 def _group(group: Any) -> str:

@@ -10,8 +10,9 @@ void sibling_sources(const RequestState& rs, std::vector<SiblingSource>* out) {
   for (const auto& m : rs.group->members) {
     if (m.get() == &rs || m->own.live() == 0) continue;
     SiblingSource s{&m->own, {}, m->own.end() - 1};
-    // The prompt prefix both share is in rs's own index already: its occurrences count once.
-    size_t shared = std::min(rs.shared_prefix, m->shared_prefix);
+    // The prompt prefix both share is in rs's own index already: its occurrences count once. Not
+    // rs's current position though: rs's own index excludes it (it has no continuation there).
+    size_t shared = std::min({rs.shared_prefix, m->shared_prefix, rs.own.live() - 1});
     if (shared > 0) s.skip.emplace_back(m->own.begin(), m->own.begin() + shared - 1);
     out->push_back(std::move(s));
   }

@@ -29,6 +29,16 @@ def test_member_drafts_its_siblings_just_committed_continuation():
     c.check_integrity()
 
 
+def test_a_member_at_the_prompt_end_drafts_a_sibling_that_is_ahead():
+    # The shared prompt's occurrences count once, but not the member's current position: the
+    # sibling's copy of the prompt end continues into the sibling's output.
+    c = NgramCorpus()
+    c.start_request("a", PROMPT, group="g")
+    c.extend("a", [10, 11, 12])
+    c.start_request("b", PROMPT, group="g")
+    assert c.draft(["b"], 4).tree(0)[0] == [10, 11, 12]
+
+
 def test_the_shared_prompt_counts_once():
     # A member whose siblings committed nothing yet drafts exactly what a lone request drafts:
     # the siblings' copies of the prompt add no votes.
@@ -146,8 +156,8 @@ def test_batch_start_with_groups():
 @pytest.mark.parametrize(
     "call, error, message",
     [
-        (lambda c: c.start_request("a", [1], group=""), ValueError, "group: expected 1-256 characters"),
-        (lambda c: c.start_request("a", [1], group="g" * 257), ValueError, "group: expected 1-256"),
+        (lambda c: c.start_request("a", [1], group=""), ValueError, "group: expected 1-1024 characters"),
+        (lambda c: c.start_request("a", [1], group="g" * 1025), ValueError, "group: expected 1-1024"),
         (lambda c: c.start_request("a", [1], group=5), TypeError, "group: expected str or None"),
         (lambda c: c.start_requests(["a", "b"], [[1], [2]], groups=["g"]), ValueError, "one group"),
         (lambda c: c.start_requests(["a"], [[1]], groups="g"), ValueError, "one group"),
