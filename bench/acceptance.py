@@ -139,6 +139,7 @@ def replay_concurrent(traces: list[Trace], budget: int, config: CorpusConfig, gr
     they are independent requests (a sample sees a sibling's tokens only via the learned corpus)."""
     eng = NgramCorpus(config)
     rep = Replay()
+    draft_ns = drafted_rows = 0
     for k, samples in enumerate(sample_sets(traces)):
         ids = [f"p{k}s{j}" for j in range(len(samples))]
         for rid, tr in zip(ids, samples):
@@ -147,7 +148,10 @@ def replay_concurrent(traces: list[Trace], budget: int, config: CorpusConfig, gr
         steps = [0] * len(samples)
         live = list(range(len(samples)))
         while live:
+            t0 = time.perf_counter_ns()
             batch = eng.draft([ids[j] for j in live], budget)
+            draft_ns += time.perf_counter_ns() - t0
+            drafted_rows += len(live)
             for row, j in enumerate(live):
                 out = samples[j].output_ids
                 toks, parents, _ = batch.tree(row)
@@ -166,6 +170,7 @@ def replay_concurrent(traces: list[Trace], budget: int, config: CorpusConfig, gr
         eng.synchronize()  # prompts replay one after another: the next sees all of this one
     res = rep.summary()
     res["prompts"] = len(sample_sets(traces))
+    res["us_per_draft_row"] = draft_ns / max(drafted_rows, 1) / 1e3
     return res
 
 
@@ -275,7 +280,8 @@ def main_concurrent(args: argparse.Namespace, config: CorpusConfig, budgets: lis
             results["runs"].append(run)
             print(f"{Path(f).stem} B={b}: {run['requests']} samples of {run['groups']['prompts']} prompts at once: "
                   f"MAT independent {run['independent']['mat']:.3f}, groups {run['groups']['mat']:.3f} "
-                  f"= {run['ratio']:.3f}x", flush=True)
+                  f"= {run['ratio']:.3f}x | draft {run['independent']['us_per_draft_row']:.1f} / "
+                  f"{run['groups']['us_per_draft_row']:.1f} us per request", flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1, default=str))
     print(f"SUMMARY acceptance concurrent samples mode={args.mode}: groups/independent MAT "
