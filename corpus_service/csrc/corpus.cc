@@ -147,9 +147,11 @@ void Corpus::start_request(const std::string& id, const int32_t* prompt, size_t 
   if (requests_.size() >= cfg_.max_requests)
     throw LimitExceeded("too many live requests (max_requests = " + std::to_string(cfg_.max_requests) + ")");
   // A later member of a group does not feed the learned corpus the prompt prefix it shares.
-  size_t skip = group.empty() ? 0 : groups_.join(group, rs, prompt, n, learn_p);
+  std::vector<uint64_t> dropped;
+  size_t skip = group.empty() ? 0 : groups_.join(group, rs, prompt, n, learn_p, &dropped);
   if (learn_p) rs->pending.assign(prompt + skip, prompt + n);
   requests_.emplace(id, std::move(rs));
+  drop_chunk_records(dropped);
 }
 
 void Corpus::extend(const std::string& id, const int32_t* tokens, size_t n) {
@@ -223,8 +225,13 @@ void Corpus::finish(const std::string& id) {
 void Corpus::leave_group(RequestState& rs) {
   std::vector<uint64_t> ended;
   groups_.leave(rs, &ended);
-  // The group is gone: its members' chunk records go too, after their last chunks (queue order).
-  for (uint64_t serial : ended) {
+  drop_chunk_records(ended);  // the group is gone
+}
+
+void Corpus::drop_chunk_records(const std::vector<uint64_t>& serials) {
+  // Ended group members' chunks become ordinary learned documents again, after their last chunks
+  // (queue order).
+  for (uint64_t serial : serials) {
     LearnChunk c;
     c.doc = serial;
     c.last = true;

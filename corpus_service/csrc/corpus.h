@@ -125,6 +125,7 @@ class Corpus {
   void check_request_size(size_t have, size_t more) const;
   void release(std::shared_ptr<RequestState> rs);
   void leave_group(RequestState& rs);  // rs ended: drops its group with its last member
+  void drop_chunk_records(const std::vector<uint64_t>& serials);  // of group members let go
   void draft_batch(const std::vector<std::string>& ids, int budget, bool pad, DraftOutput* out);
   void draft_one(RequestState& rs, int budget, const std::vector<std::shared_ptr<const TokenIndex>>& ext,
                  DraftTree& tree, std::vector<int32_t>& tokens, std::vector<int32_t>& parents,

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "errors.h"
+
 namespace ngc {
 
 void sibling_sources(const RequestState& rs, std::vector<SiblingSource>* out) {
@@ -28,12 +30,20 @@ void group_chunks(const RequestGroup& g, const std::unordered_map<uint64_t, Posi
 }
 
 size_t GroupRegistry::join(const std::string& key, const std::shared_ptr<RequestState>& rs, const int32_t* prompt,
-                           size_t n, bool learn_prompt) {
+                           size_t n, bool learn_prompt, std::vector<uint64_t>* dropped) {
   std::lock_guard<std::mutex> g(mu_);
   auto& slot = groups_[key];
   if (!slot) slot = std::make_shared<RequestGroup>(key);
   RequestGroup& grp = *slot;
   std::unique_lock<std::shared_mutex> wl(grp.mu);
+  if (grp.live >= kMaxGroupMembers)
+    throw LimitExceeded("request group '" + key + "' already has " + std::to_string(grp.live) +
+                        " live members (at most " + std::to_string(kMaxGroupMembers) + ")");
+  while (grp.members.size() >= kMaxGroupMembers) {
+    auto oldest = std::find_if(grp.members.begin(), grp.members.end(), [](const auto& m) { return m->ended; });
+    dropped->push_back((*oldest)->serial);
+    grp.members.erase(oldest);
+  }
   size_t learned = 0;
   if (grp.members.empty()) {
     grp.prompt.assign(prompt, prompt + n);

@@ -29,6 +29,11 @@
 
 namespace ngc {
 
+// Members (live and ended) one group keeps as sources: a client that reuses one key for every
+// request must not grow a group, and the work of each draft, without bound. Beyond it the oldest
+// ended member is let go (its tokens stay in the learned corpus); live members beyond it are refused.
+constexpr size_t kMaxGroupMembers = 64;
+
 struct RequestGroup {
   explicit RequestGroup(std::string k) : key(std::move(k)) {}
   const std::string key;
@@ -74,9 +79,11 @@ class GroupRegistry {
 
   // Adds rs, whose `own` holds its prompt, to the group `key` (created if new): sets rs->group and
   // rs->shared_prefix. Returns how many leading prompt tokens the learned corpus already gets from
-  // an earlier member (0 for the first member). `learn_prompt`: whether rs feeds its prompt.
+  // an earlier member (0 for the first member). `learn_prompt`: whether rs feeds its prompt. The
+  // serials of ended members let go to stay within kMaxGroupMembers are appended to *dropped;
+  // LimitExceeded (nothing changed) if kMaxGroupMembers members are live.
   size_t join(const std::string& key, const std::shared_ptr<RequestState>& rs, const int32_t* prompt, size_t n,
-              bool learn_prompt);
+              bool learn_prompt, std::vector<uint64_t>* dropped);
   // rs ended (finish, erase, idle expiry). When it was its group's last live member the group is
   // dropped; the serials of all its members are appended to *ended (their chunk records can go).
   void leave(RequestState& rs, std::vector<uint64_t>* ended);

@@ -204,3 +204,25 @@ def test_concurrent_members_extend_and_draft():
     assert not any(t.is_alive() for t in threads) and not errors
     c.check_integrity()
     assert c.stats()["live_groups"] == 0
+
+
+def test_a_group_keeps_a_bounded_number_of_members():
+    # A client reusing one key for every request: ended members beyond the bound are let go (their
+    # tokens stay learned) and live members beyond it are refused, so a group never grows unbounded.
+    c = NgramCorpus()
+    c.start_request("keep", PROMPT, group="g")
+    for i in range(100):
+        c.start_request(i, PROMPT, group="g")
+        c.extend(i, [10 + i % 7])
+        c.finish(i)
+    c.synchronize()
+    c.check_integrity()
+    assert c.stats()["live_groups"] == 1
+    for i in range(63):
+        c.start_request(f"live{i}", PROMPT, group="g")
+    with pytest.raises(ValueError, match="64 live members"):
+        c.start_request("one-too-many", PROMPT, group="g")
+    assert not c.has_request("one-too-many")
+    c.finish_batch(["keep"] + [f"live{i}" for i in range(63)])
+    assert c.stats()["live_groups"] == 0
+    c.check_integrity()
