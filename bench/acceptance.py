@@ -139,11 +139,14 @@ def replay_concurrent(traces: list[Trace], budget: int, config: CorpusConfig, gr
     they are independent requests (a sample sees a sibling's tokens only via the learned corpus)."""
     eng = NgramCorpus(config)
     rep = Replay()
-    draft_ns = drafted_rows = 0
+    draft_ns = drafted_rows = start_ns = started_bytes = 0
     for k, samples in enumerate(sample_sets(traces)):
         ids = [f"p{k}s{j}" for j in range(len(samples))]
         for rid, tr in zip(ids, samples):
+            t0 = time.perf_counter_ns()
             eng.start_request(rid, tr.prompt_ids, group=f"p{k}" if groups else None)
+            start_ns += time.perf_counter_ns() - t0
+        started_bytes += eng.stats()["live_request_bytes"]  # the samples' context indexes, just started
         pos = [0] * len(samples)
         steps = [0] * len(samples)
         live = list(range(len(samples)))
@@ -171,6 +174,8 @@ def replay_concurrent(traces: list[Trace], budget: int, config: CorpusConfig, gr
     res = rep.summary()
     res["prompts"] = len(sample_sets(traces))
     res["us_per_draft_row"] = draft_ns / max(drafted_rows, 1) / 1e3
+    res["us_per_start"] = start_ns / max(len(traces), 1) / 1e3
+    res["kb_per_prompt_started"] = started_bytes / max(res["prompts"], 1) / 1e3
     return res
 
 
@@ -281,7 +286,9 @@ def main_concurrent(args: argparse.Namespace, config: CorpusConfig, budgets: lis
             print(f"{Path(f).stem} B={b}: {run['requests']} samples of {run['groups']['prompts']} prompts at once: "
                   f"MAT independent {run['independent']['mat']:.3f}, groups {run['groups']['mat']:.3f} "
                   f"= {run['ratio']:.3f}x | draft {run['independent']['us_per_draft_row']:.1f} / "
-                  f"{run['groups']['us_per_draft_row']:.1f} us per request", flush=True)
+                  f"{run['groups']['us_per_draft_row']:.1f} us per request, start {run['independent']['us_per_start']:.1f} / "
+                  f"{run['groups']['us_per_start']:.1f} us, {run['independent']['kb_per_prompt_started']:.0f} / "
+                  f"{run['groups']['kb_per_prompt_started']:.0f} KB of context indexes per prompt", flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1, default=str))
     print(f"SUMMARY acceptance concurrent samples mode={args.mode}: groups/independent MAT "

@@ -138,7 +138,17 @@ void Corpus::start_request(const std::string& id, const int32_t* prompt, size_t 
   check_request_size(0, n);
   sweep_idle();
   auto rs = new_state(learn);
-  rs->own.extend_last(prompt, n);
+  // A later member of a group leaves the prompt prefix it shares to the founder's index (group.h):
+  // it keeps the prefix's tail as unindexed left context, so matches still reach into its output.
+  const size_t borrow = group.empty() ? 0 : groups_.shared_prefix(group, prompt, n);
+  if (borrow > 0) {
+    const size_t c = std::min(borrow, static_cast<size_t>(cfg_.max_match));
+    rs->own.append_document(prompt + borrow - c, n - borrow + c, c);
+    rs->borrowed = true;
+    rs->shared_prefix = borrow;
+  } else {
+    rs->own.extend_last(prompt, n);
+  }
   rs->total_len = n;
   const bool learn_p = learn && (learn_prompt > 0 || (learn_prompt < 0 && cfg_.learn_prompts));
   rs->touch();
@@ -149,6 +159,13 @@ void Corpus::start_request(const std::string& id, const int32_t* prompt, size_t 
   // A later member of a group does not feed the learned corpus the prompt prefix it shares.
   std::vector<uint64_t> dropped;
   size_t skip = group.empty() ? 0 : groups_.join(group, rs, prompt, n, learn_p, &dropped);
+  if (borrow > 0 && !rs->borrowed) {  // the group changed since the look-up: index the whole prompt
+    GroupWriteLock gw(*rs);
+    rs->own.reset();
+    rs->own.extend_last(prompt, n);
+  }
+  // Pending tokens are read back from `own`: a borrowed prefix is not there to learn (the founder's is).
+  if (rs->borrowed) skip = rs->shared_prefix;
   if (learn_p) rs->pending.assign(prompt + skip, prompt + n);
   requests_.emplace(id, std::move(rs));
   drop_chunk_records(dropped);
@@ -271,6 +288,7 @@ void Corpus::sync_window(const std::string& id, const int32_t* window, size_t n,
           rs->own.clear();  // keep only the window: drafting needs the recent context most
           rs->own.extend_last(window, n);
           rs->shared_prefix = 0;  // the shared prompt is gone from it
+          rs->borrowed = false;
           rs->total_len = total_len;
           return;
         }
@@ -281,6 +299,7 @@ void Corpus::sync_window(const std::string& id, const int32_t* window, size_t n,
     rs->own.clear();
     rs->own.extend_last(window, n);
     rs->shared_prefix = 0;
+    rs->borrowed = false;
     rs->total_len = total_len;
     return;
   }
@@ -345,7 +364,8 @@ void Corpus::draft_one(RequestState& rs, int budget, const std::vector<std::shar
       thread_local std::vector<SiblingSource> siblings;
       thread_local PositionRanges chunks;
       sibling_sources(rs, &siblings);
-      for (auto& s : siblings) add_source(*s.index, s.exclude_from, cfg_.group_weight, cfg_.score, &s.skip);
+      for (auto& s : siblings)
+        add_source(*s.index, s.exclude_from, s.as_own ? cfg_.own_weight : cfg_.group_weight, cfg_.score, &s.skip);
       group_chunks(*rs.group, live_chunks_, &chunks);
       own_chunks = &chunks;
     }
@@ -764,10 +784,18 @@ std::map<std::string, double> Corpus::stats() {
     s["learned_bytes_per_token"] =
         learned_.indexed_tokens() ? static_cast<double>(learned_.memory_bytes()) / learned_.indexed_tokens() : 0.0;
   }
+  std::vector<std::shared_ptr<RequestState>> live;
   {
     std::lock_guard<std::mutex> g(req_mu_);
     s["live_requests"] = static_cast<double>(requests_.size());
+    for (auto& [id, rs] : requests_) live.push_back(rs);
   }
+  size_t request_bytes = 0;  // the live requests' own context indexes
+  for (auto& rs : live) {
+    std::lock_guard<std::mutex> g(rs->mu);
+    request_bytes += rs->own.memory_bytes();
+  }
+  s["live_request_bytes"] = static_cast<double>(request_bytes);
   s["live_groups"] = static_cast<double>(groups_.size());
   {
     std::lock_guard<std::mutex> g(ext_mu_);

@@ -39,7 +39,9 @@ struct RequestState {
   uint64_t total_len = 0;          // tokens in the request so far (may exceed own.live() for windows)
   int64_t last_used_ns = 0;        // for the idle timeout
   std::shared_ptr<RequestGroup> group;  // the group it drafts with (null: none; group.h)
-  size_t shared_prefix = 0;        // leading tokens of `own` equal to the group's prompt
+  size_t shared_prefix = 0;        // leading prompt tokens equal to the group's prompt
+  bool borrowed = false;           // `own` holds only the tail of that prefix, as unindexed context:
+                                   // the group's founder indexes it for every member (group.h)
   bool ended = false;              // a group member that finished (still a source for its siblings)
 
   // Makes a finished request's state reusable for a new one, keeping its allocations.
@@ -51,6 +53,7 @@ struct RequestState {
     total_len = 0;
     group.reset();
     shared_prefix = 0;
+    borrowed = false;
     ended = false;
   }
 

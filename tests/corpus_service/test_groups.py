@@ -47,8 +47,31 @@ def test_the_shared_prompt_counts_once():
     for rid in ("a", "b", "c"):
         c.start_request(rid, prompt, group="g")
     c.start_request("solo", prompt)
-    member, solo = c.draft(["a"], 6), c.draft(["solo"], 6)
-    assert member.tree(0)[0] and member.tree(0) == solo.tree(0)
+    solo = c.draft(["solo"], 6)
+    assert solo.tree(0)[0]
+    for rid in ("a", "b", "c"):  # the founder indexes the prompt, b and c draft it from there
+        assert c.draft([rid], 6).tree(0) == solo.tree(0)
+    c.extend("a", [7, 7])  # the founder moves on: the prompt is still every member's own context
+    c.extend("solo", [9, 9])
+    c.extend("b", [9, 9])
+    assert c.draft(["b"], 6).tree(0) == c.draft(["solo"], 6).tree(0)
+    c.check_integrity()
+
+
+def test_later_members_do_not_index_the_shared_prompt():
+    prompt = list(range(1, 2001))
+    c = NgramCorpus()
+    c.start_request("a", prompt, group="g")
+    c.start_request("b", prompt, group="g")
+    c.start_request("solo", prompt)
+    # The member keeps the prompt tail as context: matches reach across into its output.
+    c.extend("a", [1, 2, 3, 4, 5])
+    c.extend("b", [1, 2])
+    assert c.draft(["b"], 3).tree(0)[0] == [3, 4, 5]
+    c.extend("b", [3])
+    c.finish_batch(["a", "b"])
+    c.synchronize()
+    c.check_integrity()
 
 
 def test_siblings_chunks_in_the_learned_corpus_are_not_counted_again():
