@@ -18,9 +18,12 @@ void sibling_sources(const RequestState& rs, std::vector<SiblingSource>* out) {
     if (rs.borrowed && m.get() == founder && shared > 0) {
       // rs's prompt prefix lives in the founder's index: those positions are rs's own context,
       // except the prefix's last one, which continues into the founder's output, not rs's.
-      if (shared > 1) out->push_back(SiblingSource{&m->own, {{begin + shared - 1, last}}, UINT64_MAX, true});
-      out->push_back(SiblingSource{&m->own, {{begin, begin + shared - 2}}, last, false});
-      if (shared == 1) out->back().skip.clear();
+      SiblingSource rest{&m->own, {}, last, false};
+      if (shared > 1) {
+        out->push_back(SiblingSource{&m->own, {{begin + shared - 1, last}}, UINT64_MAX, true});
+        rest.skip.emplace_back(begin, begin + shared - 2);
+      }
+      out->push_back(std::move(rest));
       continue;
     }
     SiblingSource s{&m->own, {}, last, false};
