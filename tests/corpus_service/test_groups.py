@@ -249,3 +249,30 @@ def test_a_group_keeps_a_bounded_number_of_members():
     c.finish_batch(["keep"] + [f"live{i}" for i in range(63)])
     assert c.stats()["live_groups"] == 0
     c.check_integrity()
+
+
+def test_members_started_concurrently_keep_the_group_consistent():
+    # Starts racing each other for one new group: whoever registers first is the founder, a start
+    # that looked the group up before it existed indexes its whole prompt; drafts work for all.
+    c = NgramCorpus()
+    errors: list[BaseException] = []
+
+    def start(t: int) -> None:
+        try:
+            for g in range(20):
+                c.start_request(f"t{t}g{g}", PROMPT, group=f"g{g}")
+                c.extend(f"t{t}g{g}", [10 + t])
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=start, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors and c.stats()["live_groups"] == 20
+    c.check_integrity()
+    assert len(c.draft([f"t{t}g{g}" for t in range(4) for g in range(20)], 4)) == 80
+    c.finish_batch([f"t{t}g{g}" for t in range(4) for g in range(20)])
+    assert c.stats()["live_groups"] == 0
+    c.check_integrity()
