@@ -56,6 +56,15 @@ class CorpusConfig:
     lambda_: float = 16.0
     match_cap: int = 32
     depth_gain: float = 1.0  # accepted draft tokens count this much towards the match length
+    # Acceptance feedback (csrc/acceptance_model.h): each commit tells which nodes of the request's
+    # last draft were accepted; counts per (q, depth, dominant source, match length) cell calibrate
+    # P(child | parent), and per request each source's accepted/predicted ratio scales its nodes.
+    # Off by default: the probabilities become calibrated but MAT stays the same on the dev traces
+    # (docs/benchmarks.md); with it on, min_prob is a true acceptance-probability threshold.
+    feedback: bool = False
+    feedback_prior: float = 32.0  # pseudo-observations of the coarser estimate per cell
+    feedback_request_prior: float = 8.0  # pseudo-acceptances of a request's source factor (0 = none)
+    feedback_window: int = 1 << 16  # a cell's counts halve when its tests reach this
     min_prob: float = 0.0  # early stop: no node below this path probability (0 = always fill)
     # Candidates weighing less than weak_weight read only weak_depth continuation tokens: their deep
     # nodes never rank within a budget (unchanged MAT on the dev traces, less work per draft).
@@ -94,12 +103,15 @@ class CorpusConfig:
             "overlap": (0, 256),
             "max_requests": (1, 1 << 30),
             "max_request_tokens": (1, 1 << 31),
+            "feedback_window": (2, 1 << 30),
         }
         for name, (lo, hi) in bounds.items():
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
                 raise ValueError(f"{name}: expected an int in [{lo}, {hi}], got {v!r}")
-        for name in ("alpha", "shared_alpha", "lambda_", "depth_gain", "weak_weight", "own_weight", "learned_weight", "external_weight", "request_ttl_s"):
+        if not isinstance(self.feedback, bool):
+            raise ValueError(f"feedback: expected a bool, got {self.feedback!r}")
+        for name in ("feedback_prior", "feedback_request_prior", "alpha", "shared_alpha", "lambda_", "depth_gain", "weak_weight", "own_weight", "learned_weight", "external_weight", "request_ttl_s"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0 or v != v or v == float("inf"):
                 raise ValueError(f"{name}: expected a finite number >= 0, got {v!r}")
@@ -136,5 +148,9 @@ class CorpusConfig:
         score.alpha, score.lambda_, score.match_cap = self.alpha, self.lambda_, self.match_cap
         score.depth_gain = self.depth_gain
         c.score = score
+        fb = _native.FeedbackParams()
+        fb.enabled, fb.prior, fb.request_prior = self.feedback, self.feedback_prior, self.feedback_request_prior
+        fb.window = self.feedback_window
+        c.feedback = fb
         c.learned_max_tokens = int(self.learned_max_bytes / self.bytes_per_token()) if self.learned_max_bytes else 0
         return c

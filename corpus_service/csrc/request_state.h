@@ -11,6 +11,7 @@
 #include <mutex>
 #include <vector>
 
+#include "acceptance_model.h"
 #include "token_index.h"
 
 namespace ngc {
@@ -34,6 +35,7 @@ struct RequestState {
   uint64_t serial;                 // unique per request, names its chunks in the learned corpus
   uint64_t total_len = 0;          // tokens in the request so far (may exceed own.live() for windows)
   int64_t last_used_ns = 0;        // for the idle timeout
+  DraftRecord last_draft;          // the latest draft and this request's acceptance per source
 
   // Makes a finished request's state reusable for a new one, keeping its allocations.
   void recycle(bool learn_tokens, uint64_t new_serial) {
@@ -42,6 +44,7 @@ struct RequestState {
     learn = learn_tokens;
     serial = new_serial;
     total_len = 0;
+    last_draft.reset();
   }
 
   void touch() {
