@@ -1,70 +1,73 @@
 #include "acceptance_model.h"
 
 #include <algorithm>
-#include <cmath>
 
 namespace ngc {
 
 namespace {
-// q bins on a square-root scale: resolution where most nodes are (small q) without empty top bins.
+// q bins on a square-root scale (resolution where most nodes are: small q): bin = floor(sqrt(q) * 12),
+// the number of edges (b / 12)^2, b = 1..11, at or below q.
 int q_bin(float q) {
-  int b = static_cast<int>(std::sqrt(std::clamp(q, 0.0f, 1.0f)) * AcceptanceModel::kQBins);
-  return std::min(b, AcceptanceModel::kQBins - 1);
+  static constexpr float kEdges[AcceptanceModel::kQBins - 1] = {
+      1 / 144.f, 4 / 144.f, 9 / 144.f, 16 / 144.f, 25 / 144.f, 36 / 144.f,
+      49 / 144.f, 64 / 144.f, 81 / 144.f, 100 / 144.f, 121 / 144.f};
+  int b = 0;
+  for (float e : kEdges) b += q >= e;  // branch-free: q is random from call to call
+  return b;
 }
-int depth_bin(int depth) { return std::clamp(depth, 1, AcceptanceModel::kDepthBins) - 1; }
-// Match lengths 1, 2, 3, 4-5, 6-8, 9-12, 13-20, 21+.
-int match_bin(int m) {
-  static constexpr int8_t kBin[21] = {0, 0, 1, 2, 3, 3, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 6, 6, 6, 6};
-  return m >= 21 ? AcceptanceModel::kMatchBins - 1 : kBin[std::max(m, 0)];
-}
-uint64_t tested_of(uint64_t v) { return v >> 32; }
-uint64_t accepted_of(uint64_t v) { return v & 0xffffffffull; }
+uint32_t tested_of(uint32_t v) { return v >> 16; }
+uint32_t accepted_of(uint32_t v) { return v & 0xffffu; }
 }  // namespace
 
 void DraftRecord::start_draft() {
-  tokens.clear(), parents.clear(), fine.clear(), coarse.clear(), calibrated.clear(), source.clear();
+  tokens.clear(), parents.clear(), depth_cell.clear(), token_cell.clear();
   armed = true;
 }
 
 void DraftRecord::reset() {
   start_draft();
   armed = false;
-  std::fill(predicted, predicted + kSources, 0.0f);
-  std::fill(accepted, accepted + kSources, 0.0f);
 }
 
 AcceptanceModel::AcceptanceModel()
-    : fine_(new std::atomic<uint64_t>[kFineCells]), coarse_(new std::atomic<uint64_t>[kCoarseCells]) {
+    : depth_(new std::atomic<uint32_t>[kDepthCells]), token_(new std::atomic<uint32_t>[kTokenCells]) {
   clear();
 }
 
 void AcceptanceModel::clear() {
   std::lock_guard<std::mutex> g(mu_);
-  for (int i = 0; i < kFineCells; ++i) fine_[i].store(0, std::memory_order_relaxed);
-  for (int i = 0; i < kCoarseCells; ++i) coarse_[i].store(0, std::memory_order_relaxed);
+  for (int i = 0; i < kDepthCells; ++i) depth_[i].store(0, std::memory_order_relaxed);
+  for (int i = 0; i < kTokenCells; ++i) token_[i].store(0, std::memory_order_relaxed);
 }
 
-float AcceptanceModel::conditional(const NodeFeatures& f, const FeedbackParams& p, uint16_t* fine,
-                                   uint16_t* coarse) const {
-  const int c = q_bin(f.q) * kDepthBins + depth_bin(f.depth);
-  const int s = std::clamp(f.source, 0, kSources - 1);
-  const int x = (c * kSources + s) * kMatchBins + match_bin(f.match);
-  *coarse = static_cast<uint16_t>(c);
-  *fine = static_cast<uint16_t>(x);
-  const uint64_t vc = coarse_[c].load(std::memory_order_relaxed);
-  const uint64_t vf = fine_[x].load(std::memory_order_relaxed);
+float AcceptanceModel::conditional(float q, int depth, int32_t token, const FeedbackParams& p,
+                                   uint16_t* depth_cell, uint32_t* token_cell) const {
+  const int qb = q_bin(q);
+  const int c = qb * kDepthBins + std::clamp(depth, 1, kDepthBins) - 1;
+  *depth_cell = static_cast<uint16_t>(c);
+  const uint32_t vc = depth_[c].load(std::memory_order_relaxed);
   const float k = p.prior;
-  const float den_c = static_cast<float>(tested_of(vc)) + k;
-  const float est_c = den_c > 0.0f ? (static_cast<float>(accepted_of(vc)) + k * f.q) / den_c : f.q;
-  const float den = static_cast<float>(tested_of(vf)) + k;
-  return den > 0.0f ? (static_cast<float>(accepted_of(vf)) + k * est_c) / den : est_c;
+  const float den = static_cast<float>(tested_of(vc)) + k;
+  const float est = den > 0.0f ? (static_cast<float>(accepted_of(vc)) + k * q) / den : q;
+  if (p.token_prior <= 0.0f) {
+    *token_cell = kNoCell;
+    return est;
+  }
+  // Fibonacci hashing of the token id; q in 4 coarse bins so a token's rate is not one number for
+  // both its confident and its doubtful drafts.
+  const uint32_t h = (static_cast<uint32_t>(token) * 2654435761u) >> (32 - kTokenBits);
+  const uint32_t t = static_cast<uint32_t>(qb * kTokenQBins / kQBins) << kTokenBits | h;
+  *token_cell = t;
+  const uint32_t vt = token_[t].load(std::memory_order_relaxed);
+  const float k2 = p.token_prior;
+  return (static_cast<float>(accepted_of(vt)) + k2 * est) / (static_cast<float>(tested_of(vt)) + k2);
 }
 
-void AcceptanceModel::bump(std::atomic<uint64_t>& cell, bool accepted, uint32_t window) {
-  uint64_t v = cell.load(std::memory_order_relaxed);
-  uint64_t t = tested_of(v) + 1, a = accepted_of(v) + (accepted ? 1 : 0);
+void AcceptanceModel::bump(std::atomic<uint32_t>& cell, bool accepted, uint32_t window) {
+  uint32_t v = cell.load(std::memory_order_relaxed);
+  uint32_t t = tested_of(v) + 1, a = accepted_of(v) + (accepted ? 1 : 0);
   if (t >= window) t /= 2, a /= 2;  // forget slowly: the workload may change
-  cell.store(t << 32 | a, std::memory_order_relaxed);
+  cell.store(t << 16 | a, std::memory_order_relaxed);
 }
 
 void AcceptanceModel::observe(DraftRecord& rec, const int32_t* committed, size_t n, const FeedbackParams& p) {
@@ -85,17 +88,15 @@ void AcceptanceModel::observe(DraftRecord& rec, const int32_t* committed, size_t
     const bool tested = (par < 0 || ok[par]) && static_cast<size_t>(depth[i]) <= n;
     if (!tested) continue;
     ok[i] = rec.tokens[i] == committed[depth[i] - 1];
-    bump(fine_[rec.fine[i]], ok[i], p.window);
-    bump(coarse_[rec.coarse[i]], ok[i], p.window);
-    rec.predicted[rec.source[i]] += rec.calibrated[i];
-    rec.accepted[rec.source[i]] += ok[i];
+    bump(depth_[rec.depth_cell[i]], ok[i], p.window);
+    if (rec.token_cell[i] != kNoCell) bump(token_[rec.token_cell[i]], ok[i], p.window);
   }
 }
 
 std::pair<uint64_t, uint64_t> AcceptanceModel::totals() const {
   uint64_t t = 0, a = 0;
-  for (int i = 0; i < kFineCells; ++i) {
-    uint64_t v = fine_[i].load(std::memory_order_relaxed);
+  for (int i = 0; i < kDepthCells; ++i) {
+    uint32_t v = depth_[i].load(std::memory_order_relaxed);
     t += tested_of(v), a += accepted_of(v);
   }
   return {t, a};

@@ -38,7 +38,7 @@ PYBIND11_MODULE(_native, m) {
       .def(py::init<>())
       .def_readwrite("enabled", &FeedbackParams::enabled)
       .def_readwrite("prior", &FeedbackParams::prior)
-      .def_readwrite("request_prior", &FeedbackParams::request_prior)
+      .def_readwrite("token_prior", &FeedbackParams::token_prior)
       .def_readwrite("window", &FeedbackParams::window);
 
   py::class_<CorpusConfig>(m, "CorpusConfig")

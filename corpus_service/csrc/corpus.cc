@@ -298,7 +298,7 @@ void Corpus::draft_one(RequestState& rs, int budget, const std::vector<std::shar
     auto mine = live_chunks_.find(rs.serial);
     const PositionRanges* own_chunks = mine == live_chunks_.end() ? nullptr : &mine->second;
     auto add_source = [&](const TokenIndex& idx, uint64_t exclude_from, float scale, const ScoreParams& sp,
-                          int source, const PositionRanges* skip = nullptr) {
+                          const PositionRanges* skip = nullptr) {
       int n = idx.find(ctx, ctx_len, limits, exclude_from, cands, skip);
       for (int i = 0; i < n; ++i) {
         // A weak candidate's deep nodes never rank within a budget: read only a short continuation.
@@ -306,13 +306,13 @@ void Corpus::draft_one(RequestState& rs, int budget, const std::vector<std::shar
                     scale * std::pow(static_cast<float>(std::min(cands[i].match_len, sp.match_cap)), sp.alpha) <
                         cfg_.weak_weight;
         int c = idx.continuation(cands[i].pos, weak ? std::min(depth, cfg_.weak_depth) : depth, cont);
-        tree.add(cont, c, cands[i].match_len, scale, cands[i].pos, cfg_.mode, sp, source);
+        tree.add(cont, c, cands[i].match_len, scale, cands[i].pos, cfg_.mode, sp);
       }
     };
     // The request's current position trivially matches itself: exclude it.
-    add_source(rs.own, rs.own.end() - 1, cfg_.own_weight, cfg_.score, kSourceOwn);
-    add_source(learned_, UINT64_MAX, cfg_.learned_weight, shared, kSourceLearned, own_chunks);
-    for (auto& e : ext) add_source(*e, UINT64_MAX, cfg_.external_weight, shared, kSourceExternal);
+    add_source(rs.own, rs.own.end() - 1, cfg_.own_weight, cfg_.score);
+    add_source(learned_, UINT64_MAX, cfg_.learned_weight, shared, own_chunks);
+    for (auto& e : ext) add_source(*e, UINT64_MAX, cfg_.external_weight, shared);
   }
   if (cfg_.feedback.enabled && cfg_.mode == DraftMode::kScore) {
     rs.last_draft.start_draft();

@@ -8,7 +8,7 @@ namespace ngc {
 
 void DraftTree::reset() {
   nodes_.clear();
-  nodes_.push_back(Node{-1, -1, -1, 0, 0.f, 0.f, 0, {0.f, 0.f, 0.f}, 0});
+  nodes_.push_back(Node{-1, -1, -1, 0, 0.f, 0.f, 0});
 }
 
 int32_t DraftTree::child(int32_t parent, int32_t token) {
@@ -18,7 +18,7 @@ int32_t DraftTree::child(int32_t parent, int32_t token) {
     prev = c;
   }
   int32_t id = static_cast<int32_t>(nodes_.size());
-  nodes_.push_back(Node{token, -1, -1, nodes_[parent].depth + 1, 0.f, 0.f, 0, {0.f, 0.f, 0.f}, 0});
+  nodes_.push_back(Node{token, -1, -1, nodes_[parent].depth + 1, 0.f, 0.f, 0});
   if (prev == -1)
     nodes_[parent].first_child = id;
   else
@@ -39,7 +39,7 @@ const float* DraftTree::pow_table(const ScoreParams& sp) {
 }
 
 void DraftTree::add(const int32_t* tokens, int n, int match_len, float scale, uint64_t recency,
-                    DraftMode mode, const ScoreParams& sp, int source) {
+                    DraftMode mode, const ScoreParams& sp) {
   // weight(d) = scale * min(match_len + gain * d, cap)^alpha, from a table when it is an integer.
   const bool score = mode == DraftMode::kScore;
   const float* tab = score ? pow_table(sp) : nullptr;
@@ -60,8 +60,6 @@ void DraftTree::add(const int32_t* tokens, int n, int match_len, float scale, ui
     int32_t c = child(u, tokens[i]);
     Node& node = nodes_[c];
     node.vote += w;
-    node.src_vote[source] += w;
-    node.best_match = std::max(node.best_match, match_len);
     w = weight(i + 1);
     node.mass += w;
     node.recency = std::max(node.recency, recency);
@@ -75,45 +73,32 @@ int DraftTree::select(int budget, float min_prob, DraftMode mode, const ScorePar
                       const FeedbackParams* fp, DraftRecord* record) {
   if (nodes_.empty()) return 0;
   if (mode != DraftMode::kScore) model = nullptr;
+  if (model) cells_.resize(nodes_.size());
   const float lambda = mode == DraftMode::kScore ? sp.lambda : 0.f;
   size_t out_base = tokens.size();
-  // Heap entries: (priority, node, output index of the parent, path probability, and for the
-  // record: calibration cells, calibrated conditional, dominant source).
+  // Heap entries: (priority, node, output index of the parent, path probability).
   struct Entry {
     double key;
     int32_t node;
     int32_t parent_out;
     float prob;
-    uint16_t fine = 0, coarse = 0;
-    float calibrated = 0.f;
-    uint8_t source = 0;
     bool operator<(const Entry& o) const { return key < o.key; }
   };
-  float factors[kSources] = {1.f, 1.f, 1.f};
-  if (model && record)
-    for (int s = 0; s < kSources; ++s) factors[s] = record->factor(s, *fp);
   std::priority_queue<Entry> heap;
   auto push_children = [&](int32_t u, int32_t u_out, float u_prob) {
     float denom = nodes_[u].mass + lambda;
     if (denom <= 0.f) return;
     for (int32_t c = nodes_[u].first_child; c != -1; c = nodes_[c].next_sibling) {
-      const Node& n = nodes_[c];
-      float q = std::min(1.0f, n.vote / denom);
-      Entry e{0.0, c, u_out, 0.f};
-      if (model) {
-        int s = 0;
-        for (int k = 1; k < kSources; ++k)
-          if (n.src_vote[k] > n.src_vote[s]) s = k;
-        e.source = static_cast<uint8_t>(s);
-        e.calibrated = model->conditional(NodeFeatures{q, n.depth, s, n.best_match}, *fp, &e.fine, &e.coarse);
-        q = std::min(1.0f, e.calibrated * factors[s]);
-      }
-      e.prob = u_prob * q;
+      float q = std::min(1.0f, nodes_[c].vote / denom);
+      if (model)
+        q = model->conditional(q, nodes_[c].depth, nodes_[c].token, *fp, &cells_[c].depth_cell, &cells_[c].token_cell);
+      float p = u_prob * q;
+      double key;
       if (mode == DraftMode::kBfs)  // shallower first, then most recent
-        e.key = -static_cast<double>(n.depth) * 1e13 + static_cast<double>(n.recency % 1000000000000ull);
+        key = -static_cast<double>(nodes_[c].depth) * 1e13 + static_cast<double>(nodes_[c].recency % 1000000000000ull);
       else
-        e.key = e.prob;
-      heap.push(e);
+        key = p;
+      heap.push(Entry{key, c, u_out, p});
     }
   };
   push_children(0, -1, 1.0f);
@@ -128,10 +113,8 @@ int DraftTree::select(int budget, float min_prob, DraftMode mode, const ScorePar
     if (model && record) {
       record->tokens.push_back(nodes_[e.node].token);
       record->parents.push_back(e.parent_out);
-      record->fine.push_back(e.fine);
-      record->coarse.push_back(e.coarse);
-      record->calibrated.push_back(e.calibrated);
-      record->source.push_back(e.source);
+      record->depth_cell.push_back(cells_[e.node].depth_cell);
+      record->token_cell.push_back(cells_[e.node].token_cell);
     }
     ++taken;
     push_children(e.node, static_cast<int32_t>(tokens.size() - out_base - 1), e.prob);

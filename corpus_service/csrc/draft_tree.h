@@ -11,7 +11,7 @@
 // "something else". The path probability (product along the path) never grows with depth, so
 // taking nodes best-first from the root yields the top-`budget` connected tree.
 // With an AcceptanceModel (acceptance_model.h), P(c | u) is that estimate calibrated by what the
-// verifier accepted before, times the request's factor for c's dominant source.
+// verifier accepted before.
 // Mode kProb weighs every occurrence 1 and uses lambda = 0 (SGLang's PROB: frequency).
 // Mode kBfs fills level by level, most recent occurrence first (SGLang's BFS: recency).
 #pragma once
@@ -38,13 +38,13 @@ class DraftTree {
   void reset();
   // Adds one candidate's continuation (tokens[0..n)) below the root.
   //   match_len: tokens matched before the continuation; scale: the source's weight;
-  //   recency: larger is more recent (used by kBfs ordering); source: kSourceOwn/Learned/External.
+  //   recency: larger is more recent (used by kBfs ordering).
   void add(const int32_t* tokens, int n, int match_len, float scale, uint64_t recency,
-           DraftMode mode, const ScoreParams& sp, int source = kSourceOwn);
+           DraftMode mode, const ScoreParams& sp);
   // Selects at most budget nodes (parents before children). Nodes whose path probability falls
   // below min_prob are not taken (kScore and kProb). Appends to the outputs; returns the count.
   // With a model (kScore), conditionals are calibrated and each taken node is written to `record`
-  // (already started) so the next commit can score it; factors: the request's per-source factors.
+  // (already started) so the next commit can score it.
   int select(int budget, float min_prob, DraftMode mode, const ScoreParams& sp,
              std::vector<int32_t>& tokens, std::vector<int32_t>& parents,
              std::vector<float>& probs, const AcceptanceModel* model = nullptr,
@@ -61,11 +61,15 @@ class DraftTree {
     float vote;         // weight of candidates through this node, at the parent's depth
     float mass;         // weight of candidates through this node, at this node's depth
     uint64_t recency;   // most recent candidate through this node
-    float src_vote[kSources];  // vote split by source (the dominant one picks the calibration cell)
-    int32_t best_match;        // longest match among candidates through this node
   };
   int32_t child(int32_t parent, int32_t token);
   std::vector<Node> nodes_;
+  // Per node, with an AcceptanceModel: its cells, set when it is pushed (each node has one parent).
+  struct NodeCells {
+    uint16_t depth_cell;
+    uint32_t token_cell;
+  };
+  std::vector<NodeCells> cells_;
   // pow(m, alpha) for m = 0..match_cap, rebuilt when the parameters change (pow is the hot spot).
   struct PowTable {
     float alpha = -1.f;

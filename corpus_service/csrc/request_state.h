@@ -35,7 +35,7 @@ struct RequestState {
   uint64_t serial;                 // unique per request, names its chunks in the learned corpus
   uint64_t total_len = 0;          // tokens in the request so far (may exceed own.live() for windows)
   int64_t last_used_ns = 0;        // for the idle timeout
-  DraftRecord last_draft;          // the latest draft and this request's acceptance per source
+  DraftRecord last_draft;          // the latest draft, scored by the next commit (feedback)
 
   // Makes a finished request's state reusable for a new one, keeping its allocations.
   void recycle(bool learn_tokens, uint64_t new_serial) {

@@ -1,5 +1,5 @@
 """Acceptance feedback (CorpusConfig.feedback, csrc/acceptance_model.h): each commit scores the
-request's last draft; the counts calibrate node probabilities and, per request, each source."""
+request's last draft; counts per (q, depth) and (q, token) cell calibrate the node probabilities."""
 
 from __future__ import annotations
 
@@ -55,7 +55,8 @@ def test_feedback_makes_the_accepted_source_rank_first():
     with_fb = replay_rounds(feedback=True)
     # The raw estimate keeps preferring the request's own (always rejected) continuation ...
     assert without == [x(i) for i in range(ROUNDS)]
-    # ... feedback learns that this request follows the learned corpus and ranks it first.
+    # ... feedback learns that such nodes (their q, their depth) are rejected and the learned
+    # corpus' (a smaller q) accepted, and ranks the learned continuation first.
     assert with_fb[0] == x(0)
     assert with_fb[-4:] == [y(i) for i in range(ROUNDS - 4, ROUNDS)]
 
@@ -77,6 +78,32 @@ def test_probabilities_follow_observed_acceptance():
     assert s["feedback_tested_nodes"] == 40 and s["feedback_accepted_nodes"] == 0
     c.reset()
     assert c.stats()["feedback_tested_nodes"] == 0
+
+
+def token_probs(token_prior: float) -> tuple[float, float]:
+    """Two situations alike in every feature but the drafted token: 7 is always rejected, 8 always
+    accepted (fresh context tokens each round, so the corpora never learn either answer). Returns
+    the probability each gets after 30 rounds."""
+    c = NgramCorpus(CorpusConfig(feedback=True, feedback_token_prior=token_prior, learn_prompts=False))
+    final = {}
+    for i in range(31):
+        for rid, tok, truth, base in (("A", 7, 9, 1000), ("B", 8, 8, 2000)):
+            u, v = base + 2 * i, base + 2 * i + 1
+            c.start_request(rid, [u, v, tok, 1, 2, u, v])
+            toks, _, probs = c.draft([rid], 1).tree(0)
+            assert toks == [tok]
+            final[rid] = probs[0]
+            if i < 30:  # the last round only drafts, so both see the same counts
+                c.extend(rid, [truth])
+            c.finish(rid)
+    return final["A"], final["B"]
+
+
+def test_token_level_separates_tokens_with_equal_features():
+    p_rejected, p_accepted = token_probs(16.0)
+    assert p_rejected < 0.5 * p_accepted
+    p_rejected, p_accepted = token_probs(0.0)  # without it, both share every cell
+    assert p_rejected == p_accepted
 
 
 def test_off_by_default_and_counts_nothing():
@@ -116,7 +143,7 @@ def test_counts_stay_bounded_by_the_window():
             c.extend("r", [8])  # soon "8 8 8 ...": the same few cells are tested every step
         return c.stats()["feedback_tested_nodes"]
 
-    assert tested(1 << 16) >= 290
+    assert tested(1 << 15) >= 290
     assert tested(4) <= 3 * 8  # each touched cell holds fewer than `window` tests
 
 
@@ -150,7 +177,8 @@ def test_threads_draft_and_commit_with_feedback():
 
 
 @pytest.mark.parametrize("field, value", [("feedback", "yes"), ("feedback_prior", -1.0), ("feedback_prior", float("nan")),
-                                          ("feedback_request_prior", -2.0), ("feedback_window", 1)])
+                                          ("feedback_token_prior", -1.0),
+                                          ("feedback_window", 1), ("feedback_window", 1 << 16)])
 def test_config_validation(field, value):
     with pytest.raises(ValueError, match=field):
         CorpusConfig(**{field: value})
