@@ -34,6 +34,13 @@ PYBIND11_MODULE(_native, m) {
       .def_readwrite("match_cap", &ScoreParams::match_cap)
       .def_readwrite("depth_gain", &ScoreParams::depth_gain);
 
+  py::class_<FeedbackParams>(m, "FeedbackParams")
+      .def(py::init<>())
+      .def_readwrite("enabled", &FeedbackParams::enabled)
+      .def_readwrite("prior", &FeedbackParams::prior)
+      .def_readwrite("token_prior", &FeedbackParams::token_prior)
+      .def_readwrite("window", &FeedbackParams::window);
+
   py::class_<CorpusConfig>(m, "CorpusConfig")
       .def(py::init<>())
       .def_readwrite("own_orders", &CorpusConfig::own_orders)
@@ -48,6 +55,7 @@ PYBIND11_MODULE(_native, m) {
       .def_readwrite("mode", &CorpusConfig::mode)
       .def_readwrite("score", &CorpusConfig::score)
       .def_readwrite("shared_alpha", &CorpusConfig::shared_alpha)
+      .def_readwrite("feedback", &CorpusConfig::feedback)
       .def_readwrite("min_prob", &CorpusConfig::min_prob)
       .def_readwrite("weak_weight", &CorpusConfig::weak_weight)
       .def_readwrite("weak_depth", &CorpusConfig::weak_depth)

@@ -179,6 +179,7 @@ void Corpus::extend(const std::string& id, const int32_t* tokens, size_t n) {
   {
     std::lock_guard<std::mutex> g(rs->mu);
     check_request_size(rs->own.live(), n);
+    observe_commit(*rs, tokens, n);
     GroupWriteLock gw(*rs);
     rs->append(tokens, n);
     rs->touch();
@@ -210,6 +211,7 @@ void Corpus::extend_many(const std::vector<std::string>& ids, const int32_t* tok
     bool flush;
     {
       std::lock_guard<std::mutex> g(states[i]->mu);
+      observe_commit(*states[i], t, n);
       GroupWriteLock gw(*states[i]);
       states[i]->append(t, n);
       states[i]->touch();
@@ -285,6 +287,7 @@ void Corpus::sync_window(const std::string& id, const int32_t* window, size_t n,
       if (overlap) rs->own.tail(static_cast<int>(overlap), mine.data());
       if (std::equal(mine.begin(), mine.end(), window + (n - fresh - overlap))) {
         if (rs->own.live() + fresh > cfg_.max_request_tokens) {
+          rs->last_draft.armed = false;
           rs->own.clear();  // keep only the window: drafting needs the recent context most
           rs->own.extend_last(window, n);
           rs->shared_prefix = 0;  // the shared prompt is gone from it
@@ -292,15 +295,17 @@ void Corpus::sync_window(const std::string& id, const int32_t* window, size_t n,
           rs->total_len = total_len;
           return;
         }
+        observe_commit(*rs, window + (n - fresh), fresh);
         rs->append(window + (n - fresh), fresh);
         return;
       }
     }
-    rs->own.clear();
+    rs->own.clear();  // rewound: the last draft no longer precedes what comes next
     rs->own.extend_last(window, n);
     rs->shared_prefix = 0;
     rs->borrowed = false;
     rs->total_len = total_len;
+    rs->last_draft.armed = false;
     return;
   }
   sweep_idle();
@@ -372,7 +377,17 @@ void Corpus::draft_one(RequestState& rs, int budget, const std::vector<std::shar
     add_source(learned_, UINT64_MAX, cfg_.learned_weight, shared, own_chunks);
     for (auto& e : ext) add_source(*e, UINT64_MAX, cfg_.external_weight, shared);
   }
-  tree.select(budget, cfg_.min_prob, cfg_.mode, cfg_.score, tokens, parents, probs);
+  if (cfg_.feedback.enabled && cfg_.mode == DraftMode::kScore) {
+    rs.last_draft.start_draft();
+    tree.select(budget, cfg_.min_prob, cfg_.mode, cfg_.score, tokens, parents, probs, &acceptance_,
+                &cfg_.feedback, &rs.last_draft);
+  } else {
+    tree.select(budget, cfg_.min_prob, cfg_.mode, cfg_.score, tokens, parents, probs);
+  }
+}
+
+void Corpus::observe_commit(RequestState& rs, const int32_t* tokens, size_t n) {
+  if (rs.last_draft.armed) acceptance_.observe(rs.last_draft, tokens, n, cfg_.feedback);
 }
 
 void Corpus::draft(const std::vector<std::string>& ids, int budget, DraftOutput* out) {
@@ -640,6 +655,7 @@ void Corpus::reset() {
   }
   std::unique_lock<std::shared_mutex> wl(learned_mu_);
   learned_.clear();
+  acceptance_.clear();
   open_docs_.clear();
   open_by_tail_.clear();
   live_chunks_.clear();
@@ -809,6 +825,9 @@ std::map<std::string, double> Corpus::stats() {
     std::lock_guard<std::mutex> g(q_mu_);
     s["pending_inserts"] = static_cast<double>(enqueued_ - applied_);
   }
+  auto [tested, accepted] = acceptance_.totals();
+  s["feedback_tested_nodes"] = static_cast<double>(tested);
+  s["feedback_accepted_nodes"] = static_cast<double>(accepted);
   s["drafts"] = static_cast<double>(n_drafts_.load());
   s["draft_nodes"] = static_cast<double>(n_draft_nodes_.load());
   s["extend_tokens"] = static_cast<double>(n_extend_tokens_.load());

@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "acceptance_model.h"
 #include "draft_tree.h"
 #include "group.h"
 #include "request_state.h"
@@ -40,6 +41,7 @@ struct CorpusConfig {
   DraftMode mode = DraftMode::kScore;
   ScoreParams score;
   float shared_alpha = 2.0f;     // match-length exponent for the learned and external corpora
+  FeedbackParams feedback;       // online calibration from commits (kScore)
   float min_prob = 0.0f;         // stop adding nodes below this path probability
   float weak_weight = 1.0f;      // candidates weighing less than this ...
   int weak_depth = 5;            // ... read at most this many continuation tokens
@@ -138,6 +140,8 @@ class Corpus {
   void flush_open_docs(bool all);                 // under learned_mu_ exclusive
   void sweep_idle();
   void flush_all_pending();
+  // Scores the request's last draft against tokens it commits next (under rs.mu).
+  void observe_commit(RequestState& rs, const int32_t* tokens, size_t n);
 
   CorpusConfig cfg_;
 
@@ -147,6 +151,7 @@ class Corpus {
   // while it waits for and holds the exclusive lock, so new drafts queue behind it.
   std::mutex turnstile_;
   TokenIndex learned_;
+  AcceptanceModel acceptance_;  // calibration of node acceptance, learned from every request's commits
 
   mutable std::mutex req_mu_;
   std::unordered_map<std::string, std::shared_ptr<RequestState>> requests_;

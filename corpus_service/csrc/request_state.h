@@ -12,6 +12,7 @@
 #include <mutex>
 #include <vector>
 
+#include "acceptance_model.h"
 #include "token_index.h"
 
 namespace ngc {
@@ -43,6 +44,7 @@ struct RequestState {
   bool borrowed = false;           // `own` holds only the tail of that prefix, as unindexed context:
                                    // the group's founder indexes it for every member (group.h)
   bool ended = false;              // a group member that finished (still a source for its siblings)
+  DraftRecord last_draft;          // the latest draft, scored by the next commit (feedback)
 
   // Makes a finished request's state reusable for a new one, keeping its allocations.
   void recycle(bool learn_tokens, uint64_t new_serial) {
@@ -55,6 +57,7 @@ struct RequestState {
     shared_prefix = 0;
     borrowed = false;
     ended = false;
+    last_draft.reset();
   }
 
   void touch() {
