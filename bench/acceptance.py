@@ -8,6 +8,7 @@ baselines: prompt lookup (longest suffix n = 3..1 in the context, a chain) and t
 
   python bench/acceptance.py                       # both shipped traces, budgets 7 and 15
   python bench/acceptance.py --budget 15 --mode prob --replicas 4 --trace humaneval164_greedy.jsonl
+  python bench/acceptance.py --concurrent-samples    # n samples of a prompt at once, without and with groups
 """
 
 from __future__ import annotations
@@ -120,6 +121,64 @@ def replay_engine(traces: list[Trace], budget: int, config: CorpusConfig, replic
     return res
 
 
+def sample_sets(traces: list[Trace]) -> list[list[Trace]]:
+    """Consecutive traces of one prompt (ids ``PROMPT#SAMPLE``): the n samples of one API request."""
+    sets: list[list[Trace]] = []
+    for tr in traces:
+        if sets and sets[-1][0].id.rpartition("#")[0] == tr.id.rpartition("#")[0]:
+            sets[-1].append(tr)
+        else:
+            sets.append([tr])
+    return sets
+
+
+def replay_concurrent(traces: list[Trace], budget: int, config: CorpusConfig, groups: bool) -> dict:
+    """The samples of each prompt replayed at once, as a verifier decoding ``n`` samples does: every
+    step drafts all unfinished samples in one batch, then extends each with what it accepted. With
+    ``groups`` the samples start in one request group (they draft from each other at once); without,
+    they are independent requests (a sample sees a sibling's tokens only via the learned corpus)."""
+    eng = NgramCorpus(config)
+    rep = Replay()
+    draft_ns = drafted_rows = start_ns = started_bytes = 0
+    for k, samples in enumerate(sample_sets(traces)):
+        ids = [f"p{k}s{j}" for j in range(len(samples))]
+        for rid, tr in zip(ids, samples):
+            t0 = time.perf_counter_ns()
+            eng.start_request(rid, tr.prompt_ids, group=f"p{k}" if groups else None)
+            start_ns += time.perf_counter_ns() - t0
+        started_bytes += eng.stats()["live_request_bytes"]  # the samples' context indexes, just started
+        pos = [0] * len(samples)
+        steps = [0] * len(samples)
+        live = list(range(len(samples)))
+        while live:
+            t0 = time.perf_counter_ns()
+            batch = eng.draft([ids[j] for j in live], budget)
+            draft_ns += time.perf_counter_ns() - t0
+            drafted_rows += len(live)
+            for row, j in enumerate(live):
+                out = samples[j].output_ids
+                toks, parents, _ = batch.tree(row)
+                a = accept_path(toks, parents, out[pos[j]:])
+                rep.drafted += len(toks)
+                rep.accepted += a
+                commit = out[pos[j]:pos[j] + a + 1]
+                eng.extend(ids[j], commit)
+                pos[j] += len(commit)
+                steps[j] += 1
+            for j in [j for j in live if pos[j] >= len(samples[j].output_ids)]:
+                eng.finish(ids[j])
+                rep.record(samples[j].category, len(samples[j].output_ids), steps[j])
+            live = [j for j in live if pos[j] < len(samples[j].output_ids)]
+            eng.synchronize()  # inserts applied after every step: deterministic MAT
+        eng.synchronize()  # prompts replay one after another: the next sees all of this one
+    res = rep.summary()
+    res["prompts"] = len(sample_sets(traces))
+    res["us_per_draft_row"] = draft_ns / max(drafted_rows, 1) / 1e3
+    res["us_per_start"] = start_ns / max(len(traces), 1) / 1e3
+    res["kb_per_prompt_started"] = started_bytes / max(res["prompts"], 1) / 1e3
+    return res
+
+
 def replay_prompt_lookup(traces: list[Trace], budget: int) -> dict:
     rep = Replay()
     for tr in traces:
@@ -157,6 +216,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--replicas", type=int, default=1, help="R engines, requests dealt round-robin")
     ap.add_argument("--limit", type=int, default=None, help="first N requests of each trace")
     ap.add_argument("--no-baselines", action="store_true", help="skip prompt lookup and oracle")
+    ap.add_argument("--concurrent-samples", action="store_true",
+                    help="replay the samples of each prompt at once (one batched draft per step), without and "
+                         "with request groups; default traces: bench/data/traces/*_t07x4.jsonl")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="CorpusConfig override")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "acceptance.json"))
     args = ap.parse_args(argv)
@@ -168,8 +230,10 @@ def main(argv: list[str] | None = None) -> dict:
         if isinstance(overrides[k], list):
             overrides[k] = tuple(overrides[k])
     config = CorpusConfig(mode=args.mode, **overrides)
-    files = args.trace or [str(p) for p in default_trace_files()]
     budgets = args.budget or [7, 15]
+    if args.concurrent_samples:
+        return main_concurrent(args, config, budgets)
+    files = args.trace or [str(p) for p in default_trace_files()]
     results = {"config": {k: getattr(config, k) for k in config.__slots__}, "replicas": args.replicas, "runs": []}
     lines = []
     for f in files:
@@ -203,6 +267,32 @@ def main(argv: list[str] | None = None) -> dict:
     out.write_text(json.dumps(results, indent=1, default=str))
     mats = [r["engine"]["mat"] for r in results["runs"]]
     print(f"SUMMARY acceptance mode={args.mode} R={args.replicas}: MAT " + " ".join(f"{m:.3f}" for m in mats) + f" -> {out}")
+    return results
+
+
+def main_concurrent(args: argparse.Namespace, config: CorpusConfig, budgets: list[int]) -> dict:
+    files = args.trace or sorted(str(p) for p in (REPO / "bench" / "data" / "traces").glob("*_t07x4.jsonl"))
+    out = Path(args.out if args.out != str(REPO / "bench" / "results" / "acceptance.json")
+               else REPO / "bench" / "results" / "acceptance_groups.json")
+    results = {"config": {k: getattr(config, k) for k in config.__slots__}, "mode": "concurrent-samples", "runs": []}
+    for f in files:
+        traces = load_traces(f, args.limit)
+        for b in budgets:
+            run = {"trace": Path(f).name, "budget": b, "requests": len(traces),
+                   "independent": replay_concurrent(traces, b, config, groups=False),
+                   "groups": replay_concurrent(traces, b, config, groups=True)}
+            run["ratio"] = run["groups"]["mat"] / run["independent"]["mat"]
+            results["runs"].append(run)
+            print(f"{Path(f).stem} B={b}: {run['requests']} samples of {run['groups']['prompts']} prompts at once: "
+                  f"MAT independent {run['independent']['mat']:.3f}, groups {run['groups']['mat']:.3f} "
+                  f"= {run['ratio']:.3f}x | draft {run['independent']['us_per_draft_row']:.1f} / "
+                  f"{run['groups']['us_per_draft_row']:.1f} us per request, start {run['independent']['us_per_start']:.1f} / "
+                  f"{run['groups']['us_per_start']:.1f} us, {run['independent']['kb_per_prompt_started']:.0f} / "
+                  f"{run['groups']['kb_per_prompt_started']:.0f} KB of context indexes per prompt", flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1, default=str))
+    print(f"SUMMARY acceptance concurrent samples mode={args.mode}: groups/independent MAT "
+          + " ".join(f"{r['ratio']:.3f}x" for r in results["runs"]) + f" -> {out}")
     return results
 
 

@@ -5,7 +5,11 @@ Measures (CPU time of the calling thread, medians over repeats): drafting at bud
 2,000-token prompt, bulk loading an external corpus, and bytes per learned token. Same-run baseline:
 prompt lookup in pure Python (the cheapest drafting a verifier could do without this engine).
 
-  python bench/engine_costs.py [--out bench/results/engine_costs.json]
+  python bench/engine_costs.py [--out bench/results/engine_costs.json] [--set FIELD=VALUE ...]
+
+With --set, the engine runs the overridden CorpusConfig, and drafting and extending are also timed
+against the default config in the same run, alternating between the two engines (this machine's
+noise moves both alike), e.g. the cost of acceptance feedback: --set feedback=true.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.acceptance import prompt_lookup_chain  # noqa: E402
 from bench.traces import REPO, default_trace_files, load_traces  # noqa: E402
-from corpus_service import NgramCorpus  # noqa: E402
+from corpus_service import CorpusConfig, NgramCorpus  # noqa: E402
 
 TARGETS_US = {"draft_b15_batched": 5.0, "extend": 3.0, "start_2000": 100.0}
 
@@ -38,23 +42,56 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(samples)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "engine_costs.json"))
-    args = ap.parse_args(argv)
-
-    traces = [t for f in default_trace_files() for t in load_traces(f)]
-    stream = np.array([tok for t in traces for tok in t.prompt_ids + t.output_ids], dtype=np.int32)
-    corpus = NgramCorpus(request_ttl_s=0)
+def build(config: CorpusConfig, traces: list, live: list[str]) -> NgramCorpus:
+    corpus = NgramCorpus(config)
     half = len(traces) // 2
     for k, t in enumerate(traces[:half]):  # the learned corpus holds half of the traces
         corpus.start_request(f"w{k}", t.prompt_ids)
         corpus.extend(f"w{k}", t.output_ids)
         corpus.finish(f"w{k}")
     corpus.synchronize()
-    live = [f"q{k}" for k in range(64)]
     for rid, t in zip(live, traces[half:]):
         corpus.start_request(rid, t.prompt_ids + t.output_ids[: len(t.output_ids) // 2])
+    return corpus
+
+
+def step_costs(corpus: NgramCorpus, live: list[str]) -> tuple[float, float]:
+    """Microseconds: a batched B=15 draft per request, and an extend after a draft (medians)."""
+    draft = timed(lambda: corpus.draft(live, 15), 20) / len(live)
+    extends = []
+    for _ in range(50):
+        corpus.draft(live[-1:], 15)
+        t0 = time.thread_time()
+        corpus.extend(live[-1], [3, 4, 5])
+        extends.append(time.thread_time() - t0)
+    return 1e6 * draft, 1e6 * statistics.median(extends)
+
+
+def versus_default(corpus: NgramCorpus, default: NgramCorpus, live: list[str]) -> dict[str, float]:
+    """Alternates rounds between the configured and the default engine (same state, same requests)."""
+    rounds: dict[str, list[tuple[float, float]]] = {"set": [], "default": []}
+    for _ in range(30):
+        rounds["set"].append(step_costs(corpus, live))
+        rounds["default"].append(step_costs(default, live))
+    med = {k: (statistics.median(d for d, _ in v), statistics.median(e for _, e in v)) for k, v in rounds.items()}
+    return {"ab_draft_b15_set": med["set"][0], "ab_draft_b15_default": med["default"][0],
+            "ab_extend_set": med["set"][1], "ab_extend_default": med["default"][1]}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "engine_costs.json"))
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="CorpusConfig override")
+    args = ap.parse_args(argv)
+    overrides = {}
+    for kv in args.set:
+        k, _, v = kv.partition("=")
+        overrides[k] = json.loads(v) if v[:1] in "[{0123456789-.tf" else v
+
+    traces = [t for f in default_trace_files() for t in load_traces(f)]
+    stream = np.array([tok for t in traces for tok in t.prompt_ids + t.output_ids], dtype=np.int32)
+    live = [f"q{k}" for k in range(64)]
+    corpus = build(CorpusConfig(request_ttl_s=0, **overrides), traces, live)
 
     res: dict[str, float] = {}
     s0 = corpus.stats()
@@ -63,8 +100,15 @@ def main(argv: list[str] | None = None) -> dict:
     # The engine's own clock around its draft loop (wall time, so it includes any preemption).
     res["draft_b15_engine"] = 1e6 * (s1["draft_seconds"] - s0["draft_seconds"]) / (s1["drafts"] - s0["drafts"])
     res["draft_b15_single"] = 1e6 * timed(lambda: corpus.draft(live[:1], 15), 2000)
+    # Each extend follows a draft, as in a verifier step (with feedback on, it scores that draft).
     ext = [3, 4, 5]
-    res["extend"] = 1e6 * timed(lambda: corpus.extend("q0", ext), 3000)
+    extends = []
+    for _ in range(3000):
+        corpus.draft(live[:1], 15)
+        t0 = time.thread_time()
+        corpus.extend("q0", ext)
+        extends.append(time.thread_time() - t0)
+    res["extend"] = 1e6 * statistics.median(extends)
 
     # Starting a request with a 2,000-token prompt; each is finished (untimed) before the next, as
     # in a server whose live requests come and go.
@@ -92,13 +136,21 @@ def main(argv: list[str] | None = None) -> dict:
     res["bytes_per_learned_token"] = corpus.stats()["learned_bytes_per_token"]
 
     # Baseline: pure-Python prompt lookup for one request (what a verifier does without an engine).
+    half = len(traces) // 2
     ctx = (traces[half].prompt_ids + traces[half].output_ids)[:600]
     res["baseline_prompt_lookup_us"] = 1e6 * timed(lambda: prompt_lookup_chain(ctx, 15), 200)
     res["ratio_draft_single_vs_prompt_lookup"] = res["draft_b15_single"] / res["baseline_prompt_lookup_us"]
+    if overrides:  # last: its extends make a request's context repetitive (slower drafts)
+        res.update(versus_default(corpus, build(CorpusConfig(request_ttl_s=0), traces, live), live))
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1))
+    if overrides:
+        print(f"same run, alternating with the default config: draft B=15 {res['ab_draft_b15_set']:.2f} vs "
+              f"{res['ab_draft_b15_default']:.2f} us/request ({res['ab_draft_b15_set'] / res['ab_draft_b15_default']:.2f}x), "
+              f"extend {res['ab_extend_set']:.2f} vs {res['ab_extend_default']:.2f} us "
+              f"({res['ab_extend_set'] / res['ab_extend_default']:.2f}x)")
     print(
         f"SUMMARY engine_costs: draft B=15 {res['draft_b15_batched']:.2f} us/request batched "
         f"({res['draft_b15_engine']:.2f} in engine, {res['draft_b15_single']:.2f} single call; "

@@ -17,7 +17,7 @@ from corpus_service.client_policy import CHANNEL_OPTIONS, RetryPolicy, channel_t
 from corpus_service.engine import DraftBatch
 from corpus_service.errors import (TRANSIENT, CorpusDeadlineExceeded, CorpusError, CorpusUnavailable,
                                    from_rpc_error)
-from corpus_service.request_log import RequestLog, req_id, token_array
+from corpus_service.request_log import RequestLog, group_key, req_id, token_array
 from corpus_service.tls import ClientTLS, auth_metadata, open_channel, resolve_tls, resolve_token
 
 
@@ -106,11 +106,12 @@ class AsyncCorpusClient:
         self._lock = asyncio.Lock()  # one step at a time: steps mutate the request log
 
     # Buffered operations are synchronous: they only touch the local log.
-    def start_request(self, req_id_: object, prompt_ids: Sequence[int] | np.ndarray) -> None:
-        rid = req_id(req_id_)
+    def start_request(self, req_id_: object, prompt_ids: Sequence[int] | np.ndarray, group: str | None = None) -> None:
+        """``group``: requests of one key (the n samples of one prompt) draft from each other."""
+        rid, key = req_id(req_id_), group_key(group)
         if self._log.needs_flush_before_start(rid):
             raise ValueError(f"request '{rid}' is finished in the pending step; await flush() before restarting it")
-        self._log.start(rid, token_array(prompt_ids, "prompt"))
+        self._log.start(rid, token_array(prompt_ids, "prompt"), key)
 
     def extend(self, req_id_: object, token_ids: Sequence[int] | np.ndarray) -> None:
         self._log.extend(req_id(req_id_), token_array(token_ids, "tokens"))

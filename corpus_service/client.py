@@ -31,7 +31,7 @@ from corpus_service.client_policy import CHANNEL_OPTIONS, RetryPolicy, channel_t
 from corpus_service.engine import DraftBatch
 from corpus_service.errors import (TRANSIENT, CorpusDeadlineExceeded, CorpusError, CorpusUnavailable,
                                    from_rpc_error)
-from corpus_service.request_log import RequestLog, req_id, token_array
+from corpus_service.request_log import RequestLog, group_key, req_id, token_array
 from corpus_service.tls import ClientTLS, auth_metadata, open_channel, resolve_tls, resolve_token
 
 _CLOSE = object()
@@ -103,12 +103,13 @@ class CorpusClient:
 
     # ------------------------------------------------------------------ request-level API
 
-    def start_request(self, req_id_: object, prompt_ids: Sequence[int] | np.ndarray) -> None:
-        rid, prompt = req_id(req_id_), token_array(prompt_ids, "prompt")
+    def start_request(self, req_id_: object, prompt_ids: Sequence[int] | np.ndarray, group: str | None = None) -> None:
+        """``group``: requests of one key (the n samples of one prompt) draft from each other."""
+        rid, prompt, key = req_id(req_id_), token_array(prompt_ids, "prompt"), group_key(group)
         with self._lock:
             if self._log.needs_flush_before_start(rid):
                 self.flush()
-            self._log.start(rid, prompt)
+            self._log.start(rid, prompt, key)
             self._maybe_flush()
 
     def extend(self, req_id_: object, token_ids: Sequence[int] | np.ndarray) -> None:

@@ -56,6 +56,14 @@ class CorpusConfig:
     lambda_: float = 16.0
     match_cap: int = 32
     depth_gain: float = 1.0  # accepted draft tokens count this much towards the match length
+    # Acceptance feedback (csrc/acceptance_model.h): each commit tells which nodes of the request's
+    # last draft were accepted; counts per (q, depth) and per (q, token) cell calibrate P(child |
+    # parent). Off by default: +0.3-1.0% MAT on the dev traces for ~15% more draft time at B = 15
+    # (docs/benchmarks.md); with it on, probabilities (and min_prob) are acceptance probabilities.
+    feedback: bool = False
+    feedback_prior: float = 32.0  # pseudo-observations of the raw estimate per (q, depth) cell
+    feedback_token_prior: float = 16.0  # pseudo-observations per token cell (0 = no token level)
+    feedback_window: int = 1 << 15  # a cell's counts halve when its tests reach this (<= 2**15)
     min_prob: float = 0.0  # early stop: no node below this path probability (0 = always fill)
     # Candidates weighing less than weak_weight read only weak_depth continuation tokens: their deep
     # nodes never rank within a budget (unchanged MAT on the dev traces, less work per draft).
@@ -64,6 +72,9 @@ class CorpusConfig:
     own_weight: float = 1.0
     learned_weight: float = 0.1  # own-context matches are the more reliable evidence (measured)
     external_weight: float = 1.0
+    # Siblings of a request group (the n samples of one prompt), scored like the own context. 0.3-0.7
+    # drafted best with 4 samples at temperature 0.7 (bench/acceptance.py --concurrent-samples).
+    group_weight: float = 0.5
     learn_prompts: bool = True  # prompts feed the learned corpus too (other requests reuse them)
     learned_max_bytes: int = 2 << 30  # memory bound of the learned corpus (0 = unbounded)
     flush_tokens: int = 128  # committed tokens per learned-corpus chunk
@@ -94,12 +105,15 @@ class CorpusConfig:
             "overlap": (0, 256),
             "max_requests": (1, 1 << 30),
             "max_request_tokens": (1, 1 << 31),
+            "feedback_window": (2, 1 << 15),
         }
         for name, (lo, hi) in bounds.items():
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
                 raise ValueError(f"{name}: expected an int in [{lo}, {hi}], got {v!r}")
-        for name in ("alpha", "shared_alpha", "lambda_", "depth_gain", "weak_weight", "own_weight", "learned_weight", "external_weight", "request_ttl_s"):
+        if not isinstance(self.feedback, bool):
+            raise ValueError(f"feedback: expected a bool, got {self.feedback!r}")
+        for name in ("feedback_prior", "feedback_token_prior", "alpha", "shared_alpha", "lambda_", "depth_gain", "weak_weight", "own_weight", "learned_weight", "external_weight", "group_weight", "request_ttl_s"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0 or v != v or v == float("inf"):
                 raise ValueError(f"{name}: expected a finite number >= 0, got {v!r}")
@@ -128,7 +142,7 @@ class CorpusConfig:
         c.external_orders = list(self.external_orders)
         for name in ("max_candidates", "max_chain", "max_match", "max_depth", "min_prob", "own_weight", "shared_alpha", "weak_weight", "weak_depth",
                      "enough_candidates", "enough_order",
-                     "learned_weight", "external_weight", "learn_prompts", "flush_tokens", "overlap",
+                     "learned_weight", "external_weight", "group_weight", "learn_prompts", "flush_tokens", "overlap",
                      "vocab_size", "request_ttl_s", "max_requests", "max_request_tokens", "max_external_tokens"):
             setattr(c, name, getattr(self, name))
         c.mode = MODES[self.mode]
@@ -136,5 +150,9 @@ class CorpusConfig:
         score.alpha, score.lambda_, score.match_cap = self.alpha, self.lambda_, self.match_cap
         score.depth_gain = self.depth_gain
         c.score = score
+        fb = _native.FeedbackParams()
+        fb.enabled, fb.prior, fb.token_prior = self.feedback, self.feedback_prior, self.feedback_token_prior
+        fb.window = self.feedback_window
+        c.feedback = fb
         c.learned_max_tokens = int(self.learned_max_bytes / self.bytes_per_token()) if self.learned_max_bytes else 0
         return c

@@ -53,6 +53,20 @@ def _check_budget(budget: Any) -> int:
     return int(budget)
 
 
+MAX_GROUP_CHARS = 1024  # the service scopes keys by session: its own bound (256) leaves room
+
+
+def _group(group: Any) -> str:
+    """A group key for the native engine: "" means no group."""
+    if group is None:
+        return ""
+    if not isinstance(group, str):
+        raise TypeError(f"group: expected str or None, got {type(group).__name__}")
+    if not 1 <= len(group) <= MAX_GROUP_CHARS:
+        raise ValueError(f"group: expected 1-{MAX_GROUP_CHARS} characters (or None for no group), got {len(group)}")
+    return group
+
+
 def _rid(req_id: Any) -> str:
     if isinstance(req_id, str):
         return req_id
@@ -106,19 +120,27 @@ class NgramCorpus:
     # ------------------------------------------------------------------ request-level API
 
     def start_request(
-        self, req_id: ReqId, prompt_ids: Sequence[int] | np.ndarray, *, learn_prompt: bool | None = None
+        self, req_id: ReqId, prompt_ids: Sequence[int] | np.ndarray, *, learn_prompt: bool | None = None,
+        group: str | None = None,
     ) -> None:
         """Starts a request: its prompt is indexed for prompt lookup. ``learn_prompt`` overrides
         ``config.learn_prompts`` for this request (False suits a request re-established after a
-        restart, whose tokens the learned corpus already holds). Raises AlreadyExistsError if live."""
+        restart, whose tokens the learned corpus already holds). ``group``: requests started with the
+        same key (the n samples of one prompt) draft from each other's committed tokens at once, and
+        their shared prompt counts once; the group lives as long as any member. Raises
+        AlreadyExistsError if live."""
         flag = -1 if learn_prompt is None else int(bool(learn_prompt))
-        self._native.start_request(_rid(req_id), prompt_ids, flag)
+        self._native.start_request(_rid(req_id), prompt_ids, flag, _group(group))
 
-    def start_request_unlearned(self, req_id: ReqId, prompt_ids: Sequence[int] | np.ndarray) -> None:
+    def start_request_unlearned(self, req_id: ReqId, prompt_ids: Sequence[int] | np.ndarray, *,
+                                group: str | None = None) -> None:
         """``start_request`` for a request whose tokens never feed this engine's learned corpus, not
         even its extends: a replica learns only from the commit log (corpus_service/replication).
         Raises AlreadyExistsError if live."""
         rid = _rid(req_id)
+        if group is not None:
+            self._native.start_request(rid, prompt_ids, 0, _group(group), False)
+            return
         if self._native.has_request(rid):
             raise AlreadyExistsError(f"request id '{rid}' is already live")
         prompt = np.asarray(prompt_ids, dtype=np.int64) if not isinstance(prompt_ids, np.ndarray) else prompt_ids
@@ -152,11 +174,19 @@ class NgramCorpus:
         return self._native.has_request(_rid(req_id))
 
     # Batch forms: one call for many requests (numpy arrays or lists per request).
-    def start_requests(self, req_ids: Sequence[ReqId], prompts: Sequence[Sequence[int] | np.ndarray]) -> None:
+    def start_requests(self, req_ids: Sequence[ReqId], prompts: Sequence[Sequence[int] | np.ndarray],
+                       groups: Sequence[str | None] | None = None) -> None:
+        """``start_request`` for many; ``groups[i]`` is request i's group key (None: none)."""
         if len(req_ids) != len(prompts):
             raise ValueError(f"start_requests: {len(req_ids)} request ids but {len(prompts)} prompts")
-        for rid, prompt in zip(req_ids, prompts):
-            self.start_request(rid, prompt)
+        if groups is None:
+            groups = [None] * len(req_ids)
+        elif isinstance(groups, str) or len(groups) != len(req_ids):
+            raise ValueError(f"start_requests: expected one group (or None) per request id, got "
+                             f"{'a str' if isinstance(groups, str) else len(groups)} for {len(req_ids)} ids")
+        keys = [_group(g) for g in groups]  # all checked before any request starts
+        for rid, prompt, key in zip(req_ids, prompts, keys):
+            self._native.start_request(_rid(rid), prompt, -1, key)
 
     def extend_batch(
         self,

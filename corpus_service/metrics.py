@@ -21,6 +21,8 @@ _ENGINE_GAUGES = {
     "external_bytes": "Bytes held by external corpora",
     "external_corpora": "Committed external corpora",
     "live_requests": "Live requests (all sessions and BatchGet clients)",
+    "live_groups": "Live request groups (the n samples of one prompt drafting from each other)",
+    "live_request_bytes": "Bytes held by the live requests' context indexes",
     "pending_inserts": "Queued learned-corpus inserts",
 }
 

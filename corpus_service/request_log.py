@@ -36,11 +36,24 @@ def token_array(tokens: Sequence[int] | np.ndarray, what: str) -> np.ndarray:
     return arr.astype(np.int32, copy=True)
 
 
+def group_key(value: object) -> str:
+    """A request group key for the wire ("" = none)."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise TypeError(f"group: expected str or None, got {type(value).__name__}")
+    if not 1 <= len(value) <= 256:
+        raise ValueError(f"group: expected 1-256 characters (or None for no group), got {len(value)}")
+    return value
+
+
 class RequestLog:
     def __init__(self) -> None:
         self.prompts: dict[str, np.ndarray] = {}  # confirmed live requests
         self.outputs: dict[str, list[np.ndarray]] = {}
+        self.groups: dict[str, str] = {}  # group key of live requests started in a group
         self._starts: dict[str, np.ndarray] = {}  # pending, not yet acknowledged
+        self._start_groups: dict[str, str] = {}
         self._extends: dict[str, list[np.ndarray]] = {}
         self._finishes: list[str] = []
 
@@ -54,10 +67,12 @@ class RequestLog:
         # A step applies start before finish: restarting an id finished in the same step must wait.
         return rid in self._finishes
 
-    def start(self, rid: str, prompt: np.ndarray) -> None:
+    def start(self, rid: str, prompt: np.ndarray, group: str = "") -> None:
         if self.is_live(rid):
             raise ValueError(f"request id '{rid}' is already live")
         self._starts[rid] = prompt
+        if group:
+            self._start_groups[rid] = group
 
     def extend(self, rid: str, tokens: np.ndarray) -> None:
         if not self.is_live(rid):
@@ -85,8 +100,12 @@ class RequestLog:
             live = list(self.prompts)
             contexts = [np.concatenate([self.prompts[r], *self.outputs[r]]) for r in live]
             wire.pack_runs(msg.restore, live, contexts)
+            if self.groups:  # only then: a message without groups is what older servers expect
+                msg.restore.groups.extend(self.groups.get(r, "") for r in live)
         if self._starts:
             wire.pack_runs(msg.start, list(self._starts), list(self._starts.values()))
+            if self._start_groups:
+                msg.start.groups.extend(self._start_groups.get(r, "") for r in self._starts)
         if self._extends:
             ext_ids = list(self._extends)
             ext = [ts[0] if len(ts) == 1 else np.concatenate(ts) for ts in self._extends.values()]
@@ -101,13 +120,16 @@ class RequestLog:
         """The server applied the pending step."""
         for r, p in self._starts.items():
             self.prompts[r], self.outputs[r] = p, []
+        self.groups.update(self._start_groups)
         for r, ts in self._extends.items():
             self.outputs[r].extend(ts)
         for r in self._finishes:
             self.prompts.pop(r, None)
             self.outputs.pop(r, None)
+            self.groups.pop(r, None)
         self.discard()
 
     def discard(self) -> None:
         """The server refused the pending step: nothing of it was applied."""
         self._starts, self._extends, self._finishes = {}, {}, []
+        self._start_groups = {}

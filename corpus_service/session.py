@@ -19,6 +19,7 @@ from corpus_service.errors import CorpusError
 from corpus_service.service_state import ServiceState
 
 MAX_REQ_ID_CHARS = 256
+MAX_GROUP_CHARS = 256
 _UMAX = np.maximum.reduce
 
 
@@ -72,6 +73,21 @@ def check_tokens(runs: list[np.ndarray], vocab_size: int, field: str) -> None:
     check_flat_tokens(np.concatenate(runs) if len(runs) > 1 else runs[0], vocab_size, field)
 
 
+def check_groups(runs: pb.TokenRuns, field: str) -> list[str] | None:
+    """The group key of each run (``""``: none), or None when the message carries no groups (old
+    clients)."""
+    groups = list(runs.groups)
+    if not groups:
+        return None
+    if len(groups) != len(runs.req_ids):
+        raise CorpusError(f"{field}.groups: expected one group key per request id ({len(runs.req_ids)}) or none, "
+                          f"got {len(groups)}", grpc.StatusCode.INVALID_ARGUMENT)
+    if max(map(len, groups)) > MAX_GROUP_CHARS:
+        raise CorpusError(f"{field}.groups: group keys must be at most {MAX_GROUP_CHARS} characters",
+                          grpc.StatusCode.INVALID_ARGUMENT)
+    return groups
+
+
 def _first_unknown(ids: list[str], live: set[str], started: set[str], finished: set[str] = frozenset()) -> str | None:
     """The first id (in message order) that is neither live nor started, or is finished."""
     for rid in ids:
@@ -92,6 +108,8 @@ class Step:
     finish: list[str]
     draft: list[str]
     budget: int
+    restore_groups: list[str] | None = None  # group key per restored / started request ("": none)
+    start_groups: list[str] | None = None
 
     def num_tokens(self) -> int:
         return self.restore[2].size + self.start[2].size + self.extend[2].size
@@ -116,6 +134,8 @@ class Session:
         corpus = self.state.corpus(ns)
         restore = wire.unpack_flat_runs(msg.restore, "restore")
         start = wire.unpack_flat_runs(msg.start, "start")
+        restore_groups = check_groups(msg.restore, "restore")
+        start_groups = check_groups(msg.start, "start")
         extend = wire.unpack_flat_runs(msg.extend, "extend")
         finish = list(msg.finish)
         draft = list(msg.draft.req_ids)
@@ -166,7 +186,7 @@ class Session:
                 if rid is not None:
                     raise CorpusError(f"draft: unknown request '{rid}' (never started in this session, or finished)",
                                       grpc.StatusCode.NOT_FOUND)
-        return Step(ns, restore, start, extend, finish, draft, budget)
+        return Step(ns, restore, start, extend, finish, draft, budget, restore_groups, start_groups)
 
     def apply(self, step: Step, out: pb.SessionResponse) -> int:
         """Applies a validated step to the engine; fills ``out.drafts``. Returns drafted nodes."""
@@ -182,22 +202,25 @@ class Session:
         live = self.live.setdefault(step.namespace, set())
         # Replicated: the engine's requests do not learn; their commits go to the log as chunks.
         ch = self.state.chunkers[step.namespace] if self.state.chunkers is not None else None
+        # Group keys are scoped to the session like request ids: clients cannot join each other's.
         ids, lens, toks = step.restore
         if ids:
-            for rid, context in zip(ids, wire.split_flat(lens, toks)):
+            groups = [p + g if g else None for g in step.restore_groups] if step.restore_groups else [None] * len(ids)
+            for rid, context, group in zip(ids, wire.split_flat(lens, toks), groups):
                 if ch is None:
-                    corpus.start_request(p + rid, context, learn_prompt=False)  # learned before the restart
+                    corpus.start_request(p + rid, context, learn_prompt=False, group=group)  # learned before the restart
                 else:
-                    corpus.start_request_unlearned(p + rid, context)
+                    corpus.start_request_unlearned(p + rid, context, group=group)
                     ch.start(p + rid, context, learn_prompt=False)
                 live.add(rid)
         ids, lens, toks = step.start
         if ids:
-            for rid, prompt in zip(ids, wire.split_flat(lens, toks)):
+            groups = [p + g if g else None for g in step.start_groups] if step.start_groups else [None] * len(ids)
+            for rid, prompt, group in zip(ids, wire.split_flat(lens, toks), groups):
                 if ch is None:
-                    corpus.start_request(p + rid, prompt)
+                    corpus.start_request(p + rid, prompt, group=group)
                 else:
-                    corpus.start_request_unlearned(p + rid, prompt)
+                    corpus.start_request_unlearned(p + rid, prompt, group=group)
                     ch.start(p + rid, prompt)
                 live.add(rid)
         ids, lens, toks = step.extend

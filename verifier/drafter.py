@@ -69,9 +69,10 @@ class Drafter:
     # Mirror every request operation into the local corpus (the draft source when local, the
     # fallback when remote) and queue it for the remote one.
 
-    def start_request(self, req_id: str, prompt_ids: list[int]) -> None:
-        self.local.start_request(req_id, prompt_ids)
-        self._remote_call(self._client.start_request if self._client else None, req_id, prompt_ids)
+    def start_request(self, req_id: str, prompt_ids: list[int], group: str | None = None) -> None:
+        """``group``: requests of one key (the samples of one API request) draft from each other."""
+        self.local.start_request(req_id, prompt_ids, group=group)
+        self._remote_call(self._client.start_request if self._client else None, req_id, prompt_ids, group)
 
     def extend(self, req_id: str, tokens: list[int]) -> None:
         if tokens:

@@ -160,7 +160,7 @@ class Engine:
     # ------------------------------------------------------------------ requests (thread-safe)
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, req_id: str | None = None,
-                    on_update=None) -> Request:
+                    on_update=None, group: str | None = None) -> Request:
         """Validates and queues a request; ValueError says what is wrong with it."""
         if not isinstance(prompt_ids, (list, tuple)) or not prompt_ids:
             raise ValueError("prompt: expected a non-empty list of token ids")
@@ -171,7 +171,7 @@ class Engine:
         if need > self.config.max_len:
             raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
                              f"model length of this server ({self.config.max_len - 1} tokens)")
-        req = Request(req_id or f"req-{next(self._ids)}", [int(t) for t in prompt_ids], params, on_update)
+        req = Request(req_id or f"req-{next(self._ids)}", [int(t) for t in prompt_ids], params, on_update, group=group)
         if params.grammar is not None:
             req.grammar = self.grammars.matcher(params.grammar)
         if params.temperature > 0:
@@ -292,7 +292,7 @@ class Engine:
             req.cache_len = lens[i]
             self.stats.prefill_tokens += lens[i]
             if self.drafter is not None:
-                self.drafter.start_request(req.req_id, req.prompt_ids)
+                self.drafter.start_request(req.req_id, req.prompt_ids, group=req.group)
             self._commit_path(req, [tok], logits[i:i + 1], [0], [bad[i]])
             if bad[i]:
                 self.cache.clear(req.slot)

@@ -34,6 +34,13 @@ PYBIND11_MODULE(_native, m) {
       .def_readwrite("match_cap", &ScoreParams::match_cap)
       .def_readwrite("depth_gain", &ScoreParams::depth_gain);
 
+  py::class_<FeedbackParams>(m, "FeedbackParams")
+      .def(py::init<>())
+      .def_readwrite("enabled", &FeedbackParams::enabled)
+      .def_readwrite("prior", &FeedbackParams::prior)
+      .def_readwrite("token_prior", &FeedbackParams::token_prior)
+      .def_readwrite("window", &FeedbackParams::window);
+
   py::class_<CorpusConfig>(m, "CorpusConfig")
       .def(py::init<>())
       .def_readwrite("own_orders", &CorpusConfig::own_orders)
@@ -48,12 +55,14 @@ PYBIND11_MODULE(_native, m) {
       .def_readwrite("mode", &CorpusConfig::mode)
       .def_readwrite("score", &CorpusConfig::score)
       .def_readwrite("shared_alpha", &CorpusConfig::shared_alpha)
+      .def_readwrite("feedback", &CorpusConfig::feedback)
       .def_readwrite("min_prob", &CorpusConfig::min_prob)
       .def_readwrite("weak_weight", &CorpusConfig::weak_weight)
       .def_readwrite("weak_depth", &CorpusConfig::weak_depth)
       .def_readwrite("own_weight", &CorpusConfig::own_weight)
       .def_readwrite("learned_weight", &CorpusConfig::learned_weight)
       .def_readwrite("external_weight", &CorpusConfig::external_weight)
+      .def_readwrite("group_weight", &CorpusConfig::group_weight)
       .def_readwrite("learn_prompts", &CorpusConfig::learn_prompts)
       .def_readwrite("learned_max_tokens", &CorpusConfig::learned_max_tokens)
       .def_readwrite("flush_tokens", &CorpusConfig::flush_tokens)
@@ -67,12 +76,14 @@ PYBIND11_MODULE(_native, m) {
   py::class_<Corpus>(m, "Corpus")
       .def(py::init<CorpusConfig>())
       .def("start_request",
-           [](Corpus& c, const std::string& id, py::handle prompt, int learn_prompt) {
+           [](Corpus& c, const std::string& id, py::handle prompt, int learn_prompt, const std::string& group,
+              bool learn) {
              auto t = to_tokens(prompt, "prompt_ids");
              py::gil_scoped_release nogil;
-             c.start_request(id, t.data(), t.size(), learn_prompt);
+             c.start_request(id, t.data(), t.size(), learn_prompt, group, learn);
            },
-           py::arg("req_id"), py::arg("prompt_ids"), py::arg("learn_prompt") = -1)
+           py::arg("req_id"), py::arg("prompt_ids"), py::arg("learn_prompt") = -1, py::arg("group") = "",
+           py::arg("learn") = true)
       .def("extend_many",
            [](Corpus& c, py::handle ids_obj, py::array_t<int32_t, py::array::c_style> tokens,
               py::array_t<int64_t, py::array::c_style> lengths) {

@@ -117,9 +117,12 @@ void Corpus::sweep_idle() {
   }
   // What an abandoned request committed is still good data: keep it.
   for (auto& rs : expired) {
-    std::lock_guard<std::mutex> g(rs->mu);
-    LearnChunk c;
-    if (rs->take_chunk(0, cfg_.overlap, true, &c)) enqueue_chunk(std::move(c));
+    {
+      std::lock_guard<std::mutex> g(rs->mu);
+      LearnChunk c;
+      if (rs->take_chunk(0, cfg_.overlap, true, &c)) enqueue_chunk(std::move(c));
+    }
+    leave_group(*rs);
   }
 }
 
@@ -129,20 +132,43 @@ void Corpus::check_request_size(size_t have, size_t more) const {
                         " tokens, more than max_request_tokens = " + std::to_string(cfg_.max_request_tokens));
 }
 
-void Corpus::start_request(const std::string& id, const int32_t* prompt, size_t n, int learn_prompt) {
+void Corpus::start_request(const std::string& id, const int32_t* prompt, size_t n, int learn_prompt,
+                           const std::string& group, bool learn) {
   check_tokens(prompt, n, "prompt");
   check_request_size(0, n);
   sweep_idle();
-  auto rs = new_state(true);
-  rs->own.extend_last(prompt, n);
+  auto rs = new_state(learn);
+  // A later member of a group leaves the prompt prefix it shares to the founder's index (group.h):
+  // it keeps the prefix's tail as unindexed left context, so matches still reach into its output.
+  const size_t borrow = group.empty() ? 0 : groups_.shared_prefix(group, prompt, n);
+  if (borrow > 0) {
+    const size_t c = std::min(borrow, static_cast<size_t>(cfg_.max_match));
+    rs->own.append_document(prompt + borrow - c, n - borrow + c, c);
+    rs->borrowed = true;
+    rs->shared_prefix = borrow;
+  } else {
+    rs->own.extend_last(prompt, n);
+  }
   rs->total_len = n;
-  if (learn_prompt > 0 || (learn_prompt < 0 && cfg_.learn_prompts)) rs->pending.assign(prompt, prompt + n);
+  const bool learn_p = learn && (learn_prompt > 0 || (learn_prompt < 0 && cfg_.learn_prompts));
   rs->touch();
   std::lock_guard<std::mutex> g(req_mu_);
   if (requests_.count(id)) throw AlreadyExists("request id '" + id + "' is already live");
   if (requests_.size() >= cfg_.max_requests)
     throw LimitExceeded("too many live requests (max_requests = " + std::to_string(cfg_.max_requests) + ")");
+  // A later member of a group does not feed the learned corpus the prompt prefix it shares.
+  std::vector<uint64_t> dropped;
+  size_t skip = group.empty() ? 0 : groups_.join(group, rs, prompt, n, learn_p, &dropped);
+  if (borrow > 0 && !rs->borrowed) {  // the group changed since the look-up: index the whole prompt
+    GroupWriteLock gw(*rs);
+    rs->own.reset();
+    rs->own.extend_last(prompt, n);
+  }
+  // Pending tokens are read back from `own`: a borrowed prefix is not there to learn (the founder's is).
+  if (rs->borrowed) skip = rs->shared_prefix;
+  if (learn_p) rs->pending.assign(prompt + skip, prompt + n);
   requests_.emplace(id, std::move(rs));
+  drop_chunk_records(dropped);
 }
 
 void Corpus::extend(const std::string& id, const int32_t* tokens, size_t n) {
@@ -153,6 +179,8 @@ void Corpus::extend(const std::string& id, const int32_t* tokens, size_t n) {
   {
     std::lock_guard<std::mutex> g(rs->mu);
     check_request_size(rs->own.live(), n);
+    observe_commit(*rs, tokens, n);
+    GroupWriteLock gw(*rs);
     rs->append(tokens, n);
     rs->touch();
     flush = rs->take_chunk(cfg_.flush_tokens, cfg_.overlap, false, &c);
@@ -183,6 +211,8 @@ void Corpus::extend_many(const std::vector<std::string>& ids, const int32_t* tok
     bool flush;
     {
       std::lock_guard<std::mutex> g(states[i]->mu);
+      observe_commit(*states[i], t, n);
+      GroupWriteLock gw(*states[i]);
       states[i]->append(t, n);
       states[i]->touch();
       flush = states[i]->take_chunk(cfg_.flush_tokens, cfg_.overlap, false, &c);
@@ -207,7 +237,25 @@ void Corpus::finish(const std::string& id) {
     LearnChunk c;
     if (rs->take_chunk(0, cfg_.overlap, true, &c)) enqueue_chunk(std::move(c));
   }
+  leave_group(*rs);
   release(std::move(rs));
+}
+
+void Corpus::leave_group(RequestState& rs) {
+  std::vector<uint64_t> ended;
+  groups_.leave(rs, &ended);
+  drop_chunk_records(ended);  // the group is gone
+}
+
+void Corpus::drop_chunk_records(const std::vector<uint64_t>& serials) {
+  // Ended group members' chunks become ordinary learned documents again, after their last chunks
+  // (queue order).
+  for (uint64_t serial : serials) {
+    LearnChunk c;
+    c.doc = serial;
+    c.last = true;
+    enqueue_chunk(std::move(c));
+  }
 }
 
 void Corpus::erase(const std::string& id) {
@@ -228,6 +276,7 @@ void Corpus::sync_window(const std::string& id, const int32_t* window, size_t n,
   }
   if (rs) {
     std::lock_guard<std::mutex> g(rs->mu);
+    GroupWriteLock gw(*rs);
     rs->touch();
     uint64_t known = rs->total_len;
     if (total_len >= known && total_len - known <= n) {
@@ -238,18 +287,25 @@ void Corpus::sync_window(const std::string& id, const int32_t* window, size_t n,
       if (overlap) rs->own.tail(static_cast<int>(overlap), mine.data());
       if (std::equal(mine.begin(), mine.end(), window + (n - fresh - overlap))) {
         if (rs->own.live() + fresh > cfg_.max_request_tokens) {
+          rs->last_draft.armed = false;
           rs->own.clear();  // keep only the window: drafting needs the recent context most
           rs->own.extend_last(window, n);
+          rs->shared_prefix = 0;  // the shared prompt is gone from it
+          rs->borrowed = false;
           rs->total_len = total_len;
           return;
         }
+        observe_commit(*rs, window + (n - fresh), fresh);
         rs->append(window + (n - fresh), fresh);
         return;
       }
     }
-    rs->own.clear();
+    rs->own.clear();  // rewound: the last draft no longer precedes what comes next
     rs->own.extend_last(window, n);
+    rs->shared_prefix = 0;
+    rs->borrowed = false;
     rs->total_len = total_len;
+    rs->last_draft.armed = false;
     return;
   }
   sweep_idle();
@@ -306,10 +362,32 @@ void Corpus::draft_one(RequestState& rs, int budget, const std::vector<std::shar
     };
     // The request's current position trivially matches itself: exclude it.
     add_source(rs.own, rs.own.end() - 1, cfg_.own_weight, cfg_.score);
+    // A group's members draft from each other at once, and skip all their chunks (group.h).
+    std::shared_lock<std::shared_mutex> group_lock;
+    if (rs.group) {
+      group_lock = std::shared_lock<std::shared_mutex>(rs.group->mu);
+      thread_local std::vector<SiblingSource> siblings;
+      thread_local PositionRanges chunks;
+      sibling_sources(rs, &siblings);
+      for (auto& s : siblings)
+        add_source(*s.index, s.exclude_from, s.as_own ? cfg_.own_weight : cfg_.group_weight, cfg_.score, &s.skip);
+      group_chunks(*rs.group, live_chunks_, &chunks);
+      own_chunks = &chunks;
+    }
     add_source(learned_, UINT64_MAX, cfg_.learned_weight, shared, own_chunks);
     for (auto& e : ext) add_source(*e, UINT64_MAX, cfg_.external_weight, shared);
   }
-  tree.select(budget, cfg_.min_prob, cfg_.mode, cfg_.score, tokens, parents, probs);
+  if (cfg_.feedback.enabled && cfg_.mode == DraftMode::kScore) {
+    rs.last_draft.start_draft();
+    tree.select(budget, cfg_.min_prob, cfg_.mode, cfg_.score, tokens, parents, probs, &acceptance_,
+                &cfg_.feedback, &rs.last_draft);
+  } else {
+    tree.select(budget, cfg_.min_prob, cfg_.mode, cfg_.score, tokens, parents, probs);
+  }
+}
+
+void Corpus::observe_commit(RequestState& rs, const int32_t* tokens, size_t n) {
+  if (rs.last_draft.armed) acceptance_.observe(rs.last_draft, tokens, n, cfg_.feedback);
 }
 
 void Corpus::draft(const std::vector<std::string>& ids, int budget, DraftOutput* out) {
@@ -464,7 +542,8 @@ void Corpus::apply_chunk(const LearnChunk& c) {
   uint64_t e = UINT64_MAX;
   if (c.tokens.size() > c.context) e = learned_.append_document(c.tokens.data(), c.tokens.size(), c.context, prev_end);
   if (c.last) {
-    if (it != live_chunks_.end()) live_chunks_.erase(it);
+    if (c.keep && e != UINT64_MAX) live_chunks_[c.doc].emplace_back(e + 1 - (c.tokens.size() - c.context), e);
+    if (!c.keep && it != live_chunks_.end()) live_chunks_.erase(it);
   } else if (e != UINT64_MAX) {
     live_chunks_[c.doc].emplace_back(e + 1 - (c.tokens.size() - c.context), e);
   }
@@ -572,12 +651,14 @@ void Corpus::reset() {
   {
     std::lock_guard<std::mutex> g(req_mu_);
     requests_.clear();
+    groups_.clear();
   }
   std::unique_lock<std::shared_mutex> wl(learned_mu_);
   learned_.clear();
+  acceptance_.clear();
   open_docs_.clear();
   open_by_tail_.clear();
-    live_chunks_.clear();
+  live_chunks_.clear();
 }
 
 std::vector<int32_t> Corpus::learned_tokens() {
@@ -719,10 +800,19 @@ std::map<std::string, double> Corpus::stats() {
     s["learned_bytes_per_token"] =
         learned_.indexed_tokens() ? static_cast<double>(learned_.memory_bytes()) / learned_.indexed_tokens() : 0.0;
   }
+  std::vector<std::shared_ptr<RequestState>> live;
   {
     std::lock_guard<std::mutex> g(req_mu_);
     s["live_requests"] = static_cast<double>(requests_.size());
+    for (auto& [id, rs] : requests_) live.push_back(rs);
   }
+  size_t request_bytes = 0;  // the live requests' own context indexes
+  for (auto& rs : live) {
+    std::lock_guard<std::mutex> g(rs->mu);
+    request_bytes += rs->own.memory_bytes();
+  }
+  s["live_request_bytes"] = static_cast<double>(request_bytes);
+  s["live_groups"] = static_cast<double>(groups_.size());
   {
     std::lock_guard<std::mutex> g(ext_mu_);
     s["external_corpora"] = static_cast<double>(externals_.size());
@@ -735,6 +825,9 @@ std::map<std::string, double> Corpus::stats() {
     std::lock_guard<std::mutex> g(q_mu_);
     s["pending_inserts"] = static_cast<double>(enqueued_ - applied_);
   }
+  auto [tested, accepted] = acceptance_.totals();
+  s["feedback_tested_nodes"] = static_cast<double>(tested);
+  s["feedback_accepted_nodes"] = static_cast<double>(accepted);
   s["drafts"] = static_cast<double>(n_drafts_.load());
   s["draft_nodes"] = static_cast<double>(n_draft_nodes_.load());
   s["extend_tokens"] = static_cast<double>(n_extend_tokens_.load());
@@ -759,6 +852,7 @@ void Corpus::check_integrity() {
     rs->own.check_integrity();
     if (rs->pending.size() > rs->own.live()) throw std::logic_error("request pending beyond its tokens");
   }
+  groups_.check_integrity(live);
 }
 
 }  // namespace ngc

@@ -20,7 +20,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "acceptance_model.h"
 #include "draft_tree.h"
+#include "group.h"
 #include "request_state.h"
 #include "token_index.h"
 
@@ -39,12 +41,14 @@ struct CorpusConfig {
   DraftMode mode = DraftMode::kScore;
   ScoreParams score;
   float shared_alpha = 2.0f;     // match-length exponent for the learned and external corpora
+  FeedbackParams feedback;       // online calibration from commits (kScore)
   float min_prob = 0.0f;         // stop adding nodes below this path probability
   float weak_weight = 1.0f;      // candidates weighing less than this ...
   int weak_depth = 5;            // ... read at most this many continuation tokens
   float own_weight = 1.0f;       // source weights (kScore)
   float learned_weight = 0.1f;
   float external_weight = 1.0f;
+  float group_weight = 0.5f;     // siblings in a request group (own-context scoring; group.h)
   bool learn_prompts = true;     // also feed prompts into the learned corpus
   size_t learned_max_tokens = 0; // memory bound of the learned corpus in tokens (0 = unbounded)
   size_t flush_tokens = 128;     // committed tokens per learned-corpus chunk
@@ -74,7 +78,10 @@ class Corpus {
   // Request-level API.
   // learn_prompt: 1 feeds the prompt to the learned corpus, 0 does not, -1 follows the config
   // (0 suits a request re-established after a restart, whose tokens were learned already).
-  void start_request(const std::string& id, const int32_t* prompt, size_t n, int learn_prompt = -1);
+  // group: requests of one non-empty group key draft from each other's context (group.h).
+  // learn: false keeps all of the request's tokens out of the learned corpus (a replica's requests).
+  void start_request(const std::string& id, const int32_t* prompt, size_t n, int learn_prompt = -1,
+                     const std::string& group = "", bool learn = true);
   void extend(const std::string& id, const int32_t* tokens, size_t n);
   // Extends ids[i] by the next lengths[i] tokens of `tokens`; all or nothing.
   void extend_many(const std::vector<std::string>& ids, const int32_t* tokens, const int64_t* lengths);
@@ -119,6 +126,8 @@ class Corpus {
   std::shared_ptr<RequestState> new_state(bool learn);
   void check_request_size(size_t have, size_t more) const;
   void release(std::shared_ptr<RequestState> rs);
+  void leave_group(RequestState& rs);  // rs ended: drops its group with its last member
+  void drop_chunk_records(const std::vector<uint64_t>& serials);  // of group members let go
   void draft_batch(const std::vector<std::string>& ids, int budget, bool pad, DraftOutput* out);
   void draft_one(RequestState& rs, int budget, const std::vector<std::shared_ptr<const TokenIndex>>& ext,
                  DraftTree& tree, std::vector<int32_t>& tokens, std::vector<int32_t>& parents,
@@ -131,6 +140,8 @@ class Corpus {
   void flush_open_docs(bool all);                 // under learned_mu_ exclusive
   void sweep_idle();
   void flush_all_pending();
+  // Scores the request's last draft against tokens it commits next (under rs.mu).
+  void observe_commit(RequestState& rs, const int32_t* tokens, size_t n);
 
   CorpusConfig cfg_;
 
@@ -140,11 +151,13 @@ class Corpus {
   // while it waits for and holds the exclusive lock, so new drafts queue behind it.
   std::mutex turnstile_;
   TokenIndex learned_;
+  AcceptanceModel acceptance_;  // calibration of node acceptance, learned from every request's commits
 
   mutable std::mutex req_mu_;
   std::unordered_map<std::string, std::shared_ptr<RequestState>> requests_;
   std::vector<std::shared_ptr<RequestState>> pool_;  // finished states kept for reuse (warm memory)
   int64_t last_sweep_ns_ = 0;
+  GroupRegistry groups_;
 
   mutable std::mutex ext_mu_;
   std::map<std::string, std::shared_ptr<const TokenIndex>> externals_;

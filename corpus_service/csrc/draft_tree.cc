@@ -69,8 +69,11 @@ void DraftTree::add(const int32_t* tokens, int n, int match_len, float scale, ui
 
 int DraftTree::select(int budget, float min_prob, DraftMode mode, const ScoreParams& sp,
                       std::vector<int32_t>& tokens, std::vector<int32_t>& parents,
-                      std::vector<float>& probs) {
+                      std::vector<float>& probs, const AcceptanceModel* model,
+                      const FeedbackParams* fp, DraftRecord* record) {
   if (nodes_.empty()) return 0;
+  if (mode != DraftMode::kScore) model = nullptr;
+  if (model) cells_.resize(nodes_.size());
   const float lambda = mode == DraftMode::kScore ? sp.lambda : 0.f;
   size_t out_base = tokens.size();
   // Heap entries: (priority, node, output index of the parent, path probability).
@@ -86,7 +89,10 @@ int DraftTree::select(int budget, float min_prob, DraftMode mode, const ScorePar
     float denom = nodes_[u].mass + lambda;
     if (denom <= 0.f) return;
     for (int32_t c = nodes_[u].first_child; c != -1; c = nodes_[c].next_sibling) {
-      float p = u_prob * std::min(1.0f, nodes_[c].vote / denom);
+      float q = std::min(1.0f, nodes_[c].vote / denom);
+      if (model)
+        q = model->conditional(q, nodes_[c].depth, nodes_[c].token, *fp, &cells_[c].depth_cell, &cells_[c].token_cell);
+      float p = u_prob * q;
       double key;
       if (mode == DraftMode::kBfs)  // shallower first, then most recent
         key = -static_cast<double>(nodes_[c].depth) * 1e13 + static_cast<double>(nodes_[c].recency % 1000000000000ull);
@@ -104,6 +110,12 @@ int DraftTree::select(int budget, float min_prob, DraftMode mode, const ScorePar
     tokens.push_back(nodes_[e.node].token);
     parents.push_back(e.parent_out);
     probs.push_back(e.prob);
+    if (model && record) {
+      record->tokens.push_back(nodes_[e.node].token);
+      record->parents.push_back(e.parent_out);
+      record->depth_cell.push_back(cells_[e.node].depth_cell);
+      record->token_cell.push_back(cells_[e.node].token_cell);
+    }
     ++taken;
     push_children(e.node, static_cast<int32_t>(tokens.size() - out_base - 1), e.prob);
   }

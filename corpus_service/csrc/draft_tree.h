@@ -10,6 +10,8 @@
 // candidates through u (including those whose continuation ends at u); lambda is the prior mass of
 // "something else". The path probability (product along the path) never grows with depth, so
 // taking nodes best-first from the root yields the top-`budget` connected tree.
+// With an AcceptanceModel (acceptance_model.h), P(c | u) is that estimate calibrated by what the
+// verifier accepted before.
 // Mode kProb weighs every occurrence 1 and uses lambda = 0 (SGLang's PROB: frequency).
 // Mode kBfs fills level by level, most recent occurrence first (SGLang's BFS: recency).
 #pragma once
@@ -17,6 +19,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <vector>
+
+#include "acceptance_model.h"
 
 namespace ngc {
 
@@ -39,9 +43,12 @@ class DraftTree {
            DraftMode mode, const ScoreParams& sp);
   // Selects at most budget nodes (parents before children). Nodes whose path probability falls
   // below min_prob are not taken (kScore and kProb). Appends to the outputs; returns the count.
+  // With a model (kScore), conditionals are calibrated and each taken node is written to `record`
+  // (already started) so the next commit can score it.
   int select(int budget, float min_prob, DraftMode mode, const ScoreParams& sp,
              std::vector<int32_t>& tokens, std::vector<int32_t>& parents,
-             std::vector<float>& probs);
+             std::vector<float>& probs, const AcceptanceModel* model = nullptr,
+             const FeedbackParams* fp = nullptr, DraftRecord* record = nullptr);
   size_t nodes() const { return nodes_.size(); }
 
  private:
@@ -57,6 +64,12 @@ class DraftTree {
   };
   int32_t child(int32_t parent, int32_t token);
   std::vector<Node> nodes_;
+  // Per node, with an AcceptanceModel: its cells, set when it is pushed (each node has one parent).
+  struct NodeCells {
+    uint16_t depth_cell;
+    uint32_t token_cell;
+  };
+  std::vector<NodeCells> cells_;
   // pow(m, alpha) for m = 0..match_cap, rebuilt when the parameters change (pow is the hot spot).
   struct PowTable {
     float alpha = -1.f;

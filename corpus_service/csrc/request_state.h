@@ -8,12 +8,16 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <vector>
 
+#include "acceptance_model.h"
 #include "token_index.h"
 
 namespace ngc {
+
+struct RequestGroup;  // group.h
 
 // A chunk headed for the learned corpus: tokens[0..context) are left context only.
 struct LearnChunk {
@@ -21,6 +25,7 @@ struct LearnChunk {
   size_t context = 0;
   uint64_t doc = 0;   // serial of the request it comes from: chunks of one request are linked
   bool last = false;  // the request ended: no chunk will continue this one
+  bool keep = false;  // with last: keep the request's chunk records (its group still drafts around them)
 };
 
 struct RequestState {
@@ -34,6 +39,12 @@ struct RequestState {
   uint64_t serial;                 // unique per request, names its chunks in the learned corpus
   uint64_t total_len = 0;          // tokens in the request so far (may exceed own.live() for windows)
   int64_t last_used_ns = 0;        // for the idle timeout
+  std::shared_ptr<RequestGroup> group;  // the group it drafts with (null: none; group.h)
+  size_t shared_prefix = 0;        // leading prompt tokens equal to the group's prompt
+  bool borrowed = false;           // `own` holds only the tail of that prefix, as unindexed context:
+                                   // the group's founder indexes it for every member (group.h)
+  bool ended = false;              // a group member that finished (still a source for its siblings)
+  DraftRecord last_draft;          // the latest draft, scored by the next commit (feedback)
 
   // Makes a finished request's state reusable for a new one, keeping its allocations.
   void recycle(bool learn_tokens, uint64_t new_serial) {
@@ -42,6 +53,11 @@ struct RequestState {
     learn = learn_tokens;
     serial = new_serial;
     total_len = 0;
+    group.reset();
+    shared_prefix = 0;
+    borrowed = false;
+    ended = false;
+    last_draft.reset();
   }
 
   void touch() {
@@ -59,6 +75,7 @@ struct RequestState {
   bool take_chunk(size_t min_tokens, size_t overlap, bool last, LearnChunk* out) {
     out->doc = serial;
     out->last = last;
+    out->keep = last && group != nullptr;
     if (pending.size() < min_tokens || (pending.empty() && !last)) return false;
     size_t before = own.live() - pending.size();  // tokens of own that precede the pending ones
     size_t ctx = before < overlap ? before : overlap;

@@ -24,10 +24,11 @@ def engine(lm, drafter: Drafter | None, budget: int = 7, max_batch: int = 4, **c
 
 
 @contextlib.contextmanager
-def serve_api(lm, budget: int, timeout: float = 120):
-    """A real uvicorn server on a 127.0.0.1 ephemeral port over an engine with the local corpus;
-    yields an httpx client for it."""
-    loop = EngineLoop(engine(lm, Drafter("local", vocab_size=lm.model.config.vocab_size), budget=budget)).start()
+def serve_api(lm, budget: int, timeout: float = 120, drafter: Drafter | None = None):
+    """A real uvicorn server on a 127.0.0.1 ephemeral port over an engine with the local corpus (or
+    ``drafter``); yields an httpx client for it."""
+    drafter = drafter or Drafter("local", vocab_size=lm.model.config.vocab_size)
+    loop = EngineLoop(engine(lm, drafter, budget=budget)).start()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(create_app(loop, "smollm2"), log_level="warning"))

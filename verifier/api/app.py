@@ -109,20 +109,22 @@ def create_app(loop: EngineLoop, model_name: str, api_key: str = "") -> FastAPI:
             metrics.requests.labels(route, "404").inc()
             return _error(404, f"model '{body.model}' is not served here (serving '{model_name}')", "model", "model_not_found")
         subs: list[tuple[GenRequest, asyncio.Queue]] = []
+        rid = f"{'chatcmpl' if kind.startswith('chat') else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         try:
             params: SamplingParams = body.sampling(min(DEFAULT_MAX_TOKENS, engine.config.max_len - len(prompt_ids) - 1))
             k = body.samples()
             if k > body.n and params.logprobs is None:  # best_of ranks by cumulative logprob
                 params = dataclasses.replace(params, logprobs=0)
+            # The samples share the prompt: one corpus request group, so each drafts from the others.
+            group = rid if k > 1 else None
             for i in range(k):  # sample i: seed + i, so n samples are n different draws
                 p = params if params.seed is None or i == 0 else dataclasses.replace(params, seed=(params.seed + i) % 2**63)
-                subs.append(loop.submit(prompt_ids, p))
+                subs.append(loop.submit(prompt_ids, p, group=group))
         except ValueError as e:
             for req, _ in subs:
                 loop.abort(req.req_id)
             metrics.requests.labels(route, "400").inc()
             return _error(400, str(e))
-        rid = f"{'chatcmpl' if kind.startswith('chat') else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         t0 = time.monotonic()
         if body.stream:
             metrics.requests.labels(route, "200").inc()

@@ -7,14 +7,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class TokenRuns(_message.Message):
-    __slots__ = ("req_ids", "lengths", "tokens")
+    __slots__ = ("req_ids", "lengths", "tokens", "groups")
     REQ_IDS_FIELD_NUMBER: _ClassVar[int]
     LENGTHS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
     req_ids: _containers.RepeatedScalarFieldContainer[str]
     lengths: bytes
     tokens: bytes
-    def __init__(self, req_ids: _Optional[_Iterable[str]] = ..., lengths: _Optional[bytes] = ..., tokens: _Optional[bytes] = ...) -> None: ...
+    groups: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, req_ids: _Optional[_Iterable[str]] = ..., lengths: _Optional[bytes] = ..., tokens: _Optional[bytes] = ..., groups: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DraftRequest(_message.Message):
     __slots__ = ("req_ids", "budget")
