@@ -229,6 +229,8 @@ def test_extend_packed_matches_extend_batch_of_runs():
             toks = rng.integers(0, 50, int(lens.sum())).astype(np.int32)
             extend_packed(a, ids, lens, toks)
             b.extend_batch(ids, wire.split_flat(lens, toks))
+            a.synchronize()  # the learned corpus learns in a background thread: compare settled states
+            b.synchronize()
             assert a.draft(ids, 8).tokens.tolist() == b.draft(ids, 8).tokens.tolist()
         with pytest.raises(ValueError):
             extend_packed(a, ids[:1] + ["missing"], np.array([1, 1], np.int32), np.array([1, 2], np.int32))
