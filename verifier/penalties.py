@@ -38,19 +38,38 @@ def process_logits(logits: Tensor, reqs: list[Request], tokens: Tensor, tree_mas
     return logits
 
 
+def _counts(req: Request, V: int, dev: torch.device, need_prompt: bool) -> tuple[Tensor, Tensor | None]:
+    """The request's output-token counts [V] (float32) and, for the repetition penalty, its prompt
+    tokens as a mask [V], kept on the device and brought up to date with the tokens committed
+    since the last step (output only grows), instead of copying every output id each step."""
+    state = req.penalty_state
+    if state is None or state[1].device != dev:
+        counts = torch.zeros(V, dtype=torch.float32, device=dev)
+        prompt = None
+        if need_prompt:
+            prompt = torch.zeros(V, dtype=torch.bool, device=dev)
+            prompt[torch.tensor([t for t in req.prompt_ids if 0 <= t < V], dtype=torch.int64, device=dev)] = True
+        state = req.penalty_state = [0, counts, prompt]
+    n = len(req.output_ids)
+    if state[0] < n:
+        new = torch.tensor(req.output_ids[state[0]:], dtype=torch.int64, device=dev).clamp_(0, V - 1)
+        state[1].index_add_(0, new, torch.ones(len(new), dtype=torch.float32, device=dev))
+        state[0] = n
+    return state[1], state[2]
+
+
 def _process_one(logits: Tensor, req: Request, tokens: Tensor, mask: Tensor, eos_ids: tuple[int, ...]) -> None:
     p = req.params
     K, V = logits.shape
     dev = logits.device
     if p.penalized:
-        out = torch.tensor(req.output_ids, dtype=torch.int64, device=dev)
-        counts = torch.bincount(out, minlength=V)[:V].to(logits.dtype).expand(K, V).clone()
+        base, prompt_seen = _counts(req, V, dev, p.repetition_penalty != 1.0)
+        counts = base.to(logits.dtype).expand(K, V).clone()
         if K > 1:  # + the draft tokens on each node's path (columns 1.., the root is in output_ids)
             path = mask[:, 1:].to(logits.dtype)
             counts.scatter_add_(1, tokens[1:].clamp(0, V - 1)[None].expand(K, K - 1), path)
         if p.repetition_penalty != 1.0:
-            seen = counts > 0
-            seen[:, torch.tensor(req.prompt_ids, dtype=torch.int64, device=dev)] = True
+            seen = (counts > 0) | prompt_seen
             r = p.repetition_penalty
             logits.copy_(torch.where(seen, torch.where(logits > 0, logits / r, logits * r), logits))
         if p.frequency_penalty:

@@ -42,6 +42,7 @@ class Request:
     text: str = ""  # decoded output, truncated at a stop string when one matched
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token if params.logprobs is set
     grammar: Any = None  # verifier.grammar.GrammarMatcher when params.grammar is set (structured output)
+    penalty_state: Any = None  # verifier.penalties: [tokens counted, counts [V], prompt mask [V]] on the device
     group: str | None = None  # corpus request group: the n samples of one API request draft from each other
 
     @property
