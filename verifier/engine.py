@@ -26,7 +26,7 @@ from .grammar import GrammarCompiler, finish_if_complete, mask_logits, prune_dra
 from .logprobs import row_logprobs
 from .model import ForwardBatch, KVCache, TextCodec, Transformer
 from .model import fusion
-from .model.cuda_graphs import GraphRunner
+from .model.cuda_graphs import GraphRunner, GreedyStepResult
 from .numerics import error_message, nonfinite_rows
 from .penalties import needs_processing, process_logits
 from .request import Request, Status, append_tokens
@@ -373,7 +373,6 @@ class Engine:
             packed = self._packed_drafts(running, plain, slots, max_prefix)
             bs, K = packed.bs, packed.K
             r = self.graphs.greedy_step(packed.host, bs, K, max_prefix + K)
-            accept_index, num, predicts, bad, logits = r.accept_index, r.accept_token_num, r.predicts, r.bad, r.logits
             tokens, num_nodes, predicted = packed.tokens, packed.num_nodes, packed.predicted
         else:
             drafts = self._drafts(running)
@@ -385,8 +384,9 @@ class Engine:
             tb = build_tree_batch([r.last_token for r in running], drafts, [r.cache_len for r in running], self.device,
                                   slots, K_min)
             bs, K = tb.tokens.shape
-            accept_index, num, predicts, bad, logits = self._verify_general(running, drafts, tb, slots, max_prefix)
+            r = self._verify_general(running, drafts, tb, slots, max_prefix)
             tokens, num_nodes, predicted = tb.tokens_host, tb.num_nodes, tb.predicted
+        accept_index, num, predicts, bad, logits = r.accept_index, r.accept_token_num, r.predicts, r.bad, r.logits
         if self.graphs is None or self.graphs.captures == captures:  # a capture is not a step's cost
             self.policy.observe_step(K > 1, time.perf_counter() - t0, bs * K)
         bad_any = bad.any(-1).tolist()
@@ -450,9 +450,8 @@ class Engine:
 
     def _verify_general(self, running: list[Request], drafts, tb, slots: list[int], max_prefix: int):
         """The step with the logits processed on the way (penalties, grammar masks, sampling):
-        the forward replays as a graph where there is one, the rest runs eagerly. Returns host
-        arrays (accept_index [bs, K], accept_token_num [bs], predicts [bs * K], bad [bs, K]) and
-        the logits."""
+        the forward replays as a graph where there is one, the rest runs eagerly. Returns the
+        results on the host as greedy_step does."""
         dev = self.device
         bs, K = tb.tokens.shape
         consecutive = slots == list(range(slots[0], slots[0] + bs))
@@ -475,12 +474,9 @@ class Engine:
             res = self._verify_sampled(running, tb, logits)
         if K > 1:  # with the root alone there is nothing to move
             self.cache.keep_accepted(fb.slots, tb.prefix_lens, K, res.accept_index, res.accept_token_num)
-        # One device-to-host copy (each copy is a sync): accept_index [bs, K], num [bs], predicts [bs*K], bad [bs, K].
-        parts = (res.accept_index, res.accept_token_num, res.predicts, bad)
-        host = torch.cat([t.reshape(-1).long() for t in parts]).cpu().numpy()
-        n = bs * K
-        return (host[:n].reshape(bs, K), host[n:n + bs], host[n + bs:2 * n + bs], host[2 * n + bs:].reshape(bs, K).astype(bool),
-                logits)
+        # One device-to-host copy (each copy is a sync).
+        flat = GreedyStepResult.pack(res.accept_index, res.accept_token_num, res.predicts, bad).cpu().numpy()
+        return GreedyStepResult.unpack(flat, bs, K, bs, logits)
 
     def _verify_sampled(self, running: list[Request], tb, logits: torch.Tensor):
         """Exact tree rejection sampling; greedy rows use one-hot targets (the same as greedy)."""

@@ -108,6 +108,19 @@ class GreedyStepResult:
     bad: np.ndarray  # [bs, K] bool: that node's logits had a NaN or inf (zeroed)
     logits: Tensor  # [bs, K, V] float32, valid until the next forward
 
+    @staticmethod
+    def pack(accept_index: Tensor, accept_token_num: Tensor, predicts: Tensor, bad: Tensor) -> Tensor:
+        """The verification results of B rows as one int64 tensor (one copy to the host)."""
+        return torch.cat([accept_index.reshape(-1).long(), accept_token_num.reshape(-1).long(),
+                          predicts.reshape(-1).long(), bad.reshape(-1).long()])
+
+    @classmethod
+    def unpack(cls, flat: np.ndarray, B: int, K: int, bs: int, logits: Tensor) -> "GreedyStepResult":
+        """``pack``'s layout on the host, first ``bs`` of its B rows."""
+        n = B * K
+        return cls(flat[:n].reshape(B, K)[:bs], flat[n:n + B][:bs], flat[n + B:2 * n + B][:bs * K],
+                   flat[2 * n + B:].reshape(B, K)[:bs].astype(bool), logits[:bs])
+
 
 class GraphRunner:
     """Replays captured forwards for decode/verify steps; ``forward`` takes what the eager model
@@ -189,10 +202,8 @@ class GraphRunner:
             g.logits, g.out = self._run_step(g, B, K, L)
         else:
             g.graph.replay()
-        out = g.out.cpu().numpy()  # the step's one device-to-host copy (it waits for the replay)
-        n = B * K
-        return GreedyStepResult(out[:n].reshape(B, K)[:bs], out[n:n + B][:bs], out[n + B:2 * n + B][:bs * K],
-                                out[2 * n + B:].reshape(B, K)[:bs].astype(bool), g.logits[:bs])
+        # The step's one device-to-host copy (it waits for the replay).
+        return GreedyStepResult.unpack(g.out.cpu().numpy(), B, K, bs, g.logits)
 
     def _load_step(self, g: _StepGraph, host: np.ndarray, bs: int, B: int, K: int) -> None:
         dst = g.staging.numpy()
@@ -222,9 +233,7 @@ class GraphRunner:
                                          logits.argmax(-1), K)
         if K > 1:  # with the root alone there is nothing to move
             self.cache.keep_accepted(slots, prefix, K, res.accept_index, res.accept_token_num)
-        out = torch.cat([res.accept_index.reshape(-1).long(), res.accept_token_num.reshape(-1).long(),
-                         res.predicts.reshape(-1).long(), bad.reshape(-1).long()])
-        return logits, out
+        return logits, GreedyStepResult.pack(res.accept_index, res.accept_token_num, res.predicts, bad)
 
     def _build_step(self, B: int, K: int, L: int) -> _StepGraph:
         dev = self.model.device
@@ -235,27 +244,34 @@ class GraphRunner:
         g = _StepGraph(None, staging.to(dev), staging)
         if not self.capture:
             return g
-        # As in _build: warm-ups on a side stream, then the capture. They run on the padding
-        # input above (every row in the scratch slot), so no request's K/V moves.
-        self._warm_once(lambda: self._run_step(g, B, K, L))
+        # Warm-ups and capture run on the padding input above (every row in the scratch slot), so
+        # no request's K/V moves.
+        g.graph, (g.logits, g.out) = self._capture(lambda: self._run_step(g, B, K, L))
+        log.debug("captured a greedy-step graph for batch %d, %d nodes, %d cache rows", B, K, L)
+        return g
+
+    def _capture(self, run):
+        """Warms ``run`` up on a side stream (allocator and cuBLAS/SDPA workspaces), then captures
+        it; returns (graph, what the captured run returned: the graph's output buffers).
+
+        The first capture of a process also gets one run on the current stream first: a capture
+        that was the process's first CUDA work (the engine's cost probe runs before any prefill)
+        was invalidated on the device, while captures after eager forwards never were."""
+        dev = self.model.device
+        if not self._warmed:
+            run()
+            torch.cuda.synchronize(dev)
+            self._warmed = True
         stream = torch.cuda.Stream(dev)
         stream.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._run_step(g, B, K, L)
+                run()
         torch.cuda.current_stream(dev).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with _capturing(graph, self._pool):
-            g.logits, g.out = self._run_step(g, B, K, L)
-        g.graph = graph
-        log.debug("captured a greedy-step graph for batch %d, %d nodes, %d cache rows", B, K, L)
-        return g
-
-    def _warm_once(self, fn) -> None:
-        if not self._warmed:
-            fn()
-            torch.cuda.synchronize(self.model.device)
-            self._warmed = True
+            out = run()
+        return graph, out
 
     def _load(self, g: _Graph, input_ids: Tensor, fb: ForwardBatch, bs: int, L: int) -> None:
         g.ids[:bs].copy_(input_ids)
@@ -289,21 +305,7 @@ class GraphRunner:
                    pad_rows=rows, pad_mask=pad_mask)
         if not self.capture:
             return g
-        # Warm up on a side stream (allocator and cuBLAS/SDPA workspaces), then capture. The
-        # padding rows write only into the scratch slot, so neither touches a request's K/V.
-        # The first capture of a process also gets one forward on the current stream first: a
-        # capture that was the process's first CUDA work (the engine's cost probe runs before any
-        # prefill) was invalidated on the device, while captures after eager forwards never were.
-        self._warm_once(lambda: self._run(g, L))
-        stream = torch.cuda.Stream(dev)
-        stream.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._run(g, L)
-        torch.cuda.current_stream(dev).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with _capturing(graph, self._pool):
-            g.logits = self._run(g, L)
-        g.graph = graph
+        # The padding rows write only into the scratch slot, so no request's K/V moves.
+        g.graph, g.logits = self._capture(lambda: self._run(g, L))
         log.debug("captured a CUDA graph for batch %d, %d nodes, %d cache rows", B, K, L)
         return g
