@@ -5,8 +5,10 @@ real shape (default SmolLM2-135M), bf16, on the GPU.
 For batch B and K tree nodes per request it times (medians over --repeats, after warm-up):
 - ``replay``: the captured forward graph alone (GraphRunner.forward's graph);
 - ``step``: the whole one-graph greedy step (GraphRunner.greedy_step: copy in, replay, copy out);
-both with the layers' elementwise ops compiled (verifier.model.fusion) and, as the same-run
-baseline, eager. Also the batched prefill of B prompts against prefilling them one by one.
+with the native RoPE/KV-store and attention kernels (verifier.kernels) and the layers' elementwise
+ops compiled (verifier.model.fusion); as same-run baselines, the same with torch attention (SDPA
+over gathered K/V) and with eager elementwise ops too. Also the batched prefill of B prompts
+against prefilling them one by one.
 Prints one summary line, writes JSON.
 
     python3 bench/step_profile.py --out bench/results/step_profile.json
@@ -57,8 +59,10 @@ def timed_ms(fn, repeats: int, device: torch.device) -> float:
     return round(statistics.median(times), 3)
 
 
-def profile(model, codec, batches: list[int], ks: list[int], prefix: int, repeats: int, compiled: bool) -> dict:
+def profile(model, codec, batches: list[int], ks: list[int], prefix: int, repeats: int, compiled: bool,
+            native: bool = True) -> dict:
     fusion.disable_compile()
+    model.native_kernels = native
     dev = model.device
     eng = Engine(model, codec, None, EngineConfig(max_batch=max(batches), max_len=prefix + max(ks) + 64, budget=0,
                                                   compile=compiled, capture_at_start=False,
@@ -111,14 +115,18 @@ def main(argv: list[str] | None = None) -> int:
     codec = TextCodec(Tokenizer(models.WordLevel({"a": 0}, unk_token="a")), "", (cfg.vocab_size - 1,))
     res = {"model": args.model, "prefix": args.prefix,
            "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-           "eager_ops": profile(model, codec, args.batches, args.ks, args.prefix, args.repeats, False),
-           "compiled_ops": profile(model, codec, args.batches, args.ks, args.prefix, args.repeats, True)}
+           "eager_ops": profile(model, codec, args.batches, args.ks, args.prefix, args.repeats, False, False),
+           "torch_attention": profile(model, codec, args.batches, args.ks, args.prefix, args.repeats, True, False),
+           "native": profile(model, codec, args.batches, args.ks, args.prefix, args.repeats, True, True)}
     b1 = f"B{args.batches[0]}_K{args.ks[0]}"
-    e, c = res["eager_ops"][b1], res["compiled_ops"][b1]
-    res["summary"] = {f"{b1}_step_ms": c["step_ms"], f"{b1}_step_ms_eager_ops": e["step_ms"],
-                      "compiled_vs_eager": round(c["step_ms"] / e["step_ms"], 3),
-                      "prefill_batched_vs_one_by_one": round(res["compiled_ops"]["prefill_ms"]["batched"]
-                                                             / res["compiled_ops"]["prefill_ms"]["one_by_one"], 3)}
+    e, t, c = res["eager_ops"][b1], res["torch_attention"][b1], res["native"][b1]
+    res["summary"] = {f"{b1}_step_ms": c["step_ms"], f"{b1}_step_ms_torch_attention": t["step_ms"],
+                      f"{b1}_step_ms_eager_ops": e["step_ms"],
+                      "native_vs_torch_attention": {k: round(res["native"][k]["step_ms"] / res["torch_attention"][k]["step_ms"], 3)
+                                                    for k in res["native"] if k.startswith("B")},
+                      "compiled_vs_eager": round(t["step_ms"] / e["step_ms"], 3),
+                      "prefill_batched_vs_one_by_one": round(res["native"]["prefill_ms"]["batched"]
+                                                             / res["native"]["prefill_ms"]["one_by_one"], 3)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
     print("SUMMARY " + json.dumps(res["summary"]), flush=True)

@@ -305,3 +305,37 @@ def compact_kv_cache(
         # Requests with nothing to move copy their own slot t onto itself (slots are disjoint
         # between requests, so no other write in this step touches it): no sync, no masking.
         kv_cache[:, dst] = kv_cache[:, torch.where(ok, src, dst)]
+
+
+def rope_store_kv(qkv: Tensor, positions: Tensor, cos: Tensor, sin: Tensor, kv_cache: Tensor, layer: int,
+                  rows: Tensor, num_heads: int, num_kv_heads: int) -> Tensor:
+    """RoPE ("rotate half", in float32, rounded once) on q and k of the fused projection ``qkv``
+    [tokens, (H + 2 Hkv) * D]; k and v go to cache rows ``rows`` of ``layer``. Returns q [tokens, H, D]."""
+    H, Hkv = num_heads, num_kv_heads
+    n, D = positions.numel(), cos.shape[1]
+    x = qkv.reshape(n, H + 2 * Hkv, D)
+    c = cos[positions.reshape(-1)].float()[:, None]
+    s = sin[positions.reshape(-1)].float()[:, None]
+    qk = x[:, :H + Hkv].float()
+    half = D // 2
+    qk = (qk * c + torch.cat([-qk[..., half:], qk[..., :half]], dim=-1) * s).to(qkv.dtype)
+    flat = rows.reshape(-1)
+    kv_cache[2 * layer, flat] = qk[:, H:]
+    kv_cache[2 * layer + 1, flat] = x[:, H + Hkv:]
+    return qk[:, :H]
+
+
+def decode_attention(q: Tensor, kv_cache: Tensor, layer: int, slots: Tensor, max_len: int, mask: Tensor,
+                     scale: float) -> Tensor:
+    """Masked attention of q [bs, T, H, D] over cache rows 0 .. L-1 of each request's slot
+    (mask [bs, T, L], True = attend; grouped-query heads share kv head h // (H / Hkv)), in float32.
+    A row that sees no key gets zeros. Returns [bs, T, H, D] in q's dtype."""
+    bs, T, H, D = q.shape
+    L, Hkv = mask.shape[2], kv_cache.shape[2]
+    rows = slots.to(torch.int64)[:, None] * max_len + torch.arange(L, device=q.device)
+    k = kv_cache[2 * layer][rows].float().repeat_interleave(H // Hkv, dim=2)  # [bs, L, H, D]
+    v = kv_cache[2 * layer + 1][rows].float().repeat_interleave(H // Hkv, dim=2)
+    scores = torch.einsum("bthd,blhd->bhtl", q.float(), k) * scale
+    scores = scores.masked_fill(~mask.bool()[:, None], float("-inf"))
+    p = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # all-masked rows: 0/0
+    return torch.einsum("bhtl,blhd->bthd", p, v).to(q.dtype)

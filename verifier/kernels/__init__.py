@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "MAX_NODES", "NativeKernelError", "TreeIndices", "VerifyResult", "compact_kv_cache",
-    "flatten_draft_tree", "tree_attention_mask", "tree_attention_mask_flat",
+    "decode_attention", "flatten_draft_tree", "native_available", "rope_store_kv", "tree_attention_mask", "tree_attention_mask_flat",
     "tree_indices_from_mask", "tree_indices_from_parents", "tree_speculative_sampling",
     "verify_tree_greedy",
 ]
@@ -149,3 +149,43 @@ def compact_kv_cache(kv_cache: Tensor, draft_slots: Tensor, accept_index: Tensor
         _ops().compact_kv_cache(kv_cache, draft_slots, accept_index, accept_token_num)
     else:
         reference.compact_kv_cache(kv_cache, draft_slots, accept_index, accept_token_num)
+
+
+def rope_store_kv(qkv: Tensor, positions: Tensor, cos: Tensor, sin: Tensor, kv_cache: Tensor, layer: int,
+                  rows: Tensor, num_heads: int, num_kv_heads: int, *, allow_reference: bool | None = None) -> Tensor:
+    """RoPE on the fused projection's q and k, k and v stored in the KV cache, in one kernel.
+
+    qkv: [tokens, (H + 2 Hkv) * D] (any shape with that many values, contiguous), rows q, k, v;
+    positions, rows: [tokens] int64 (RoPE positions; flat cache rows, verifier.model.kv_cache);
+    cos, sin: [max_len, D] tables (verifier.model.rope); kv_cache: [2 * layers, rows, Hkv, D].
+    Returns q [tokens, H, D] rotated. Positions and rows must be in range (not checked: that
+    would synchronise).
+    """
+    checks.check_rope_store(qkv, positions, cos, sin, kv_cache, layer, rows, num_heads, num_kv_heads)
+    if _use_native(qkv.device, "rope_store_kv", allow_reference):
+        return _ops().rope_store_kv(qkv, positions, cos, sin, kv_cache, layer, rows, num_heads, num_kv_heads)
+    return reference.rope_store_kv(qkv, positions, cos, sin, kv_cache, layer, rows, num_heads, num_kv_heads)
+
+
+def decode_attention(q: Tensor, kv_cache: Tensor, layer: int, slots: Tensor, max_len: int, mask: Tensor,
+                     scale: float | None = None, *, allow_reference: bool | None = None) -> Tensor:
+    """Decode/tree-verify attention straight from the KV cache (no gather of K/V).
+
+    q: [bs, T, H, D] (T <= 64; D 64 or 128 on the GPU); kv_cache: [2 * layers, slots * max_len,
+    Hkv, D]; slots: [bs] int64 cache slots; mask: [bs, T, L] bool over cache rows 0 .. L-1 of
+    each slot (True = attend; kernels.tree_attention_mask). scale defaults to 1/sqrt(D).
+    Returns [bs, T, H, D]. Slots must be in range (not checked: that would synchronise).
+    """
+    checks.check_decode_attention(q, kv_cache, layer, slots, max_len, mask)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    if _use_native(q.device, "decode_attention", allow_reference):
+        checks.require(q.shape[-1] in (64, 128), f"decode_attention on the GPU: head_dim 64 or 128, got {q.shape[-1]}")
+        return _ops().decode_attention(q, kv_cache, layer, slots, max_len, mask, scale)
+    return reference.decode_attention(q, kv_cache, layer, slots, max_len, mask, scale)
+
+
+def native_available() -> bool:
+    """Whether the CUDA kernel library is built and loaded (it is built on the first call)."""
+    from .native import available
+
+    return available()

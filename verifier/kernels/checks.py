@@ -112,3 +112,49 @@ def check_compaction(kv_cache, draft_slots, accept_index, accept_token_num) -> t
     require(accept_index.shape[1] >= 1, "accept_index: expected at least one column (the root)")
     check_tensor("accept_token_num", accept_token_num, shape=(bs,), dtypes=torch.int32, device=dev)
     return bs, K, accept_index.shape[1]
+
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_kv_cache(kv_cache, layer) -> tuple[int, int]:
+    """kv_cache [2 * layers, rows, Hkv, D] (verifier.model.kv_cache); returns (Hkv, D)."""
+    check_tensor("kv_cache", kv_cache, ndim=4, dtypes=_FLOAT_DTYPES)
+    require(kv_cache.shape[0] % 2 == 0, f"kv_cache: expected 2 * layers entries, got {kv_cache.shape[0]}")
+    require(isinstance(layer, int) and 0 <= 2 * layer < kv_cache.shape[0],
+            f"layer must be an int in [0, {kv_cache.shape[0] // 2}), got {layer!r}")
+    return kv_cache.shape[2], kv_cache.shape[3]
+
+
+def check_rope_store(qkv, positions, cos, sin, kv_cache, layer, rows, num_heads, num_kv_heads) -> None:
+    Hkv, D = check_kv_cache(kv_cache, layer)
+    dev, dtype = kv_cache.device, kv_cache.dtype
+    require(num_kv_heads == Hkv, f"num_kv_heads: the cache has {Hkv} kv heads, got {num_kv_heads}")
+    require(isinstance(num_heads, int) and num_heads >= 1 and num_heads % Hkv == 0,
+            f"num_heads must be a multiple of num_kv_heads ({Hkv}), got {num_heads!r}")
+    require(D % 2 == 0, f"head_dim must be even for RoPE, got {D}")
+    check_tensor("positions", positions, dtypes=torch.int64, device=dev)
+    n = positions.numel()
+    check_tensor("rows", rows, dtypes=torch.int64, device=dev)
+    require(rows.numel() == n, f"rows: expected {n} cache rows (one per token), got {rows.numel()}")
+    check_tensor("qkv", qkv, dtypes=dtype, device=dev)
+    require(qkv.numel() == n * (num_heads + 2 * Hkv) * D,
+            f"qkv: expected {n} tokens x {(num_heads + 2 * Hkv) * D} values, got shape {tuple(qkv.shape)}")
+    for name, t in (("cos", cos), ("sin", sin)):
+        check_tensor(name, t, ndim=2, dtypes=dtype, device=dev)
+        require(t.shape[1] == D, f"{name}: expected [max_len, {D}], got {tuple(t.shape)}")
+
+
+def check_decode_attention(q, kv_cache, layer, slots, max_len, mask) -> None:
+    Hkv, D = check_kv_cache(kv_cache, layer)
+    dev = kv_cache.device
+    check_tensor("q", q, ndim=4, dtypes=kv_cache.dtype, device=dev)
+    bs, T, H, Dq = q.shape
+    require(Dq == D and H % Hkv == 0, f"q: expected [bs, T, a multiple of {Hkv} heads, {D}], got {tuple(q.shape)}")
+    require(1 <= T <= MAX_NODES, f"q: expected 1..{MAX_NODES} tokens per request, got {T}")
+    check_tensor("slots", slots, shape=(bs,), dtypes=torch.int64, device=dev)
+    check_tensor("mask", mask, ndim=3, dtypes=_MASK_DTYPES, device=dev)
+    require(tuple(mask.shape[:2]) == (bs, T), f"mask: expected [{bs}, {T}, kv_len], got {tuple(mask.shape)}")
+    require(isinstance(max_len, int) and max_len >= 1 and kv_cache.shape[1] % max_len == 0,
+            f"max_len: expected the cache's rows per slot, got {max_len!r}")
+    require(1 <= mask.shape[2] <= max_len, f"mask: kv_len must be in [1, max_len={max_len}], got {mask.shape[2]}")

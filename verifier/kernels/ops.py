@@ -151,3 +151,49 @@ def compact_kv_cache(kv_cache: Tensor, draft_slots: Tensor, accept_index: Tensor
 @compact_kv_cache.register_fake
 def _(kv_cache, draft_slots, accept_index, accept_token_num):
     return None
+
+
+# dtype codes of decode_attention.cu
+_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+def attention_splits(head_dim: int, kv_len: int) -> int:
+    """Cache-row spans of decode_attention.cu (64 rows for head_dim 64, 32 for 128)."""
+    span = 64 if head_dim == 64 else 32
+    return -(-kv_len // span)
+
+
+@torch.library.custom_op(f"{_NS}::rope_store_kv", mutates_args=("kv_cache",))
+def rope_store_kv(qkv: Tensor, positions: Tensor, cos: Tensor, sin: Tensor, kv_cache: Tensor, layer: int,
+                  rows: Tensor, num_heads: int, num_kv_heads: int) -> Tensor:
+    n, D = positions.numel(), cos.shape[1]
+    q = torch.empty(n, num_heads, D, dtype=qkv.dtype, device=qkv.device)
+    with torch.cuda.device(qkv.device):
+        library().call("ngk_rope_store_kv", _DTYPE_CODES[qkv.dtype], _ptr(qkv), _ptr(positions), _ptr(cos),
+                       _ptr(sin), _ptr(rows), _ptr(q), _ptr(kv_cache[2 * layer]), _ptr(kv_cache[2 * layer + 1]),
+                       n, num_heads, num_kv_heads, D, _stream(qkv))
+    return q
+
+
+@rope_store_kv.register_fake
+def _(qkv, positions, cos, sin, kv_cache, layer, rows, num_heads, num_kv_heads):
+    return qkv.new_empty(positions.numel(), num_heads, cos.shape[1])
+
+
+@torch.library.custom_op(f"{_NS}::decode_attention", mutates_args=())
+def decode_attention(q: Tensor, kv_cache: Tensor, layer: int, slots: Tensor, max_len: int, mask: Tensor,
+                     scale: float) -> Tensor:
+    bs, T, H, D = q.shape
+    L = mask.shape[2]
+    part = torch.empty(bs * T * H * attention_splits(D, L) * (D + 2), dtype=torch.float32, device=q.device)
+    out = torch.empty_like(q)
+    with torch.cuda.device(q.device):
+        library().call("ngk_decode_attention", _DTYPE_CODES[q.dtype], _ptr(q), _ptr(kv_cache[2 * layer]),
+                       _ptr(kv_cache[2 * layer + 1]), _ptr(slots), max_len, _ptr(mask), _ptr(part), _ptr(out),
+                       bs, T, H, kv_cache.shape[2], D, L, float(scale), _stream(q))
+    return out
+
+
+@decode_attention.register_fake
+def _(q, kv_cache, layer, slots, max_len, mask, scale):
+    return torch.empty_like(q)

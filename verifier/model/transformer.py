@@ -7,12 +7,14 @@ either a causal prefill (empty prefix) or an explicit boolean mask over the cach
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import kernels
 from .config import ModelConfig
 from .kv_cache import KVCache
 from . import fusion
@@ -39,6 +41,25 @@ class ForwardBatch:
     slot_range: tuple[int, int] | None = None
 
 
+# Above this many query tokens per step (batch x tree nodes), SDPA's tensor-core kernel over gathered
+# K/V beats the native kernel's CUDA-core arithmetic (H200, SmolLM2-135M, bench/step_profile.py:
+# native 0.76-0.92x of torch's step time up to batch 8 x 16 nodes, 1.07x at 64 x 16).
+NATIVE_ATTENTION_MAX_ROWS = 512
+
+
+@dataclass
+class _Step:
+    """What every layer of one forward shares: computed once per forward."""
+
+    fb: ForwardBatch
+    flat_rows: Tensor  # [bs * T] flat cache rows of the new tokens' K/V
+    cos: Tensor | None  # [bs, T, 1, D] (the torch RoPE path)
+    sin: Tensor | None
+    bias: Tensor | None  # the additive mask of the SDPA path (None: causal, or native attention)
+    rope_tables: tuple[Tensor, Tensor] | None = None  # [max_len, D] cos, sin: the native RoPE + KV-store kernel
+    native_attention: bool = False  # decode/verify attention by verifier.kernels.decode_attention
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -61,15 +82,22 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(h, (cfg.num_heads + 2 * cfg.num_kv_heads) * d, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, fb: ForwardBatch, flat_rows: Tensor,
-                bias: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, cache: KVCache, ctx: "_Step") -> Tensor:
         bs, T, _ = x.shape
-        cfg = self.cfg
+        cfg, fb = self.cfg, ctx.fb
         H, Hkv, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        q, kv = fusion.ops["rope_qkv"](self.qkv_proj(x).view(bs, T, H + 2 * Hkv, D), cos, sin, H, Hkv)
-        cache.write_kv(self.layer, flat_rows, kv)
+        qkv = self.qkv_proj(x)
+        if ctx.rope_tables is not None:  # one kernel: RoPE, q out, k/v into their cache rows
+            q = kernels.rope_store_kv(qkv, fb.positions, *ctx.rope_tables, cache.data, self.layer, ctx.flat_rows,
+                                      H, Hkv).view(bs, T, H, D)
+        else:
+            q, kv = fusion.ops["rope_qkv"](qkv.view(bs, T, H + 2 * Hkv, D), ctx.cos, ctx.sin, H, Hkv)
+            cache.write_kv(self.layer, ctx.flat_rows, kv)
+        if ctx.native_attention:  # straight from the cache rows: no gather, no mask expansion
+            out = kernels.decode_attention(q, cache.data, self.layer, fb.slots, cache.max_len, fb.mask)
+            return self.o_proj(out.view(bs, T, H * D))
         keys, values = cache.read(self.layer, fb.slots, fb.kv_len, fb.slot_range)  # [bs, Hkv, L, D]
-        if bias is None:  # causal prefill: flash attention handles the shared kv heads itself
+        if ctx.bias is None:  # causal prefill: flash attention handles the shared kv heads itself
             out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, is_causal=True, enable_gqa=H != Hkv)
             return self.o_proj(out.transpose(1, 2).reshape(bs, T, -1))
         # Decode/verify with a mask: the G = H / Hkv query heads that share a kv head become G * T
@@ -77,7 +105,7 @@ class Attention(nn.Module):
         # kernel runs with the precomputed additive mask and no copies of keys/values.
         G = H // Hkv
         qg = q.view(bs, T, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(bs, Hkv, G * T, D)
-        out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=bias)
+        out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=ctx.bias)
         return self.o_proj(out.view(bs, Hkv, G, T, D).permute(0, 3, 1, 2, 4).reshape(bs, T, H * D))
 
 
@@ -101,8 +129,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, h: Tensor, residual: Tensor | None, cos: Tensor, sin: Tensor, cache: KVCache,
-                fb: ForwardBatch, flat_rows: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor]:
+    def forward(self, h: Tensor, residual: Tensor | None, cache: KVCache, ctx: "_Step") -> tuple[Tensor, Tensor]:
         """h: the previous layer's MLP output (the embeddings for layer 0, residual None);
         returns (this layer's MLP output, the residual stream before it). Each residual add is
         fused with the norm that follows it."""
@@ -110,7 +137,7 @@ class DecoderLayer(nn.Module):
             residual, x = h, self.input_layernorm(h)
         else:
             residual, x = fusion.ops["add_rms_norm"](h, residual, self.input_layernorm.weight, self.input_layernorm.eps)
-        a = self.self_attn(x, cos, sin, cache, fb, flat_rows, bias)
+        a = self.self_attn(x, cache, ctx)
         norm = self.post_attention_layernorm
         residual, x = fusion.ops["add_rms_norm"](a, residual, norm.weight, norm.eps)
         return self.mlp(x), residual
@@ -128,6 +155,9 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self._rope: tuple[Tensor, Tensor] | None = None
+        # On CUDA, when the native kernel library loads: RoPE + KV store in one kernel, and
+        # decode/verify attention read straight from the cache (verifier.kernels). Off: plain torch.
+        self.native_kernels = True
 
     @property
     def device(self) -> torch.device:
@@ -147,13 +177,10 @@ class Transformer(nn.Module):
                 last_index: Tensor | None = None) -> Tensor:
         """Logits [bs, T, V] (float32), or [bs, 1, V] of the last position with ``last_only``, or
         of position ``last_index[b]`` of each row (right-padded prompts of a batched prefill)."""
-        cos_all, sin_all = self.rope(cache.max_len)
-        cos, sin = cos_all[fb.positions][:, :, None], sin_all[fb.positions][:, :, None]  # [bs, T, 1, D]
-        flat_rows = cache.flat_rows(fb.slots, fb.write_rows).view(-1)
-        bias = None if fb.mask is None else self.attention_bias(fb.mask)
+        ctx = self._step_context(input_ids, cache, fb)
         h, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            h, residual = layer(h, residual, cos, sin, cache, fb, flat_rows, bias)
+            h, residual = layer(h, residual, cache, ctx)
         if last_index is not None:
             rows = torch.arange(h.shape[0], device=h.device)
             h, residual = h[rows, last_index][:, None], residual[rows, last_index][:, None]
@@ -162,6 +189,20 @@ class Transformer(nn.Module):
         _, x = fusion.ops["add_rms_norm"](h, residual, self.norm.weight, self.norm.eps)
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(x, w).float()
+
+    def _step_context(self, input_ids: Tensor, cache: KVCache, fb: ForwardBatch) -> "_Step":
+        cos_all, sin_all = self.rope(cache.max_len)
+        flat_rows = cache.flat_rows(fb.slots, fb.write_rows).view(-1)
+        (bs, T), cfg = input_ids.shape, self.config
+        native = self.native_kernels and input_ids.is_cuda and cfg.head_dim % 2 == 0 and kernels.native_available()
+        if not native:
+            return _Step(fb, flat_rows, cos_all[fb.positions][:, :, None], sin_all[fb.positions][:, :, None],  # [bs, T, 1, D]
+                         None if fb.mask is None else self.attention_bias(fb.mask))
+        fb = dataclasses.replace(fb, positions=fb.positions.contiguous(), slots=fb.slots.to(torch.int64))
+        attend = (fb.mask is not None and cfg.head_dim in (64, 128) and T <= kernels.MAX_NODES
+                  and bs * T <= NATIVE_ATTENTION_MAX_ROWS)
+        bias = None if fb.mask is None or attend else self.attention_bias(fb.mask)
+        return _Step(fb, flat_rows, None, None, bias, (cos_all, sin_all), attend)
 
     def attention_bias(self, mask: Tensor) -> Tensor:
         """mask [bs, T, L] bool (True = attend) -> the additive mask of the grouped-query layout

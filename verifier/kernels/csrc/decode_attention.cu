@@ -1,0 +1,443 @@
+// The attention half of a decode/verify layer in three kernels instead of eight.
+//
+// A decode or tree-verify step of a small model is bound by the number of kernels, not by their
+// work (SmolLM2-135M, batch 1: 30 layers of a few microseconds each). In plain torch the attention
+// half of a layer was: RoPE, stacking K/V, scattering them into the cache, gathering every
+// request's K and V back out of the cache (the graph's slots are dynamic, so no view), a memset
+// and SDPA. Here:
+//
+//   rope_store:   q and k rotated (HF "rotate half" layout, in float32, rounded once), q written
+//                 to its own buffer, k and v written straight into the request's cache rows;
+//   attn_split:   flash-decoding over the cache in place (cache rows read through the request's
+//                 slot, no gather): each block takes one kv head, a tile of the query rows that
+//                 share it (grouped-query attention: G heads x T tree nodes) and a fixed span of
+//                 S cache rows, and writes a partial (unnormalised output, max, sum);
+//   attn_combine: the partials of each query row merged into the output [bs, T, H, D].
+//
+// The span S is fixed per head size, so a query row's arithmetic does not depend on the batch
+// size or on the number of tree nodes: a token computes the same in a plain decode step and in a
+// verify step. Spans the mask hides entirely are skipped, and a masked key's value is never
+// multiplied (a NaN left in a masked row cannot reach the output, unlike 0 * NaN in SDPA).
+//
+// Cache layout (verifier.model.kv_cache): one layer's keys are rows [num_slots * max_len, Hkv, D]
+// (row r of slot s at s * max_len + r), its values the same. The mask is the dense [bs, T, L]
+// bool of kernels.tree_attention_mask (True = attend).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common.cuh"
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kMaxT = 64;
+constexpr int RPW = 4;  // query rows a warp works on together  // query tokens per request (tree nodes): the mask tile is [kMaxT, S]
+
+template <typename T> __device__ __forceinline__ float to_f(T x);
+template <> __device__ __forceinline__ float to_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ float to_f<__half>(__half x) { return __half2float(x); }
+template <> __device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T> __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// Two consecutive elements as floats (p is 4-byte aligned for 16-bit types).
+template <typename T> __device__ __forceinline__ float2 load2(const T* p) { return make_float2(to_f(p[0]), to_f(p[1])); }
+template <> __device__ __forceinline__ float2 load2<__half>(const __half* p) {
+  return __half22float2(*reinterpret_cast<const __half2*>(p));
+}
+template <> __device__ __forceinline__ float2 load2<__nv_bfloat16>(const __nv_bfloat16* p) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// ------------------------------------------------------------------------------ RoPE + KV store
+
+template <typename T>
+__global__ void __launch_bounds__(256)
+    rope_store_kernel(const T* __restrict__ qkv, const int64_t* __restrict__ positions,
+                      const T* __restrict__ cos, const T* __restrict__ sin,
+                      const int64_t* __restrict__ rows, T* __restrict__ q_out, T* __restrict__ k_cache,
+                      T* __restrict__ v_cache, int H, int Hkv, int D) {
+  const int64_t n = blockIdx.x;  // token b * T + t
+  const int half = D / 2;
+  const T* src = qkv + n * static_cast<int64_t>(H + 2 * Hkv) * D;
+  const T* c = cos + positions[n] * D;
+  const T* s = sin + positions[n] * D;
+  const int64_t row = rows[n];
+  // Rotated: the H query heads, then the Hkv key heads; element j pairs with j + D/2.
+  for (int i = threadIdx.x; i < (H + Hkv) * half; i += blockDim.x) {
+    const int h = i / half, j = i % half;
+    const float x1 = to_f(src[h * D + j]), x2 = to_f(src[h * D + j + half]);
+    T* dst = h < H ? q_out + (n * H + h) * D : k_cache + (row * Hkv + (h - H)) * D;
+    dst[j] = from_f<T>(x1 * to_f(c[j]) - x2 * to_f(s[j]));
+    dst[j + half] = from_f<T>(x2 * to_f(c[j + half]) + x1 * to_f(s[j + half]));
+  }
+  const T* v = src + (H + Hkv) * D;
+  T* vdst = v_cache + row * Hkv * D;
+  for (int i = threadIdx.x; i < Hkv * D; i += blockDim.x) vdst[i] = v[i];
+}
+
+// ------------------------------------------------------------------------------ attention
+
+template <typename T, int D>
+struct Shape {
+  static constexpr int S = D == 64 ? 64 : 32;  // cache rows per split
+  static constexpr int KPL = S / 32;           // keys per lane in the score pass
+  static constexpr int DPL = D / 32;           // output dims per lane in the value pass
+  // Shared-memory row stride of K/V in elements: an odd number of 32-bit words, so that the 32
+  // lanes of a warp reading 32 different keys hit 32 different banks.
+  static constexpr int KS = sizeof(T) == 4 ? D + 1 : D + 2;
+  static constexpr int TR = (sizeof(T) == 4 && D == 128) ? 16 : 32;  // query rows per block
+};
+
+// The dims a lane owns in the value pass: pairs (2 lane, 2 lane + 1), and for D = 128 also
+// (64 + 2 lane, 64 + 2 lane + 1).
+template <int D> __device__ __forceinline__ int lane_dim(int lane, int k) { return (k / 2) * 64 + 2 * lane + (k % 2); }
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kWarps * 32)
+    attn_split_kernel(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                      const int64_t* __restrict__ slots, int64_t max_len, const uint8_t* __restrict__ mask,
+                      float* __restrict__ part, int T_, int H, int Hkv, int L, int nsplit, float qscale) {
+  using Sh = Shape<T, D>;
+  constexpr int S = Sh::S, KS = Sh::KS, TR = Sh::TR;
+  __shared__ __align__(16) T ks[S * KS];
+  __shared__ __align__(16) T vs[S * KS];
+  __shared__ __align__(16) float qs[TR * D];
+  __shared__ __align__(16) uint8_t ms[TR * S];  // nt <= TR tokens' rows
+  __shared__ float ps[kWarps * RPW * S];
+  __shared__ int any_visible;
+
+  const int G = H / Hkv;
+  const int rows = G * T_;  // query rows of this kv head: r = t * G + g
+  const int tiles = (rows + TR - 1) / TR;
+  const int split = blockIdx.x;
+  const int hkv = blockIdx.y / tiles, r0 = (blockIdx.y % tiles) * TR;
+  const int64_t b = blockIdx.z;
+  const int nr = min(TR, rows - r0);
+  const int c0 = split * S, nc = min(S, L - c0);
+  const int t_lo = r0 / G, nt = (r0 + nr - 1) / G - t_lo + 1;
+
+  // Every load of this block is issued before any of them is waited for (fixed trip counts,
+  // unrolled, predicated): a block's work is a few microseconds, so a loop of dependent loads,
+  // one memory latency per iteration, would dominate it.
+  constexpr int kThreads = kWarps * 32;
+  // The mask rows of this tile's nt <= TR tokens, 4 columns per load when rows are 4-aligned.
+  constexpr int MASK_WORDS = (TR * S / 4 + kThreads - 1) / kThreads;
+  uint32_t mreg[MASK_WORDS];
+  const bool aligned = L % 4 == 0 && (reinterpret_cast<uintptr_t>(mask) & 3) == 0;
+#pragma unroll
+  for (int k = 0; k < MASK_WORDS; ++k) {
+    const int i = 4 * (threadIdx.x + k * kThreads);  // first of 4 columns
+    const int t = i / S, c = i % S;
+    const uint8_t* src = mask + (b * T_ + t_lo + t) * L + c0 + c;
+    mreg[k] = 0;
+    if (i < nt * S && c < nc) {
+      if (aligned && c + 4 <= nc) {
+        mreg[k] = *reinterpret_cast<const uint32_t*>(src);
+      } else {
+        for (int e = 0; e < 4 && c + e < nc; ++e) mreg[k] |= static_cast<uint32_t>(src[e]) << (8 * e);
+      }
+    }
+  }
+  int visible = 0;
+  if (threadIdx.x == 0) any_visible = 0;
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < MASK_WORDS; ++k) {
+    const int i = 4 * (threadIdx.x + k * kThreads);
+    if (i < nt * S) *reinterpret_cast<uint32_t*>(ms + i) = mreg[k];
+    visible |= mreg[k] != 0;
+  }
+  if (visible) any_visible = 1;
+  __syncthreads();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  auto partial = [&](int r) {
+    const int t = r / G, g = r % G;
+    return part + (((b * T_ + t) * H + hkv * G + g) * nsplit + split) * (D + 2);
+  };
+  if (!any_visible) {  // the whole span is masked for these rows: an empty partial
+    for (int i = threadIdx.x; i < nr; i += blockDim.x) partial(r0 + i)[D] = -INFINITY;
+    return;
+  }
+
+  // K/V rows of the span in 16-byte pieces (a row of D elements is 128 or 256 bytes, so pieces
+  // never straddle rows), stored to shared memory as 32-bit words (its rows are padded).
+  const int64_t slot = slots[b];
+  constexpr int PPR = D * static_cast<int>(sizeof(T)) / 16;  // pieces per row
+  constexpr int KV_ITERS = S * PPR / kThreads;
+  static_assert(S * PPR % kThreads == 0, "K/V pieces must divide among the threads");
+  const int64_t base = ((slot * max_len + c0) * Hkv + hkv) * D;
+  const int64_t row_stride = static_cast<int64_t>(Hkv) * D;
+  uint4 kreg[KV_ITERS], vreg[KV_ITERS];
+#pragma unroll
+  for (int k = 0; k < KV_ITERS; ++k) {
+    const int i = threadIdx.x + k * kThreads;
+    const int c = i / PPR, w = i % PPR;
+    kreg[k] = vreg[k] = make_uint4(0, 0, 0, 0);
+    if (c < nc) {
+      kreg[k] = reinterpret_cast<const uint4*>(k_cache + base + c * row_stride)[w];
+      vreg[k] = reinterpret_cast<const uint4*>(v_cache + base + c * row_stride)[w];
+    }
+  }
+  constexpr int Q_ITERS = TR * D / kThreads;
+  float qreg[Q_ITERS];
+#pragma unroll
+  for (int k = 0; k < Q_ITERS; ++k) {
+    const int i = threadIdx.x + k * kThreads;
+    const int r = r0 + i / D, d = i % D;
+    const int t = r / G, g = r % G;
+    qreg[k] = i < nr * D ? to_f(q[((b * T_ + t) * H + hkv * G + g) * D + d]) * qscale : 0.f;
+  }
+#pragma unroll
+  for (int k = 0; k < KV_ITERS; ++k) {
+    const int i = threadIdx.x + k * kThreads;
+    const int c = i / PPR, w = i % PPR;
+    uint32_t* kd = reinterpret_cast<uint32_t*>(ks + c * KS) + w * 4;
+    uint32_t* vd = reinterpret_cast<uint32_t*>(vs + c * KS) + w * 4;
+    if constexpr (sizeof(T) == 4) {  // rows of an odd number of words: 4-byte aligned only
+      kd = reinterpret_cast<uint32_t*>(ks) + c * KS + w * 4;
+      vd = reinterpret_cast<uint32_t*>(vs) + c * KS + w * 4;
+    }
+    kd[0] = kreg[k].x, kd[1] = kreg[k].y, kd[2] = kreg[k].z, kd[3] = kreg[k].w;
+    vd[0] = vreg[k].x, vd[1] = vreg[k].y, vd[2] = vreg[k].z, vd[3] = vreg[k].w;
+  }
+#pragma unroll
+  for (int k = 0; k < Q_ITERS; ++k) qs[threadIdx.x + k * kThreads] = qreg[k];
+  __syncthreads();
+
+  // Each warp takes RPW query rows at a time: every key/value element read from shared memory
+  // serves RPW rows, and the rows' arithmetic chains are independent (latency, not work, bounds
+  // a block this small).
+  float* pw = ps + warp * RPW * S;  // this warp's probabilities [RPW][S]
+  for (int i0 = warp * RPW; i0 < nr; i0 += kWarps * RPW) {
+    const uint8_t* mrow[RPW];
+    bool valid[RPW];
+#pragma unroll
+    for (int rr = 0; rr < RPW; ++rr) {
+      valid[rr] = i0 + rr < nr;
+      mrow[rr] = ms + (valid[rr] ? (r0 + i0 + rr) / G - t_lo : 0) * S;
+    }
+    // Scores: lane handles keys lane + 32 kk.
+    float sc[RPW][Sh::KPL];
+#pragma unroll
+    for (int kk = 0; kk < Sh::KPL; ++kk) {
+      const int j = lane + 32 * kk;
+      const T* krow = ks + j * KS;
+      float a[RPW];
+#pragma unroll
+      for (int rr = 0; rr < RPW; ++rr) a[rr] = 0.f;
+#pragma unroll 8
+      for (int d = 0; d < D; d += 2) {
+        const float2 kv = load2(krow + d);
+#pragma unroll
+        for (int rr = 0; rr < RPW; ++rr) {
+          const float2 qv = *reinterpret_cast<const float2*>(qs + (i0 + rr) * D + d);
+          a[rr] = fmaf(qv.x, kv.x, a[rr]);
+          a[rr] = fmaf(qv.y, kv.y, a[rr]);
+        }
+      }
+#pragma unroll
+      for (int rr = 0; rr < RPW; ++rr) sc[rr][kk] = (valid[rr] && mrow[rr][j]) ? a[rr] : -INFINITY;
+    }
+    float mx[RPW], l[RPW];
+#pragma unroll
+    for (int rr = 0; rr < RPW; ++rr) {
+      float m = -INFINITY;
+#pragma unroll
+      for (int kk = 0; kk < Sh::KPL; ++kk) m = fmaxf(m, sc[rr][kk]);
+      mx[rr] = warp_max(m);
+      float sum = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < Sh::KPL; ++kk) {
+        const float p = mx[rr] == -INFINITY ? 0.f : exp2f(sc[rr][kk] - mx[rr]);  // exp2(-inf) = 0: masked
+        pw[rr * S + lane + 32 * kk] = p;
+        sum += p;
+      }
+      l[rr] = warp_sum(sum);
+    }
+    __syncwarp();
+    // Values: lane owns output dims lane_dim(lane, k). A key whose probability is 0 (masked) is
+    // skipped rather than multiplied, so a NaN in a masked row stays out.
+    float acc[RPW][Sh::DPL];
+#pragma unroll
+    for (int rr = 0; rr < RPW; ++rr)
+#pragma unroll
+      for (int k = 0; k < Sh::DPL; ++k) acc[rr][k] = 0.f;
+#pragma unroll 4
+    for (int j = 0; j < S; ++j) {
+      const T* vrow = vs + j * KS;
+      float2 vv[Sh::DPL / 2];
+#pragma unroll
+      for (int k = 0; k < Sh::DPL; k += 2) vv[k / 2] = load2(vrow + lane_dim<D>(lane, k));
+#pragma unroll
+      for (int rr = 0; rr < RPW; ++rr) {
+        const float pj = pw[rr * S + j];
+#pragma unroll
+        for (int k = 0; k < Sh::DPL; k += 2) {
+          acc[rr][k] = pj != 0.f ? fmaf(pj, vv[k / 2].x, acc[rr][k]) : acc[rr][k];
+          acc[rr][k + 1] = pj != 0.f ? fmaf(pj, vv[k / 2].y, acc[rr][k + 1]) : acc[rr][k + 1];
+        }
+      }
+    }
+    __syncwarp();  // pw is rewritten by the next rows
+#pragma unroll
+    for (int rr = 0; rr < RPW; ++rr) {
+      if (!valid[rr]) continue;
+      float* out = partial(r0 + i0 + rr);
+      if (mx[rr] == -INFINITY) {  // this row sees nothing in the span
+        if (lane == 0) out[D] = -INFINITY;
+        continue;
+      }
+#pragma unroll
+      for (int k = 0; k < Sh::DPL; ++k) out[lane_dim<D>(lane, k)] = acc[rr][k];
+      if (lane == 0) {
+        out[D] = mx[rr];
+        out[D + 1] = l[rr];
+      }
+    }
+  }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kWarps * 32)
+    attn_combine_kernel(const float* __restrict__ part, T* __restrict__ out, int64_t nrows, int nsplit) {
+  constexpr int DPL = D / 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= nrows) return;
+  const float* p = part + row * nsplit * (D + 2);
+  float M = -INFINITY;
+  for (int s = lane; s < nsplit; s += 32) M = fmaxf(M, p[s * (D + 2) + D]);
+  M = warp_max(M);
+  float acc[DPL];
+#pragma unroll
+  for (int k = 0; k < DPL; ++k) acc[k] = 0.f;
+  float l = 0.f;
+  if (M != -INFINITY) {
+    for (int s = 0; s < nsplit; ++s) {
+      const float* ps = p + s * (D + 2);
+      const float m = ps[D];
+      if (m == -INFINITY) continue;  // an empty partial: its other fields were never written
+      const float w = exp2f(m - M);
+      l = fmaf(w, ps[D + 1], l);
+#pragma unroll
+      for (int k = 0; k < DPL; ++k) acc[k] = fmaf(w, ps[lane_dim<D>(lane, k)], acc[k]);
+    }
+  }
+  const float inv = l > 0.f ? 1.f / l : 0.f;  // a row that sees nothing gets zeros
+  T* o = out + row * D;
+#pragma unroll
+  for (int k = 0; k < DPL; ++k) o[lane_dim<D>(lane, k)] = from_f<T>(acc[k] * inv);
+}
+
+// dtype codes shared with verifier/kernels/ops.py
+enum Dtype { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+template <typename T>
+int launch_rope_store(const void* qkv, const int64_t* positions, const void* cos, const void* sin,
+                      const int64_t* rows, void* q_out, void* k_cache, void* v_cache, int n, int H,
+                      int Hkv, int D, cudaStream_t stream) {
+  rope_store_kernel<T><<<n, 256, 0, stream>>>(
+      static_cast<const T*>(qkv), positions, static_cast<const T*>(cos), static_cast<const T*>(sin), rows,
+      static_cast<T*>(q_out), static_cast<T*>(k_cache), static_cast<T*>(v_cache), H, Hkv, D);
+  NGK_CHECK_LAUNCH();
+  return 0;
+}
+
+template <typename T, int D>
+int launch_attention(const void* q, const void* k_cache, const void* v_cache, const int64_t* slots,
+                     int64_t max_len, const uint8_t* mask, float* part, void* out, int bs, int T_, int H,
+                     int Hkv, int L, float scale, cudaStream_t stream) {
+  using Sh = Shape<T, D>;
+  const int nsplit = (L + Sh::S - 1) / Sh::S;
+  const int tiles = (H / Hkv * T_ + Sh::TR - 1) / Sh::TR;
+  NGK_REQUIRE(static_cast<int64_t>(Hkv) * tiles <= 65535);
+  const dim3 grid(nsplit, Hkv * tiles, bs);
+  const float qscale = scale * 1.4426950408889634f;  // scores in log2 units: exp2 in the kernels
+  attn_split_kernel<T, D><<<grid, kWarps * 32, 0, stream>>>(
+      static_cast<const T*>(q), static_cast<const T*>(k_cache), static_cast<const T*>(v_cache), slots, max_len,
+      mask, part, T_, H, Hkv, L, nsplit, qscale);
+  NGK_CHECK_LAUNCH();
+  const int64_t nrows = static_cast<int64_t>(bs) * T_ * H;
+  attn_combine_kernel<T, D><<<static_cast<unsigned>((nrows + kWarps - 1) / kWarps), kWarps * 32, 0, stream>>>(
+      part, static_cast<T*>(out), nrows, nsplit);
+  NGK_CHECK_LAUNCH();
+  return 0;
+}
+
+template <int D>
+int dispatch_attention(int dtype, const void* q, const void* k_cache, const void* v_cache, const int64_t* slots,
+                       int64_t max_len, const uint8_t* mask, float* part, void* out, int bs, int T_, int H,
+                       int Hkv, int L, float scale, cudaStream_t stream) {
+  switch (dtype) {
+    case kF32:
+      return launch_attention<float, D>(q, k_cache, v_cache, slots, max_len, mask, part, out, bs, T_, H, Hkv, L,
+                                        scale, stream);
+    case kF16:
+      return launch_attention<__half, D>(q, k_cache, v_cache, slots, max_len, mask, part, out, bs, T_, H, Hkv, L,
+                                         scale, stream);
+    case kBF16:
+      return launch_attention<__nv_bfloat16, D>(q, k_cache, v_cache, slots, max_len, mask, part, out, bs, T_, H,
+                                                Hkv, L, scale, stream);
+  }
+  return ngk::record_arg_error(__FILE__, __LINE__, "dtype must be 0 (float32), 1 (float16) or 2 (bfloat16)");
+}
+
+}  // namespace
+
+extern "C" int ngk_rope_store_kv(int dtype, const void* qkv, const int64_t* positions, const void* cos,
+                                 const void* sin, const int64_t* rows, void* q_out, void* k_cache, void* v_cache,
+                                 int num_tokens, int num_heads, int num_kv_heads, int head_dim,
+                                 cudaStream_t stream) {
+  NGK_REQUIRE(num_tokens >= 0 && num_heads >= 1 && num_kv_heads >= 1);
+  NGK_REQUIRE(head_dim >= 2 && head_dim % 2 == 0);
+  if (num_tokens == 0) return 0;
+  switch (dtype) {
+    case kF32:
+      return launch_rope_store<float>(qkv, positions, cos, sin, rows, q_out, k_cache, v_cache, num_tokens,
+                                      num_heads, num_kv_heads, head_dim, stream);
+    case kF16:
+      return launch_rope_store<__half>(qkv, positions, cos, sin, rows, q_out, k_cache, v_cache, num_tokens,
+                                       num_heads, num_kv_heads, head_dim, stream);
+    case kBF16:
+      return launch_rope_store<__nv_bfloat16>(qkv, positions, cos, sin, rows, q_out, k_cache, v_cache,
+                                              num_tokens, num_heads, num_kv_heads, head_dim, stream);
+  }
+  return ngk::record_arg_error(__FILE__, __LINE__, "dtype must be 0 (float32), 1 (float16) or 2 (bfloat16)");
+}
+
+// Splits of S cache rows (S = 64 for head_dim 64, 32 for 128): ``partials`` holds
+// bs * T * num_heads * ceil(kv_len / S) * (head_dim + 2) floats (verifier/kernels/ops.py sizes it).
+extern "C" int ngk_decode_attention(int dtype, const void* q, const void* k_cache, const void* v_cache,
+                                    const int64_t* slots, int64_t max_len, const void* mask, float* partials,
+                                    void* out, int batch_size, int num_tokens, int num_heads, int num_kv_heads,
+                                    int head_dim, int kv_len, float scale, cudaStream_t stream) {
+  NGK_REQUIRE(num_tokens >= 1 && num_tokens <= kMaxT);
+  NGK_REQUIRE(num_kv_heads >= 1 && num_heads % num_kv_heads == 0);
+  NGK_REQUIRE(head_dim == 64 || head_dim == 128);
+  NGK_REQUIRE(kv_len >= 1 && kv_len <= max_len);
+  NGK_REQUIRE(batch_size >= 0 && batch_size <= 65535);
+  if (batch_size == 0) return 0;
+  const auto* m = static_cast<const uint8_t*>(mask);
+  if (head_dim == 64) {
+    return dispatch_attention<64>(dtype, q, k_cache, v_cache, slots, max_len, m, partials, out, batch_size,
+                                  num_tokens, num_heads, num_kv_heads, kv_len, scale, stream);
+  }
+  return dispatch_attention<128>(dtype, q, k_cache, v_cache, slots, max_len, m, partials, out, batch_size,
+                                 num_tokens, num_heads, num_kv_heads, kv_len, scale, stream);
+}
