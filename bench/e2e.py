@@ -148,7 +148,7 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
 
     server, target = None, None
     tmp = tempfile.TemporaryDirectory()
-    if "remote" in args.corpus:
+    if any(m.startswith("remote") for m in args.corpus):
         try:
             server, target = start_server(tmp.name)
             res["remote_server"] = target
@@ -166,15 +166,16 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
             row["plain"] = {k: v for k, v in base.items() if k != "outputs"}
             del plain
             for mode in args.corpus:
-                if mode == "remote" and target is None:
+                remote = mode.startswith("remote")
+                if remote and target is None:
                     continue
-                if mode == "remote":  # a fresh corpus per run, like the local mode's
+                if remote:  # a fresh corpus per run, like the local mode's
                     from corpus_service.client import CorpusClient
 
                     with CorpusClient(target) as c:
                         c.reset()
-                drafter = Drafter("local" if mode == "local" else target, vocab_size=V,
-                                  draft_timeout_s=args.draft_timeout)
+                drafter = Drafter(target if remote else "local", vocab_size=V, draft_timeout_s=args.draft_timeout,
+                                  remote_drafts="sync" if mode == "remote_sync" else "pipelined")
                 spec = Engine(lm.model, lm.codec, drafter,
                               EngineConfig(max_batch=B, max_len=max_len, budget=budget, max_budget=args.max_budget,
                                            cost_probe_s=args.cost_probe_s, cuda_graphs=not args.eager, compile=not args.eager))
@@ -191,8 +192,9 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
                     row[mode]["cost_model_ms"] = {int(t): round(s * 1e3, 3) for t, s in zip(c.tokens, c.seconds)}
                 drafter.close()
                 del spec
-            if "local" in row and "remote" in row:
-                row["remote_vs_local"] = ratio(row["remote"]["tok_s"], row["local"]["tok_s"])
+            for m in ("remote", "remote_sync"):
+                if "local" in row and m in row:
+                    row[f"{m}_vs_local"] = ratio(row[m]["tok_s"], row["local"]["tok_s"])
             res["batches"][str(B)] = row
             print(f"smollm2 batch {B}: " + json.dumps({m: {k: row[m][k] for k in ("tok_s", "mat", "speedup", "identical")
                                                           if k in row[m]} for m in row if isinstance(row[m], dict)}),
@@ -345,14 +347,15 @@ def summarize(smol: dict | None, big: dict | None, structured: dict | None = Non
         b = smol["batches"]
         for B, row in b.items():
             s[f"smol_b{B}_plain_tok_s"] = row["plain"]["tok_s"]
-            for mode in ("local", "remote"):
+            for mode in ("local", "remote", "remote_sync"):
                 if mode in row:
                     s[f"smol_b{B}_{mode}_tok_s"] = row[mode]["tok_s"]
                     s[f"smol_b{B}_{mode}_x"] = row[mode]["speedup"]
                     s[f"smol_b{B}_{mode}_mat"] = row[mode]["mat"]
                     s[f"smol_b{B}_{mode}_identical"] = row[mode]["identical"]
-            if "remote_vs_local" in row:
-                s[f"smol_b{B}_remote_vs_local"] = row["remote_vs_local"]
+            for m in ("remote", "remote_sync"):
+                if f"{m}_vs_local" in row:
+                    s[f"smol_b{B}_{m}_vs_local"] = row[f"{m}_vs_local"]
         if "remote_error" in smol:
             s["remote"] = "skipped: " + smol["remote_error"][-160:]
     if big:
@@ -374,11 +377,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", type=parse_ints, default=[1, 8, 64])
     p.add_argument("--min-prompts", type=int, default=8, help="prompts per batch size: max(batch, this)")
     p.add_argument("--max-new", type=int, default=64)
-    p.add_argument("--corpus", default="local,remote", help="speculative modes: local, remote (comma-separated)")
+    p.add_argument("--corpus", default="local,remote,remote_sync",
+                   help="speculative modes (comma-separated): local (in process), remote (the corpus service, "
+                        "pipelined drafts), remote_sync (waiting for its drafts every step)")
     p.add_argument("--budget", default="auto", help="draft nodes per request, or 'auto' (cost model + acceptance)")
     p.add_argument("--max-budget", type=int, default=15)
     p.add_argument("--cost-probe-s", type=float, default=3.0)
-    p.add_argument("--draft-timeout", type=float, default=0.05, help="remote drafts: seconds waited per step")
+    p.add_argument("--draft-timeout", type=float, default=0.05, help="remote_sync drafts: seconds waited per step")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs (eager forwards, as before them)")
     p.add_argument("--skip-smol", action="store_true")
     p.add_argument("--skip-8b", action="store_true")
@@ -397,8 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "e2e.json"))
     args = p.parse_args(argv)
     args.corpus = [c.strip() for c in args.corpus.split(",") if c.strip()]
-    if any(c not in ("local", "remote") for c in args.corpus):
-        p.error(f"--corpus: expected local and/or remote, got {args.corpus}")
+    if any(c not in ("local", "remote", "remote_sync") for c in args.corpus):
+        p.error(f"--corpus: expected local, remote and/or remote_sync, got {args.corpus}")
     if args.budget != "auto" and not args.budget.isdigit():
         p.error("--budget: expected 'auto' or an int")
 

@@ -47,6 +47,26 @@ class DraftBatch:
         return self.tokens[i, :n].tolist(), self.parents[i, :n].tolist(), self.probs[i, :n].tolist()
 
 
+def merge_with_earlier(fresh: DraftBatch, earlier: DraftBatch, since: Sequence[Sequence[int]], budget: int) -> DraftBatch:
+    """Row i: ``fresh``'s tree united with ``earlier``'s (drafted for the same request from an
+    older context) re-rooted along ``since[i]``, the tokens committed after it was drafted; the
+    ``budget`` most probable nodes (csrc/tree_merge.h). A row of ``earlier`` with count 0, or whose
+    tree does not contain the path ``since[i]``, leaves the fresh tree alone."""
+    budget = _check_budget(budget)
+    if len(fresh) != len(earlier) or len(since) != len(fresh):
+        raise ValueError(f"merge_with_earlier: {len(fresh)} fresh trees, {len(earlier)} earlier, {len(since)} since")
+    lengths = np.fromiter((len(s) for s in since), dtype=np.int64, count=len(since))
+    offsets = np.zeros(len(since) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.fromiter((t for s in since for t in s), dtype=np.int32, count=int(offsets[-1]))
+    c = np.ascontiguousarray
+    out = _native.merge_with_earlier(c(fresh.tokens, np.int32), c(fresh.parents, np.int32), c(fresh.probs, np.float32),
+                                     c(fresh.counts, np.int32), c(earlier.tokens, np.int32),
+                                     c(earlier.parents, np.int32), c(earlier.probs, np.float32),
+                                     c(earlier.counts, np.int32), flat, offsets, budget)
+    return DraftBatch(*out)
+
+
 def _check_budget(budget: Any) -> int:
     if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or not 1 <= budget <= MAX_BUDGET:
         raise ValueError(f"budget: expected an int in [1, {MAX_BUDGET}], got {budget!r}")

@@ -10,6 +10,7 @@ import socket
 import typing
 from dataclasses import MISSING, dataclass, field, fields
 
+from .drafter import REMOTE_DRAFT_MODES
 from .engine import EngineConfig
 
 ENV_PREFIX = "NGRAM_VERIFIER_"
@@ -37,7 +38,10 @@ class VerifierConfig:
     max_len: int = 2048
     budget: str = "auto"  # draft nodes per request: "auto" (cost model + acceptance) or an int
     max_budget: int = 15
-    draft_timeout_s: float = 0.05  # longest wait for a remote draft before drafting in process
+    # Remote corpus: "pipelined" (merge its tree asked one step ahead; never wait) or "sync" (wait
+    # up to draft_timeout_s for a fresh tree every step). verifier/drafter.py says more.
+    remote_drafts: str = "pipelined"
+    draft_timeout_s: float = 0.05  # sync remote drafts: longest wait before drafting in process
     corpus_timeout_s: float = 1.0  # the corpus client's deadline (retries included), in the background
     cost_probe_s: float = 10.0
     cuda_graphs: bool = True  # replay decode/verify steps as CUDA graphs (cuda only)
@@ -59,6 +63,8 @@ class VerifierConfig:
                 int(self.budget)
             except ValueError:
                 raise ValueError(f"budget: expected 'auto' or an int, got {self.budget!r}") from None
+        if self.remote_drafts not in REMOTE_DRAFT_MODES:
+            raise ValueError(f"remote_drafts: expected one of {', '.join(REMOTE_DRAFT_MODES)}, got {self.remote_drafts!r}")
         if not self.draft_timeout_s > 0 or not self.corpus_timeout_s > 0:
             raise ValueError("draft_timeout_s and corpus_timeout_s must be > 0")
         if not _is_loopback(self.host) and not self.api_key:

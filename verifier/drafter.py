@@ -1,13 +1,23 @@
 """Draft trees from the corpus, with a fallback that keeps the verifier serving.
 
 ``local``: an in-process ``NgramCorpus``. Remote: a ``CorpusClient`` driven by one worker thread
-(every call, in order, so buffered start/extend/finish stay consistent) while the engine waits at
-most ``draft_timeout_s`` for a draft. When the corpus is down (``CorpusUnavailable``: the
-client's circuit breaker answers in microseconds), errs, or is slow, the step drafts from an
-in-process fallback corpus that mirrors this verifier's requests (prompt lookup plus what this
-verifier generated). A call still in flight keeps running in the background (the client retries
-and, once the server is back, replays every live request on a new session); until it returns, the
-engine does not wait on the remote corpus at all. No corpus failure ever fails a request.
+(every call, in order, so buffered start/extend/finish stay consistent), plus an in-process
+corpus that mirrors this verifier's requests (prompt lookup plus what this verifier generated).
+
+Remote drafting, ``pipelined`` (the default): a step never waits for the network. It drafts from
+the in-process mirror, fresh, and merges the remote corpus' tree that was asked for one step
+earlier (deeper than a step's budget), re-rooted along the tokens committed since
+(``corpus_service.engine.merge_with_earlier``); then it asks the remote corpus for the next step's
+tree, which is drafted while the GPU verifies this step. What the shared corpus knows beyond this
+verifier (other replicas' outputs, external corpora) arrives one step late; this verifier's own
+requests are always fresh. ``sync``: every step waits up to ``draft_timeout_s`` for the remote
+tree (fresh, but a network round trip per step; docs/benchmarks.md compares the two).
+
+When the corpus is down (``CorpusUnavailable``: the client's circuit breaker answers in
+microseconds), errs, or is slow, steps draft from the mirror alone. A call still in flight keeps
+running in the background (the client retries and, once the server is back, replays every live
+request on a new session); until it returns, the engine does not wait on the remote corpus at all.
+No corpus failure ever fails a request.
 """
 
 from __future__ import annotations
@@ -20,16 +30,23 @@ from dataclasses import dataclass
 import numpy as np
 
 from corpus_service import NgramCorpus
-from corpus_service.engine import DraftBatch
+from corpus_service.config import MAX_BUDGET
+from corpus_service.engine import DraftBatch, merge_with_earlier
 
 log = logging.getLogger(__name__)
 
 
+REMOTE_DRAFT_MODES = ("pipelined", "sync")
+# Pipelined remote trees are asked this many times deeper than a step's budget: a step that
+# accepts a path still finds tree below it.
+AHEAD_DEPTH_FACTOR = 2
+
+
 @dataclass
 class DraftStats:
-    remote_steps: int = 0  # steps drafted by the remote corpus
-    fallback_steps: int = 0  # steps drafted in process because the remote one failed or was slow
-    local_steps: int = 0  # steps drafted by the in-process corpus (--corpus local)
+    remote_steps: int = 0  # steps drafted with the remote corpus' tree (pipelined: merged, one step late)
+    fallback_steps: int = 0  # steps drafted in process alone: the remote tree failed, or was not back yet
+    local_steps: int = 0  # steps drafted by the in-process corpus (--corpus local; pipelined: the first step)
     remote_errors: int = 0
     last_error: str = ""
 
@@ -37,12 +54,21 @@ class DraftStats:
 class Drafter:
     def __init__(self, corpus: str | NgramCorpus = "local", *, namespace: str = "default",
                  draft_timeout_s: float = 0.05, client_timeout_s: float = 1.0, vocab_size: int = 0,
-                 breaker_cooldown_s: float = 0.5, token: str | None = None, tls: str | None = None) -> None:
+                 breaker_cooldown_s: float = 0.5, token: str | None = None, tls: str | None = None,
+                 remote_drafts: str = "pipelined") -> None:
         # A short cool-down: a trial against a dead corpus runs on the client thread and fails fast
         # (the channel is in backoff), while a long one would delay resuming speculation after a restart
         # (docs/reliability.md promises 2 s; the channel's reconnect backoff is at most 1 s).
         if not draft_timeout_s > 0:
             raise ValueError(f"draft_timeout_s: expected > 0, got {draft_timeout_s}")
+        if remote_drafts not in REMOTE_DRAFT_MODES:
+            raise ValueError(f"remote_drafts: expected one of {', '.join(REMOTE_DRAFT_MODES)}, got {remote_drafts!r}")
+        self.pipelined = remote_drafts == "pipelined"
+        # Pipelined: the remote call for the next step's trees (future, request ids), and per
+        # request the tokens committed since that call was queued (its re-rooting path).
+        self._ahead: tuple[Future, list[str]] | None = None
+        self._since: dict[str, list[int]] = {}
+        self._ahead_cap = MAX_BUDGET  # lowered if the corpus refuses deep trees
         self.stats = DraftStats()
         self.draft_timeout_s = draft_timeout_s
         self._client = None
@@ -77,6 +103,8 @@ class Drafter:
     def extend(self, req_id: str, tokens: list[int]) -> None:
         if tokens:
             self.local.extend(req_id, tokens)
+            if req_id in self._since:
+                self._since[req_id].extend(tokens)
             self._remote_call(self._client.extend if self._client else None, req_id, tokens)
 
     def extend_many(self, items: list[tuple[str, list[int]]]) -> None:
@@ -87,6 +115,10 @@ class Drafter:
         ids = [r for r, _ in items]
         flat = np.fromiter((tok for _, t in items for tok in t), dtype=np.int32)
         self.local.extend_batch(ids, flat, np.fromiter((len(t) for _, t in items), dtype=np.int64, count=len(items)))
+        if self._since:
+            for r, t in items:
+                if r in self._since:
+                    self._since[r].extend(t)
         if self._client is not None:
             self._remote_call(self._extend_remote, items)
 
@@ -95,6 +127,7 @@ class Drafter:
             self._client.extend(req_id, tokens)
 
     def finish(self, req_id: str) -> None:
+        self._since.pop(req_id, None)
         if self.local.has_request(req_id):
             self.local.finish(req_id)
         self._remote_call(self._client.finish if self._client else None, req_id)
@@ -103,6 +136,11 @@ class Drafter:
         if self._client is None:
             self.stats.local_steps += 1
             return self.local.draft(req_ids, budget)
+        if self.pipelined:
+            fresh = self.local.draft(req_ids, budget)
+            merged = self._merge_ahead(req_ids, fresh, budget)
+            self._ask_ahead(req_ids, budget)
+            return merged
         batch = self._remote_draft(req_ids, budget)
         if batch is not None:
             self.stats.remote_steps += 1
@@ -138,6 +176,53 @@ class Drafter:
         if msg != self.stats.last_error:
             log.warning("corpus %s: %s (drafting in process meanwhile)", self.target, msg)
         self.stats.last_error = msg
+
+    def _ask_ahead(self, req_ids: list[str], budget: int) -> None:
+        """Queues the remote draft of the next step's trees (after every queued extend, so it sees
+        this verifier's context as of now), unless the previous one is still out."""
+        if self._ahead is not None:
+            return
+        ids = list(req_ids)
+        deep = max(budget, min(self._ahead_cap, AHEAD_DEPTH_FACTOR * budget))
+        self._ahead = (self._pool.submit(self._guarded, self._draft_ahead, ids, deep, budget), ids)
+        self._since = {r: [] for r in ids}
+
+    def _draft_ahead(self, ids: list[str], deep: int, budget: int) -> DraftBatch:
+        from corpus_service.errors import CorpusError
+
+        try:
+            return self._client.draft(ids, deep)
+        except (CorpusError, ValueError) as e:
+            if deep <= budget or "budget" not in str(e):
+                raise
+            # This corpus serves smaller trees (its --max-budget): a step's budget from now on.
+            log.info("corpus %s: %s; pipelined drafts ask for %d nodes from now on", self.target, e, budget)
+            self._ahead_cap = budget
+            return self._client.draft(ids, budget)
+
+    def _merge_ahead(self, req_ids: list[str], fresh: DraftBatch, budget: int) -> DraftBatch:
+        if self._ahead is None:  # nothing asked yet (the first step)
+            self.stats.local_steps += 1
+            return fresh
+        if not self._ahead[0].done():
+            self.stats.fallback_steps += 1
+            return fresh
+        fut, ids = self._ahead
+        self._ahead = None
+        earlier = fut.result()  # _guarded: None after an error (already counted)
+        if earlier is None or len(earlier) != len(ids):
+            self.stats.fallback_steps += 1
+            return fresh
+        if ids != list(req_ids):  # the batch changed: align rows by request, empty where absent
+            row = {r: i for i, r in enumerate(ids)}
+            idx = np.array([row.get(r, -1) for r in req_ids], dtype=np.int64)
+            have = idx >= 0
+            pick = np.where(have, idx, 0)
+            earlier = DraftBatch(earlier.tokens[pick], earlier.parents[pick], earlier.probs[pick],
+                                 np.where(have, earlier.counts[pick], 0).astype(np.int32))
+        since = [self._since.get(r, ()) for r in req_ids]
+        self.stats.remote_steps += 1
+        return merge_with_earlier(fresh, earlier, since, budget)
 
     def _remote_draft(self, req_ids: list[str], budget: int) -> DraftBatch | None:
         if self._inflight is not None and not self._inflight.done():

@@ -38,7 +38,8 @@ def build_verifier(cfg: VerifierConfig) -> Verifier:
     if cfg.corpus != "none":
         drafter = Drafter(cfg.corpus, namespace=cfg.corpus_namespace, draft_timeout_s=cfg.draft_timeout_s,
                           client_timeout_s=cfg.corpus_timeout_s, vocab_size=lm.model.config.vocab_size,
-                          token=cfg.corpus_token or None, tls=cfg.corpus_tls_ca or None)
+                          token=cfg.corpus_token or None, tls=cfg.corpus_tls_ca or None,
+                          remote_drafts=cfg.remote_drafts)
     if cfg.external_corpus:  # before the engine exists: no request drafts from a half-loaded corpus
         load_external_corpora(drafter.local, cfg.external_corpus, lm.codec.tokenizer)
     engine = Engine(lm.model, lm.codec, drafter, cfg.engine_config())

@@ -6,6 +6,7 @@
 #include "corpus.h"
 #include "errors.h"
 #include "pyconvert.h"
+#include "tree_merge.h"
 
 namespace py = pybind11;
 using namespace ngc;
@@ -26,6 +27,58 @@ PYBIND11_MODULE(_native, m) {
       .value("SCORE", DraftMode::kScore)
       .value("PROB", DraftMode::kProb)
       .value("BFS", DraftMode::kBfs);
+
+  m.def(
+      "merge_with_earlier",
+      [](py::array_t<int32_t, py::array::c_style> f_tokens, py::array_t<int32_t, py::array::c_style> f_parents,
+         py::array_t<float, py::array::c_style> f_probs, py::array_t<int32_t, py::array::c_style> f_counts,
+         py::array_t<int32_t, py::array::c_style> e_tokens, py::array_t<int32_t, py::array::c_style> e_parents,
+         py::array_t<float, py::array::c_style> e_probs, py::array_t<int32_t, py::array::c_style> e_counts,
+         py::array_t<int32_t, py::array::c_style> since, py::array_t<int64_t, py::array::c_style> since_offsets,
+         int budget) {
+        if (f_tokens.ndim() != 2 || e_tokens.ndim() != 2) throw py::value_error("trees: expected [n, width] arrays");
+        const auto n = f_tokens.shape(0);
+        const auto wf = f_tokens.shape(1), we = e_tokens.shape(1);
+        auto same = [](const py::array& a, py::ssize_t r, py::ssize_t c) {
+          return a.ndim() == 2 && a.shape(0) == r && a.shape(1) == c;
+        };
+        if (!same(f_parents, n, wf) || !same(f_probs, n, wf) || f_counts.size() != n || !same(e_tokens, n, we) ||
+            !same(e_parents, n, we) || !same(e_probs, n, we) || e_counts.size() != n)
+          throw py::value_error("trees: tokens, parents and probs must have one shape and counts one entry per row");
+        if (since_offsets.size() != n + 1) throw py::value_error("since_offsets: expected n + 1 entries");
+        if (budget < 1) throw py::value_error("budget: expected >= 1");
+        const int32_t* fc = f_counts.data();
+        const int32_t* ec = e_counts.data();
+        const int64_t* off = since_offsets.data();
+        for (py::ssize_t i = 0; i < n; ++i) {
+          if (fc[i] < 0 || fc[i] > wf || ec[i] < 0 || ec[i] > we)
+            throw py::value_error("counts: expected 0 <= count <= width");
+          if (off[i] < 0 || off[i] > off[i + 1] || off[i + 1] > since.size())
+            throw py::value_error("since_offsets: expected non-decreasing offsets within since");
+        }
+        std::vector<int32_t> tokens(static_cast<size_t>(n * budget), -1), parents(tokens.size(), -1);
+        std::vector<float> probs(tokens.size(), 0.f);
+        std::vector<int32_t> counts(static_cast<size_t>(n), 0);
+        {
+          py::gil_scoped_release nogil;
+          std::vector<int32_t> t, p;
+          std::vector<float> q;
+          for (py::ssize_t i = 0; i < n; ++i) {
+            t.clear(), p.clear(), q.clear();
+            const TreeView fresh{f_tokens.data() + i * wf, f_parents.data() + i * wf, f_probs.data() + i * wf, fc[i]};
+            const TreeView earlier{e_tokens.data() + i * we, e_parents.data() + i * we, e_probs.data() + i * we, ec[i]};
+            const int k = merge_with_earlier(fresh, earlier, since.data() + off[i], static_cast<int>(off[i + 1] - off[i]),
+                                             budget, t, p, q);
+            std::copy(t.begin(), t.end(), tokens.begin() + i * budget);
+            std::copy(p.begin(), p.end(), parents.begin() + i * budget);
+            std::copy(q.begin(), q.end(), probs.begin() + i * budget);
+            counts[static_cast<size_t>(i)] = k;
+          }
+        }
+        return py::make_tuple(to_array(std::move(tokens), {n, budget}), to_array(std::move(parents), {n, budget}),
+                              to_array(std::move(probs), {n, budget}), to_array(std::move(counts), {n}));
+      },
+      "Per row: the fresh tree united with the earlier tree re-rooted along `since` (tree_merge.h).");
 
   py::class_<ScoreParams>(m, "ScoreParams")
       .def(py::init<>())

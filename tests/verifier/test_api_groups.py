@@ -65,7 +65,7 @@ def test_a_single_sample_starts_no_group(served):
 def test_remote_drafter_passes_the_group_to_the_corpus_service(corpus_server):
     # Through the real gRPC client: the remote corpus drafts b from its sibling a's tokens, and the
     # in-process fallback mirrors the group too.
-    drafter = Drafter(corpus_server.target, draft_timeout_s=5.0, client_timeout_s=5.0)
+    drafter = Drafter(corpus_server.target, draft_timeout_s=5.0, client_timeout_s=5.0, remote_drafts="sync")
     try:
         prompt = [5, 17, 9, 33, 2, 41, 8]
         for rid in ("a", "b"):

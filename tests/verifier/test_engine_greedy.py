@@ -50,8 +50,10 @@ def test_graph_path_is_lossless(smollm2, prompts, plain_outputs):
     assert eng.stats.accepted_tokens > 0 and eng.stats.spec_steps > 0
 
 
-def test_remote_corpus_is_lossless(smollm2, prompts, plain_outputs, corpus_server):
-    drafter = Drafter(corpus_server.target, vocab_size=smollm2.model.config.vocab_size, draft_timeout_s=2.0)
+@pytest.mark.parametrize("mode", ["pipelined", "sync"])
+def test_remote_corpus_is_lossless(smollm2, prompts, plain_outputs, corpus_server, mode):
+    drafter = Drafter(corpus_server.target, vocab_size=smollm2.model.config.vocab_size, draft_timeout_s=2.0,
+                      client_timeout_s=5.0, remote_drafts=mode)
     try:
         check_lossless(engine(smollm2, drafter), prompts, plain_outputs)
         assert drafter.stats.remote_steps > 0 and drafter.stats.fallback_steps == 0

@@ -41,12 +41,6 @@ class ForwardBatch:
     slot_range: tuple[int, int] | None = None
 
 
-# Above this many query tokens per step (batch x tree nodes), SDPA's tensor-core kernel over gathered
-# K/V beats the native kernel's CUDA-core arithmetic (H200, SmolLM2-135M, bench/step_profile.py:
-# native 0.76-0.92x of torch's step time up to batch 8 x 16 nodes, 1.07x at 64 x 16).
-NATIVE_ATTENTION_MAX_ROWS = 512
-
-
 @dataclass
 class _Step:
     """What every layer of one forward shares: computed once per forward."""
@@ -193,14 +187,19 @@ class Transformer(nn.Module):
     def _step_context(self, input_ids: Tensor, cache: KVCache, fb: ForwardBatch) -> "_Step":
         cos_all, sin_all = self.rope(cache.max_len)
         flat_rows = cache.flat_rows(fb.slots, fb.write_rows).view(-1)
-        (bs, T), cfg = input_ids.shape, self.config
+        T, cfg = input_ids.shape[1], self.config
         native = self.native_kernels and input_ids.is_cuda and cfg.head_dim % 2 == 0 and kernels.native_available()
         if not native:
             return _Step(fb, flat_rows, cos_all[fb.positions][:, :, None], sin_all[fb.positions][:, :, None],  # [bs, T, 1, D]
                          None if fb.mask is None else self.attention_bias(fb.mask))
         fb = dataclasses.replace(fb, positions=fb.positions.contiguous(), slots=fb.slots.to(torch.int64))
-        attend = (fb.mask is not None and cfg.head_dim in (64, 128) and T <= kernels.MAX_NODES
-                  and bs * T <= NATIVE_ATTENTION_MAX_ROWS)
+        # Every decode/verify step uses the native attention, even where SDPA would be faster (H200,
+        # SmolLM2-135M, bench/step_profile.py: native 0.76-0.92x of torch's step time up to batch
+        # 8 x 16 nodes, 1.07x at 64 x 16): a token then computes the same in a plain step as in a
+        # verify step (fixed spans; tests/verifier/test_decode_attention.py), so greedy speculative
+        # output keeps matching plain decoding in bf16 (it did not, at batch 64, with SDPA above a
+        # size threshold).
+        attend = fb.mask is not None and cfg.head_dim in (64, 128) and T <= kernels.MAX_NODES
         bias = None if fb.mask is None or attend else self.attention_bias(fb.mask)
         return _Step(fb, flat_rows, None, None, bias, (cos_all, sin_all), attend)
 

@@ -1,0 +1,107 @@
+#include "tree_merge.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace ngc {
+namespace {
+
+struct MergedNode {
+  int32_t token;
+  int32_t parent;  // merged index, -1: the root
+  int32_t depth;
+  float prob;
+};
+
+// The merged node for (parent, token), created with probability 0 if absent. Trees are small
+// (tens of nodes), so a scan beats any index.
+int32_t child_of(std::vector<MergedNode>& nodes, int32_t parent, int32_t token) {
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (nodes[i].parent == parent && nodes[i].token == token) return static_cast<int32_t>(i);
+  }
+  const int32_t depth = parent < 0 ? 1 : nodes[parent].depth + 1;
+  nodes.push_back({token, parent, depth, 0.f});
+  return static_cast<int32_t>(nodes.size() - 1);
+}
+
+bool valid_parent(int32_t p, int i) { return p >= -1 && p < i; }
+
+}  // namespace
+
+int merge_with_earlier(const TreeView& fresh, const TreeView& earlier, const int32_t* since, int n_since,
+                       int budget, std::vector<int32_t>& tokens, std::vector<int32_t>& parents,
+                       std::vector<float>& probs) {
+  std::vector<MergedNode> nodes;
+  nodes.reserve(static_cast<size_t>(fresh.n + earlier.n));
+  std::vector<int32_t> map(static_cast<size_t>(std::max(fresh.n, earlier.n)), -1);
+  for (int i = 0; i < fresh.n; ++i) {
+    const int32_t p = fresh.parents[i];
+    if (!valid_parent(p, i) || (p >= 0 && map[p] < 0)) continue;  // malformed: dropped with its subtree
+    const int32_t m = child_of(nodes, p < 0 ? -1 : map[p], fresh.tokens[i]);
+    nodes[m].prob = std::max(nodes[m].prob, fresh.probs[i]);
+    map[i] = m;
+  }
+  // Re-root the earlier tree: follow the committed tokens from its root.
+  int32_t at = -1;
+  bool found = earlier.n > 0;
+  for (int s = 0; s < n_since && found; ++s) {
+    found = false;
+    for (int i = 0; i < earlier.n; ++i) {
+      if (earlier.parents[i] == at && earlier.tokens[i] == since[s]) {
+        at = i;
+        found = true;
+        break;
+      }
+    }
+  }
+  if (found) {
+    const float base = at < 0 ? 1.f : earlier.probs[at];
+    std::fill(map.begin(), map.end(), -1);
+    std::vector<char> below(static_cast<size_t>(earlier.n), 0);  // in the subtree under `at`
+    for (int i = 0; i < earlier.n; ++i) {
+      const int32_t p = earlier.parents[i];
+      if (!valid_parent(p, i)) continue;
+      if (p == at) {
+        below[i] = 1;
+      } else if (p >= 0 && below[p]) {
+        below[i] = 1;
+      } else {
+        continue;
+      }
+      if (p != at && map[p] < 0) continue;
+      const int32_t m = child_of(nodes, p == at ? -1 : map[p], earlier.tokens[i]);
+      const float q = base > 0.f ? std::min(1.f, earlier.probs[i] / base) : 0.f;
+      nodes[m].prob = std::max(nodes[m].prob, q);
+      map[i] = m;
+    }
+  }
+  // The budget most probable nodes (shallower first on ties: a parent is never after its child),
+  // then written out by depth so that parents come first.
+  std::vector<int32_t> order(nodes.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    if (nodes[a].prob != nodes[b].prob) return nodes[a].prob > nodes[b].prob;
+    return nodes[a].depth < nodes[b].depth;
+  });
+  std::vector<char> kept(nodes.size(), 0);
+  std::vector<int32_t> chosen;
+  for (int32_t i : order) {
+    if (static_cast<int>(chosen.size()) >= budget) break;
+    const int32_t p = nodes[i].parent;
+    if (p >= 0 && !kept[p]) continue;  // only on equal probabilities deeper than the parent: skip
+    kept[i] = 1;
+    chosen.push_back(i);
+  }
+  std::stable_sort(chosen.begin(), chosen.end(), [&](int32_t a, int32_t b) { return nodes[a].depth < nodes[b].depth; });
+  std::vector<int32_t> out_index(nodes.size(), -1);
+  for (size_t k = 0; k < chosen.size(); ++k) {
+    const MergedNode& nd = nodes[chosen[k]];
+    out_index[chosen[k]] = static_cast<int32_t>(k);
+    tokens.push_back(nd.token);
+    parents.push_back(nd.parent < 0 ? -1 : out_index[nd.parent]);
+    probs.push_back(nd.prob);
+  }
+  return static_cast<int>(chosen.size());
+}
+
+}  // namespace ngc

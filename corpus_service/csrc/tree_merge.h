@@ -1,0 +1,32 @@
+// Merging a fresh draft tree with one drafted earlier for the same request (the remote corpus'
+// tree, asked for one or more steps ahead so the verifier never waits for it).
+//
+// The earlier tree was drafted from an older context: it is first re-rooted along the tokens
+// committed since (the subtree under that path, its path probabilities divided by the path's,
+// capped at 1), then united with the fresh tree (a path in both keeps the larger probability), and
+// the `budget` most probable nodes are kept. Path probabilities never grow along a path in either
+// tree, so the most probable nodes form a connected tree (ties go to the shallower node).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace ngc {
+
+// One request's tree: n nodes, parent indices (-1: a child of the root) before children.
+struct TreeView {
+  const int32_t* tokens;
+  const int32_t* parents;
+  const float* probs;
+  int n;
+};
+
+// Appends the merged tree of at most `budget` nodes (parents before children) to the outputs and
+// returns its size. `since` are the tokens committed after `earlier` was drafted (none: it was
+// drafted from the current context). A re-rooting path the earlier tree does not contain leaves
+// the fresh tree alone.
+int merge_with_earlier(const TreeView& fresh, const TreeView& earlier, const int32_t* since, int n_since,
+                       int budget, std::vector<int32_t>& tokens, std::vector<int32_t>& parents,
+                       std::vector<float>& probs);
+
+}  // namespace ngc

@@ -1,0 +1,109 @@
+"""merge_with_earlier: a fresh draft tree united with an earlier one re-rooted along the tokens
+committed since (the verifier's pipelined remote drafts)."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from corpus_service.engine import DraftBatch, merge_with_earlier
+
+
+def batch(trees, width):
+    """trees: [(tokens, parents, probs)] -> a padded DraftBatch."""
+    n = len(trees)
+    t = np.full((n, width), -1, np.int32)
+    p = np.full((n, width), -1, np.int32)
+    q = np.zeros((n, width), np.float32)
+    c = np.zeros(n, np.int32)
+    for i, (tok, par, prob) in enumerate(trees):
+        k = len(tok)
+        t[i, :k], p[i, :k], q[i, :k], c[i] = tok, par, prob, k
+    return DraftBatch(t, p, q, c)
+
+
+def paths(b: DraftBatch, i: int) -> dict[tuple[int, ...], float]:
+    tok, par, prob = b.tree(i)
+    out, seen = {}, []
+    for t, p, q in zip(tok, par, prob):
+        assert -1 <= p < len(seen), "parents come before children"
+        path = (seen[p] if p >= 0 else ()) + (t,)
+        seen.append(path)
+        out[path] = q
+    return out
+
+
+FRESH = ([5, 6, 7], [-1, 0, -1], [0.8, 0.5, 0.1])  # 5 -> 6, and 7
+# Drafted one step earlier: 1 -> 2 -> {3 -> 4, 9}; the step committed 1, 2.
+EARLIER = ([1, 2, 3, 9, 4], [-1, 0, 1, 1, 2], [0.9, 0.6, 0.48, 0.06, 0.3])
+
+
+def test_rerooted_subtree_is_united_with_the_fresh_tree():
+    out = merge_with_earlier(batch([FRESH], 4), batch([EARLIER], 6), [[1, 2]], 8)
+    got = paths(out, 0)
+    # Below 1, 2 (probability 0.6): 3 (0.48 / 0.6), 3 -> 4 (0.3 / 0.6), 9 (0.06 / 0.6).
+    want = {(5,): 0.8, (5, 6): 0.5, (7,): 0.1, (3,): 0.8, (3, 4): 0.5, (9,): 0.1}
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        assert got[k] == pytest.approx(v, rel=1e-6)
+
+
+def test_shared_paths_keep_the_larger_probability_and_the_budget_keeps_the_best():
+    fresh = ([3, 4], [-1, 0], [0.5, 0.2])
+    out = merge_with_earlier(batch([fresh], 2), batch([EARLIER], 6), [[1, 2]], 3)
+    got = paths(out, 0)
+    assert got == pytest.approx({(3,): 0.8, (3, 4): 0.5, (9,): 0.1})
+    out = merge_with_earlier(batch([fresh], 2), batch([EARLIER], 6), [[1, 2]], 2)
+    assert paths(out, 0) == pytest.approx({(3,): 0.8, (3, 4): 0.5})
+
+
+def test_a_path_the_earlier_tree_lacks_leaves_the_fresh_tree_alone():
+    fresh = batch([FRESH], 4)
+    for since in ([1, 7], [8], [1, 2, 3, 4, 5]):
+        out = merge_with_earlier(fresh, batch([EARLIER], 6), [since], 4)
+        assert paths(out, 0) == paths(fresh, 0)
+
+
+def test_no_committed_tokens_merges_the_earlier_tree_as_is_and_empty_rows_pass_through():
+    out = merge_with_earlier(batch([FRESH, FRESH], 4), batch([EARLIER, ([], [], [])], 6), [[], [1]], 16)
+    assert paths(out, 0).keys() == set(paths(batch([FRESH], 4), 0)) | set(paths(batch([EARLIER], 6), 0))
+    assert paths(out, 1) == paths(batch([FRESH], 4), 0)
+    assert out.tokens.shape == (2, 16)
+
+
+def test_bad_inputs_raise_value_error():
+    f, e = batch([FRESH], 4), batch([EARLIER], 6)
+    with pytest.raises(ValueError, match="fresh trees"):
+        merge_with_earlier(f, e, [[1], [2]], 4)
+    with pytest.raises(ValueError, match="budget"):
+        merge_with_earlier(f, e, [[1]], 0)
+    bad = DraftBatch(e.tokens, e.parents, e.probs, np.array([7], np.int32))
+    with pytest.raises(ValueError, match="count"):
+        merge_with_earlier(f, bad, [[1]], 4)
+
+
+@st.composite
+def trees(draw, width):
+    n = draw(st.integers(0, width))
+    tok, par, prob = [], [], []
+    for i in range(n):
+        p = draw(st.integers(-1, i - 1))
+        q = draw(st.floats(0.0, 1.0 if p < 0 else prob[p], allow_nan=False, width=32))
+        tok.append(draw(st.integers(0, 5)))
+        par.append(p)
+        prob.append(q)
+    return tok, par, prob
+
+
+@settings(max_examples=200, deadline=None)
+@given(trees(8), trees(12), st.lists(st.integers(0, 5), max_size=3), st.integers(1, 10))
+def test_merged_trees_are_valid_and_their_paths_come_from_the_sources(fresh, earlier, since, budget):
+    out = merge_with_earlier(batch([fresh], 8), batch([earlier], 12), [since], budget)
+    got = paths(out, 0)  # asserts parents before children
+    assert len(got) <= budget and int(out.counts[0]) == len(got)
+    src = paths(batch([fresh], 8), 0)
+    old = paths(batch([earlier], 12), 0)
+    for path, q in got.items():
+        assert 0.0 <= q <= 1.0
+        if len(path) > 1:
+            assert q <= got[path[:-1]] + 1e-6, "probabilities never grow along a path"
+        assert path in src or tuple(since) + path in old

@@ -1,0 +1,54 @@
+"""Pipelined remote drafts (verifier.drafter): a step never waits for the corpus service, and what
+only the shared corpus knows (here: another replica's output) still reaches the drafts, one step
+late, re-rooted along the tokens committed meanwhile. Real gRPC server on 127.0.0.1."""
+
+import pytest
+
+from corpus_service.client import CorpusClient
+from verifier.drafter import Drafter
+
+TEXT = list(range(200, 240))
+
+
+def test_shared_knowledge_arrives_one_step_late_and_re_rooted(corpus_server):
+    with CorpusClient(corpus_server.target) as other:  # another replica generated TEXT
+        other.reset()
+        other.start_request("other-1", [1, 2, 3])
+        other.extend("other-1", TEXT)
+        other.finish("other-1")
+        other.synchronize()
+    drafter = Drafter(corpus_server.target, client_timeout_s=5.0)
+    try:
+        drafter.start_request("mine", [7, 8] + TEXT[:6])
+        first = drafter.draft(["mine"], 4)  # nothing asked yet: this verifier's mirror alone
+        assert int(first.counts[0]) == 0 and drafter.stats.local_steps == 1
+        drafter._ahead[0].result(timeout=10)  # the next step's remote tree, asked for 2 x 4 nodes
+        drafter.extend("mine", [TEXT[6]])  # the step committed one token
+        second = drafter.draft(["mine"], 4)
+        assert second.tree(0)[0] == TEXT[7:11]  # the remote chain, re-rooted past TEXT[6]
+        assert drafter.stats.remote_steps == 1 and drafter.stats.fallback_steps == 0
+        drafter.finish("mine")
+    finally:
+        drafter.close()
+
+
+def test_requests_the_remote_tree_was_not_asked_for_get_the_fresh_tree(corpus_server):
+    drafter = Drafter(corpus_server.target, client_timeout_s=5.0)
+    try:
+        drafter.start_request("r", [5, 6, 7, 5, 6])
+        drafter.draft(["r"], 4)
+        pending = drafter._ahead[0]
+        pending.result(timeout=10)
+        # A request the remote tree was not asked for (the batch changed) gets the fresh tree only.
+        drafter.start_request("s", [9, 9, 9])
+        out = drafter.draft(["s", "r"], 4)
+        assert len(out) == 2 and drafter.stats.remote_steps == 1
+        for r in ("r", "s"):
+            drafter.finish(r)
+    finally:
+        drafter.close()
+
+
+def test_remote_drafts_mode_is_validated():
+    with pytest.raises(ValueError, match="remote_drafts"):
+        Drafter("local", remote_drafts="eager")
