@@ -375,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     p.add_argument("--batches", type=parse_ints, default=[1, 8, 64])
-    p.add_argument("--min-prompts", type=int, default=8, help="prompts per batch size: max(batch, this)")
+    p.add_argument("--min-prompts", type=int, default=64,
+                   help="prompts per batch size: max(batch, this); 64 = every prompt of the Spec-Bench dev trace")
     p.add_argument("--max-new", type=int, default=64)
     p.add_argument("--corpus", default="local,remote,remote_sync",
                    help="speculative modes (comma-separated): local (in process), remote (the corpus service, "

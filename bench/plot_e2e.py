@@ -53,7 +53,7 @@ def plot(rows: dict[int, dict[str, float]], out: Path, title: str) -> None:
     except ImportError as e:
         raise SystemExit(f"plot_e2e: matplotlib is needed ({e}); pip install -r requirements/bench.txt") from e
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
-    labels = {"plain": "no speculation", "local": "in-process corpus", "remote": "remote corpus (gRPC)"}
+    labels = {"plain": "no speculation", "local": "in-process corpus", "remote": "remote corpus (gRPC, pipelined)"}
     for mode in MODES:
         pts = [(B, r[mode]) for B, r in rows.items() if mode in r]
         if pts:

@@ -113,7 +113,8 @@ class Engine:
         if self.graphs is not None and self.graphs.capture and config.capture_at_start:
             t = time.perf_counter()
             n = self.graphs.capture_greedy_steps(None if drafter is not None else (1,))
-            log.info("captured %d greedy-step graphs in %.1f s", n, time.perf_counter() - t)
+            n += self.graphs.capture_prefills()
+            log.info("captured %d greedy-step and prefill graphs in %.1f s", n, time.perf_counter() - t)
         self.scheduler = Scheduler(config.max_batch)
         self.eos_ids = tuple(codec.eos_token_ids or mc.eos_token_ids)
         self.grammars = GrammarCompiler(codec.tokenizer, mc.vocab_size, self.eos_ids)  # lazy: structured output
@@ -275,10 +276,13 @@ class Engine:
         for i, r in enumerate(reqs):
             ids[i, :lens[i]] = r.prompt_ids
             ids[i, lens[i]:] = r.prompt_ids[-1]
-        rows = torch.arange(T, device=dev).expand(len(reqs), T)
-        fb = ForwardBatch(rows, rows, torch.tensor([r.slot for r in reqs], device=dev), T, None)
-        last = torch.tensor(lens, device=dev) - 1
-        logits = self.model(torch.from_numpy(ids).to(dev), self.cache, fb, last_index=last)[:, 0]
+        if len(reqs) == 1 and self.graphs is not None and self.graphs.prefill_bucket(T) is not None:
+            logits = self.graphs.prefill(reqs[0].prompt_ids, reqs[0].slot)
+        else:
+            rows = torch.arange(T, device=dev).expand(len(reqs), T)
+            fb = ForwardBatch(rows, rows, torch.tensor([r.slot for r in reqs], device=dev), T, None)
+            last = torch.tensor(lens, device=dev) - 1
+            logits = self.model(torch.from_numpy(ids).to(dev), self.cache, fb, last_index=last)[:, 0]
         bad = nonfinite_rows(logits)
         for i, req in enumerate(reqs):
             process_logits(logits[i:i + 1, None], [req], logits.new_zeros(1, 1, dtype=torch.int64),

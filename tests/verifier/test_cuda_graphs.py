@@ -82,3 +82,32 @@ def test_captured_graphs_match_eager_cuda():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     _check("cuda", capture=True)
+
+
+def _check_prefill(device, capture):
+    model, (eager_cache, graph_cache) = _setup(device)
+    runner = GraphRunner(model, graph_cache, MAX_BATCH, scratch_slot=MAX_BATCH, min_kv=16, capture=capture,
+                         max_prefill=32)
+    assert runner.prefill_buckets == (16, 32) and runner.prefill_bucket(33) is None
+    for slot, T in [(2, 5), (0, 16), (4, 17), (2, 31)]:
+        prompt = torch.randint(0, CFG.vocab_size, (T,)).tolist()
+        rows = torch.arange(T, device=device)[None]
+        want = model(torch.tensor([prompt], device=device), eager_cache,
+                     ForwardBatch(rows, rows, torch.tensor([slot], device=device), T, None), last_only=True)[:, 0]
+        got = runner.prefill(prompt, slot)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        # The prompt's rows hold what the eager prefill wrote; rows past it are padding.
+        torch.testing.assert_close(graph_cache._view[:, slot, :T], eager_cache._view[:, slot, :T], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="tokens"):
+        runner.prefill(list(range(33)), 0)
+
+
+def test_padded_prefill_matches_eager_cpu():
+    _check_prefill("cpu", capture=False)
+
+
+@pytest.mark.gpu
+def test_captured_prefill_matches_eager_cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    _check_prefill("cuda", capture=True)

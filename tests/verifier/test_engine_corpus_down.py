@@ -24,7 +24,8 @@ def test_corpus_killed_mid_generation(smollm2, trace_rows, corpus_server):
         while not req.finished:
             eng.step()
         assert req.output_ids == plain.output_ids and req.finish_reason == "length"
-        assert drafter.stats.fallback_steps > 0
+        # The outage was seen (pipelined drafts may finish the request on trees fetched before it)
+        assert drafter.stats.remote_errors + drafter.stats.fallback_steps > 0, drafter.stats
 
         corpus_server.start(grpc_port=corpus_server.grpc_port)  # back on the same address
         before = drafter.stats.remote_steps

@@ -45,13 +45,17 @@ def test_verifier_drafts_over_tls_with_its_token(smollm2, trace_rows, secured_co
         drafter.close()
 
 
-def test_a_wrong_token_falls_back_in_process_and_is_not_shown(secured_corpus):
+@pytest.mark.parametrize("mode", ["pipelined", "sync"])
+def test_a_wrong_token_falls_back_in_process_and_is_not_shown(secured_corpus, mode):
     srv, certs = secured_corpus
-    wrong = Drafter(srv.target, draft_timeout_s=5.0, token=WRONG_TOKEN, tls=certs.ca)
+    wrong = Drafter(srv.target, draft_timeout_s=5.0, token=WRONG_TOKEN, tls=certs.ca, remote_drafts=mode)
     try:
         wrong.start_request("r", [5, 6, 7, 8, 5, 6])
         batch = wrong.draft(["r"], 4)  # drafted in process: the corpus never fails a request
         assert batch.tree(0)[0][:2] == [7, 8]
+        if mode == "pipelined":  # the remote call runs behind the step: let it fail, then step again
+            wrong._ahead[0].result(timeout=10)
+            assert wrong.draft(["r"], 4).tree(0)[0][:2] == [7, 8]
         assert wrong.stats.remote_steps == 0 and "CorpusUnauthenticated" in wrong.stats.last_error
         assert WRONG_TOKEN not in wrong.stats.last_error
     finally:

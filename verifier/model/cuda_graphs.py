@@ -18,7 +18,9 @@ A graph has fixed shapes, so a step is padded to its bucket:
 Graphs are captured lazily, the first time their shape is seen (tens of milliseconds each; the
 node buckets keep the number of shapes small), and share one memory pool. (Capturing every bucket
 at engine start, before any eager forward, failed once on the device: "operation failed due to a
-previous error during capture"; see ``_build``.) Prefill stays eager: its length varies per prompt.
+previous error during capture"; see ``_capture``.) A one-prompt prefill replays the graph of its
+length bucket (powers of two up to ``max_prefill``); batched prefills of several prompts stay
+eager (one launch sequence serves them all).
 
 ``static_forward`` runs exactly the padded computation a graph replays, without capturing, so the
 padding logic is tested on the CPU (tests/verifier/test_cuda_graphs.py).
@@ -101,6 +103,16 @@ class _StepGraph:
 
 
 @dataclass
+class _PrefillGraph:
+    """A one-prompt causal prefill padded to a length bucket: ids in, last position's logits out."""
+
+    graph: torch.cuda.CUDAGraph | None
+    inp: Tensor  # [T + 2] int64: the prompt right-padded with its last token, its slot, its last index
+    staging: Tensor  # the same on the host (pinned with CUDA)
+    logits: Tensor | None = None  # [1, V] float32
+
+
+@dataclass
 class GreedyStepResult:
     accept_index: np.ndarray  # [bs, K] flat node indices b * K + i of the accepted path (root first)
     accept_token_num: np.ndarray  # [bs] accepted draft tokens
@@ -128,7 +140,7 @@ class GraphRunner:
     tensor is the graph's output buffer: valid until the next forward."""
 
     def __init__(self, model: Transformer, cache: KVCache, max_batch: int, scratch_slot: int,
-                 min_kv: int = 256, capture: bool = True, max_nodes: int = 16) -> None:
+                 min_kv: int = 256, capture: bool = True, max_nodes: int = 16, max_prefill: int = 2048) -> None:
         if not 0 <= scratch_slot < cache.num_slots:
             raise ValueError(f"scratch_slot: expected a cache slot in [0, {cache.num_slots}), got {scratch_slot}")
         self.model, self.cache, self.scratch = model, cache, scratch_slot
@@ -138,6 +150,11 @@ class GraphRunner:
         self.node_buckets = pow2_buckets(1, max_nodes)
         self._graphs: dict[tuple[int, int, int], _Graph] = {}
         self._steps: dict[tuple[int, int, int], _StepGraph] = {}
+        self._prefills: dict[int, _PrefillGraph] = {}
+        # One-prompt prefills replay as graphs up to this many tokens (the bucket's): an eager
+        # prefill of a short prompt is bound by launching ~450 kernels from Python (25 ms for
+        # SmolLM2 on the H200 host), its GPU work by far less.
+        self.prefill_buckets = pow2_buckets(min(16, cache.max_len), min(max_prefill, cache.max_len))
         self._pool = torch.cuda.graph_pool_handle() if self.capture else None
         self._warmed = False
 
@@ -151,7 +168,58 @@ class GraphRunner:
 
     @property
     def num_graphs(self) -> int:
-        return len(self._graphs) + len(self._steps)
+        return len(self._graphs) + len(self._steps) + len(self._prefills)
+
+    def prefill_bucket(self, T: int) -> int | None:
+        """The padded length of a one-prompt prefill of T tokens, or None: too long for a graph."""
+        return next_bucket(T, self.prefill_buckets) if T <= self.prefill_buckets[-1] else None
+
+    @torch.inference_mode()
+    def prefill(self, prompt: list[int], slot: int) -> Tensor:
+        """Causal prefill of one prompt into cache slot ``slot``, replayed as the graph of its
+        length bucket; returns the last position's logits [1, V] (the graph's buffer: valid until
+        the next prefill). Rows past the prompt, up to the bucket, get the K/V of padding that
+        repeats the prompt's last token: masks never look there and decoding overwrites them."""
+        T = len(prompt)
+        Tb = self.prefill_bucket(T)
+        if Tb is None or T < 1:
+            raise ValueError(f"GraphRunner.prefill: expected 1..{self.prefill_buckets[-1]} tokens, got {T}")
+        g = self._prefills.get(Tb)
+        if g is None:
+            g = self._prefills[Tb] = self._build_prefill(Tb)
+        dst = g.staging.numpy()
+        dst[:T] = prompt
+        dst[T:Tb] = prompt[-1]
+        dst[Tb], dst[Tb + 1] = slot, T - 1
+        g.inp.copy_(g.staging, non_blocking=True)
+        if g.graph is None:
+            g.logits = self._run_prefill(g, Tb)
+        else:
+            g.graph.replay()
+        return g.logits
+
+    @torch.inference_mode()
+    def capture_prefills(self) -> int:
+        """Captures the prefill graph of every length bucket; returns how many exist."""
+        if self.capture:
+            for Tb in self.prefill_buckets:
+                if Tb not in self._prefills:
+                    self._prefills[Tb] = self._build_prefill(Tb)
+        return len(self._prefills)
+
+    def _run_prefill(self, g: _PrefillGraph, Tb: int) -> Tensor:
+        ids, slot, last = g.inp[:Tb].view(1, Tb), g.inp[Tb:Tb + 1], g.inp[Tb + 1:]
+        rows = torch.arange(Tb, device=ids.device).view(1, Tb)
+        return self.model(ids, self.cache, ForwardBatch(rows, rows, slot, Tb, None), last_index=last)[:, 0]
+
+    def _build_prefill(self, Tb: int) -> _PrefillGraph:
+        staging = torch.zeros(Tb + 2, dtype=torch.int64, pin_memory=self.capture)
+        staging[Tb] = self.scratch  # warm-ups and capture write into the scratch slot only
+        g = _PrefillGraph(None, staging.to(self.model.device), staging)
+        if self.capture:
+            g.graph, g.logits = self._capture(lambda: self._run_prefill(g, Tb))
+            log.debug("captured a prefill graph for %d tokens", Tb)
+        return g
 
     @torch.inference_mode()
     def forward(self, input_ids: Tensor, fb: ForwardBatch) -> Tensor:
@@ -185,7 +253,7 @@ class GraphRunner:
     @property
     def captures(self) -> int:
         """Graphs captured so far (a step that captured one took longer than its replays will)."""
-        return len(self._graphs) + len(self._steps)
+        return len(self._graphs) + len(self._steps) + len(self._prefills)
 
     @torch.inference_mode()
     def greedy_step(self, host: np.ndarray, bs: int, K: int, kv_len: int) -> GreedyStepResult:
