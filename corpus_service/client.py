@@ -117,6 +117,20 @@ class CorpusClient:
             self._log.extend(req_id(req_id_), token_array(token_ids, "tokens"))
             self._maybe_flush()
 
+    def extend_many(self, items: Sequence[tuple[object, Sequence[int] | np.ndarray]]) -> None:
+        """``extend`` for several requests (a verifier step's commits): one validation of all their
+        tokens and one buffer update, all or none."""
+        if not items:
+            return
+        rids = [req_id(r) for r, _ in items]
+        lengths = [len(t) for _, t in items]
+        flat = token_array(np.fromiter((int(x) for _, t in items for x in t), dtype=np.int64, count=sum(lengths)),
+                           "tokens")
+        runs = np.split(flat, np.cumsum(lengths)[:-1])
+        with self._lock:
+            self._log.extend_many(rids, runs)
+            self._maybe_flush()
+
     def finish(self, req_id_: object) -> None:
         with self._lock:
             self._log.finish(req_id(req_id_))

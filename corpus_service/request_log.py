@@ -56,6 +56,7 @@ class RequestLog:
         self._start_groups: dict[str, str] = {}
         self._extends: dict[str, list[np.ndarray]] = {}
         self._finishes: list[str] = []
+        self._pending_tokens = 0  # tokens in _starts and _extends (checked on every extend)
 
     # ------------------------------------------------------------------ buffering
 
@@ -71,6 +72,7 @@ class RequestLog:
         if self.is_live(rid):
             raise ValueError(f"request id '{rid}' is already live")
         self._starts[rid] = prompt
+        self._pending_tokens += prompt.size
         if group:
             self._start_groups[rid] = group
 
@@ -78,6 +80,16 @@ class RequestLog:
         if not self.is_live(rid):
             raise ValueError(f"unknown request id '{rid}' (never started, or finished)")
         self._extends.setdefault(rid, []).append(tokens)
+        self._pending_tokens += tokens.size
+
+    def extend_many(self, rids: Sequence[str], runs: Sequence[np.ndarray]) -> None:
+        """``extend`` for several requests, all or none: every id is checked first."""
+        for rid in rids:
+            if not self.is_live(rid):
+                raise ValueError(f"unknown request id '{rid}' (never started, or finished)")
+        for rid, tokens in zip(rids, runs):
+            self._extends.setdefault(rid, []).append(tokens)
+            self._pending_tokens += tokens.size
 
     def finish(self, rid: str) -> None:
         if not self.is_live(rid):
@@ -88,7 +100,7 @@ class RequestLog:
         return bool(self._starts or self._extends or self._finishes)
 
     def pending_tokens(self) -> int:
-        return sum(p.size for p in self._starts.values()) + sum(t.size for ts in self._extends.values() for t in ts)
+        return self._pending_tokens
 
     # ------------------------------------------------------------------ messages
 
@@ -133,3 +145,4 @@ class RequestLog:
         """The server refused the pending step: nothing of it was applied."""
         self._starts, self._extends, self._finishes = {}, {}, []
         self._start_groups = {}
+        self._pending_tokens = 0

@@ -123,8 +123,7 @@ class Drafter:
             self._remote_call(self._extend_remote, items)
 
     def _extend_remote(self, items: list[tuple[str, list[int]]]) -> None:
-        for req_id, tokens in items:
-            self._client.extend(req_id, tokens)
+        self._client.extend_many(items)
 
     def finish(self, req_id: str) -> None:
         self._since.pop(req_id, None)

@@ -59,6 +59,25 @@ def test_one_client_drafts_from_what_another_committed(server):
         assert tokens[:6] == story[10:16] and parents[:6] == [-1, 0, 1, 2, 3, 4]
 
 
+def test_extend_many_is_extend_for_several_requests_all_or_none(server):
+    local = NgramCorpus()
+    with CorpusClient(server.target, "default") as c:
+        c.reset()
+        for eng in (c, local):
+            eng.start_request("a", SENTENCE)
+            eng.start_request("b", SENTENCE[::-1])
+        c.extend_many([("a", SENTENCE[:3]), ("b", np.array(SENTENCE[:2]))])
+        for r, t in (("a", SENTENCE[:3]), ("b", SENTENCE[:2])):
+            local.extend(r, t)
+        assert c.draft(["a", "b"], 8).tree(1)[:2] == local.draft(["a", "b"], 8).tree(1)[:2]
+        with pytest.raises(ValueError, match="unknown request id 'zz'"):
+            c.extend_many([("a", [1]), ("zz", [2])])
+        with pytest.raises(ValueError, match="token ids"):
+            c.extend_many([("a", [1]), ("b", [-3])])
+        # Neither refused call changed anything.
+        assert c.draft(["a"], 8).tree(0)[:2] == local.draft(["a"], 8).tree(0)[:2]
+
+
 def test_async_client_batches_and_session_end_finishes_requests(server):
     async def run():
         async with AsyncCorpusClient(server.target, "small") as c:
