@@ -69,6 +69,8 @@ class Drafter:
         self._ahead: tuple[Future, list[str]] | None = None
         self._since: dict[str, list[int]] = {}
         self._ahead_cap = MAX_BUDGET  # lowered if the corpus refuses deep trees
+        self._deferred: list = []  # pipelined: remote calls held until dispatch()
+        self._ask: tuple[list[str], int] | None = None  # pipelined: the draft request dispatch() sends
         self.stats = DraftStats()
         self.draft_timeout_s = draft_timeout_s
         self._client = None
@@ -136,9 +138,11 @@ class Drafter:
             self.stats.local_steps += 1
             return self.local.draft(req_ids, budget)
         if self.pipelined:
+            if self._ask is not None:  # the caller never dispatched the previous step's calls
+                self.dispatch()
             fresh = self.local.draft(req_ids, budget)
             merged = self._merge_ahead(req_ids, fresh, budget)
-            self._ask_ahead(req_ids, budget)
+            self._ask = (list(req_ids), budget)  # sent by dispatch(), while the GPU verifies
             return merged
         batch = self._remote_draft(req_ids, budget)
         if batch is not None:
@@ -156,8 +160,32 @@ class Drafter:
 
     # ------------------------------------------------------------------ remote
 
+    def dispatch(self) -> None:
+        """Pipelined: hands the held remote calls (starts, commits, finishes, in order) and the
+        next step's draft request to the client thread. The engine calls it once the GPU is busy
+        with the step, so the client's Python work overlaps the GPU rather than the engine's own
+        (they share the GIL), and at the end of every step (finishes reach the corpus even when
+        nothing runs next)."""
+        if self._pool is None:
+            return
+        calls, self._deferred = self._deferred, []
+        if calls:
+            self._pool.submit(self._run_calls, calls)
+        if self._ask is not None:
+            ids, budget = self._ask
+            self._ask = None
+            self._ask_ahead(ids, budget)
+
+    def _run_calls(self, calls: list) -> None:
+        for fn, args in calls:
+            self._guarded(fn, *args)
+
     def _remote_call(self, fn, *args) -> None:
-        if fn is not None and self._pool is not None:
+        if fn is None or self._pool is None:
+            return
+        if self.pipelined:  # held for dispatch(): one hand-off per step, ordered before the draft request
+            self._deferred.append((fn, args))
+        else:
             self._pool.submit(self._guarded, fn, *args)
 
     def _guarded(self, fn, *args):

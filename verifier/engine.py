@@ -211,6 +211,7 @@ class Engine:
         for req in self.scheduler.release_finished():
             if self.drafter is not None:
                 self.drafter.finish(req.req_id)
+        self._dispatch()  # finishes reach the corpus even if no step follows
         self.stats.steps += 1
         self.stats.step_seconds += time.perf_counter() - t0
         seen = set()
@@ -243,6 +244,7 @@ class Engine:
         for req in self.scheduler.release_finished():
             if self.drafter is not None:
                 self.drafter.finish(req.req_id)
+        self._dispatch()
         with self._lock:
             for req in reqs:
                 self._live.pop(req.req_id, None)
@@ -341,6 +343,10 @@ class Engine:
             self._extends.append((req.req_id, committed))  # sent in one batch: _flush_extends
         return len(committed)
 
+    def _dispatch(self) -> None:
+        if self.drafter is not None:
+            self.drafter.dispatch()
+
     def _flush_extends(self) -> None:
         if self._extends:
             self.drafter.extend_many(self._extends)
@@ -375,8 +381,10 @@ class Engine:
         max_prefix = max(r.cache_len for r in running)
         if self._fast_greedy(running):
             packed = self._packed_drafts(running, plain, slots, max_prefix)
+            if self.device.type != "cuda":  # a CPU forward is synchronous: hand over the corpus calls first
+                self._dispatch()
             bs, K = packed.bs, packed.K
-            r = self.graphs.greedy_step(packed.host, bs, K, max_prefix + K)
+            r = self.graphs.greedy_step(packed.host, bs, K, max_prefix + K, while_busy=self._dispatch)
             tokens, num_nodes, predicted = packed.tokens, packed.num_nodes, packed.predicted
         else:
             drafts = self._drafts(running)
@@ -466,7 +474,10 @@ class Engine:
         fb = ForwardBatch(tb.indices.positions.view(bs, K), write_rows, tb.slots, kv_len,
                           kernels.tree_attention_mask(tb.mask, tb.prefix_lens, kv_len),
                           (slots[0], bs) if consecutive else None)
+        if self.device.type != "cuda":  # a CPU forward is synchronous: hand over the corpus calls first
+            self._dispatch()
         logits = self.model(tb.tokens, self.cache, fb) if self.graphs is None else self.graphs.forward(tb.tokens, fb)
+        self._dispatch()  # while the GPU runs the forward
         bad = nonfinite_rows(logits)  # before penalties: min_tokens puts -inf in on purpose
         process_logits(logits, running, tb.tokens, tb.mask, self.eos_ids)
         mask_logits(running, drafts, logits)  # structured output: each node's grammar mask

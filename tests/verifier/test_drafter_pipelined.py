@@ -22,6 +22,7 @@ def test_shared_knowledge_arrives_one_step_late_and_re_rooted(corpus_server):
         drafter.start_request("mine", [7, 8] + TEXT[:6])
         first = drafter.draft(["mine"], 4)  # nothing asked yet: this verifier's mirror alone
         assert int(first.counts[0]) == 0 and drafter.stats.local_steps == 1
+        drafter.dispatch()  # the engine does this once the GPU is busy with the step
         drafter._ahead[0].result(timeout=10)  # the next step's remote tree, asked for 2 x 4 nodes
         drafter.extend("mine", [TEXT[6]])  # the step committed one token
         second = drafter.draft(["mine"], 4)
@@ -37,6 +38,7 @@ def test_requests_the_remote_tree_was_not_asked_for_get_the_fresh_tree(corpus_se
     try:
         drafter.start_request("r", [5, 6, 7, 5, 6])
         drafter.draft(["r"], 4)
+        drafter.dispatch()
         pending = drafter._ahead[0]
         pending.result(timeout=10)
         # A request the remote tree was not asked for (the batch changed) gets the fresh tree only.

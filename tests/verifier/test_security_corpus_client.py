@@ -54,6 +54,7 @@ def test_a_wrong_token_falls_back_in_process_and_is_not_shown(secured_corpus, mo
         batch = wrong.draft(["r"], 4)  # drafted in process: the corpus never fails a request
         assert batch.tree(0)[0][:2] == [7, 8]
         if mode == "pipelined":  # the remote call runs behind the step: let it fail, then step again
+            wrong.dispatch()
             wrong._ahead[0].result(timeout=10)
             assert wrong.draft(["r"], 4).tree(0)[0][:2] == [7, 8]
         assert wrong.stats.remote_steps == 0 and "CorpusUnauthenticated" in wrong.stats.last_error

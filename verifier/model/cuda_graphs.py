@@ -256,11 +256,12 @@ class GraphRunner:
         return len(self._graphs) + len(self._steps) + len(self._prefills)
 
     @torch.inference_mode()
-    def greedy_step(self, host: np.ndarray, bs: int, K: int, kv_len: int) -> GreedyStepResult:
+    def greedy_step(self, host: np.ndarray, bs: int, K: int, kv_len: int, while_busy=None) -> GreedyStepResult:
         """A greedy verify step of ``bs`` requests with ``K`` nodes each (``host``: a
         ``tree_batch.PackedTrees.host``): tree indices, attention mask, forward, non-finite check,
         argmax, tree verification and KV compaction replay as one graph, between one copy in and
-        one copy out. Per step, the host launches one graph instead of dozens of kernels."""
+        one copy out. Per step, the host launches one graph instead of dozens of kernels.
+        ``while_busy()``, if given, runs after the launch while the GPU works (before the copy out waits)."""
         B, L = next_bucket(bs, self.batch_buckets), self.kv_bucket(kv_len)
         g = self._steps.get((B, K, L))
         if g is None:
@@ -270,6 +271,8 @@ class GraphRunner:
             g.logits, g.out = self._run_step(g, B, K, L)
         else:
             g.graph.replay()
+        if while_busy is not None:
+            while_busy()
         # The step's one device-to-host copy (it waits for the replay).
         return GreedyStepResult.unpack(g.out.cpu().numpy(), B, K, bs, g.logits)
 
