@@ -1,0 +1,17 @@
+"""CPU smoke of bench/remote_overhead.py: a real corpus server, the three drafters, the JSON."""
+
+import json
+
+from bench import remote_overhead
+
+
+def test_remote_overhead_smoke(tmp_path, capsys):
+    out = tmp_path / "ro.json"
+    assert remote_overhead.main(["--batches", "1,2", "--steps", "4", "--gpu-ms", "1", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    for B in ("1", "2"):
+        row = res["batches"][B]
+        assert row["sync"]["remote_steps"] == 4 and row["local"]["remote_steps"] == 0
+        assert row["pipelined"]["remote_steps"] + row["pipelined"]["fallback_steps"] >= 3
+        assert row["pipelined_vs_local"] > 0 and row["sync_vs_local"] > 0
+    assert "SUMMARY" in capsys.readouterr().out
