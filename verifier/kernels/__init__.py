@@ -152,31 +152,36 @@ def compact_kv_cache(kv_cache: Tensor, draft_slots: Tensor, accept_index: Tensor
 
 
 def rope_store_kv(qkv: Tensor, positions: Tensor, cos: Tensor, sin: Tensor, kv_cache: Tensor, layer: int,
-                  rows: Tensor, num_heads: int, num_kv_heads: int, *, allow_reference: bool | None = None) -> Tensor:
+                  rows: Tensor, num_heads: int, num_kv_heads: int, *, allow_reference: bool | None = None,
+                  check: bool = True) -> Tensor:
     """RoPE on the fused projection's q and k, k and v stored in the KV cache, in one kernel.
 
     qkv: [tokens, (H + 2 Hkv) * D] (any shape with that many values, contiguous), rows q, k, v;
     positions, rows: [tokens] int64 (RoPE positions; flat cache rows, verifier.model.kv_cache);
     cos, sin: [max_len, D] tables (verifier.model.rope); kv_cache: [2 * layers, rows, Hkv, D].
     Returns q [tokens, H, D] rotated. Positions and rows must be in range (not checked: that
-    would synchronise).
+    would synchronise). ``check=False`` skips the validation, for a caller that validated the same
+    shapes already (the model's layers after the first).
     """
-    checks.check_rope_store(qkv, positions, cos, sin, kv_cache, layer, rows, num_heads, num_kv_heads)
+    if check:
+        checks.check_rope_store(qkv, positions, cos, sin, kv_cache, layer, rows, num_heads, num_kv_heads)
     if _use_native(qkv.device, "rope_store_kv", allow_reference):
         return _ops().rope_store_kv(qkv, positions, cos, sin, kv_cache, layer, rows, num_heads, num_kv_heads)
     return reference.rope_store_kv(qkv, positions, cos, sin, kv_cache, layer, rows, num_heads, num_kv_heads)
 
 
 def decode_attention(q: Tensor, kv_cache: Tensor, layer: int, slots: Tensor, max_len: int, mask: Tensor,
-                     scale: float | None = None, *, allow_reference: bool | None = None) -> Tensor:
+                     scale: float | None = None, *, allow_reference: bool | None = None, check: bool = True) -> Tensor:
     """Decode/tree-verify attention straight from the KV cache (no gather of K/V).
 
     q: [bs, T, H, D] (T <= 64; D 64 or 128 on the GPU); kv_cache: [2 * layers, slots * max_len,
     Hkv, D]; slots: [bs] int64 cache slots; mask: [bs, T, L] bool over cache rows 0 .. L-1 of
     each slot (True = attend; kernels.tree_attention_mask). scale defaults to 1/sqrt(D).
     Returns [bs, T, H, D]. Slots must be in range (not checked: that would synchronise).
+    ``check=False`` skips the validation, as for ``rope_store_kv``.
     """
-    checks.check_decode_attention(q, kv_cache, layer, slots, max_len, mask)
+    if check:
+        checks.check_decode_attention(q, kv_cache, layer, slots, max_len, mask)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if _use_native(q.device, "decode_attention", allow_reference):
         checks.require(q.shape[-1] in (64, 128), f"decode_attention on the GPU: head_dim 64 or 128, got {q.shape[-1]}")

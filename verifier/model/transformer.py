@@ -82,13 +82,15 @@ class Attention(nn.Module):
         H, Hkv, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         qkv = self.qkv_proj(x)
         if ctx.rope_tables is not None:  # one kernel: RoPE, q out, k/v into their cache rows
+            # Every layer of a forward passes the same shapes: the first one validates them.
             q = kernels.rope_store_kv(qkv, fb.positions, *ctx.rope_tables, cache.data, self.layer, ctx.flat_rows,
-                                      H, Hkv).view(bs, T, H, D)
+                                      H, Hkv, check=self.layer == 0).view(bs, T, H, D)
         else:
             q, kv = fusion.ops["rope_qkv"](qkv.view(bs, T, H + 2 * Hkv, D), ctx.cos, ctx.sin, H, Hkv)
             cache.write_kv(self.layer, ctx.flat_rows, kv)
         if ctx.native_attention:  # straight from the cache rows: no gather, no mask expansion
-            out = kernels.decode_attention(q, cache.data, self.layer, fb.slots, cache.max_len, fb.mask)
+            out = kernels.decode_attention(q, cache.data, self.layer, fb.slots, cache.max_len, fb.mask,
+                                           check=self.layer == 0)
             return self.o_proj(out.view(bs, T, H * D))
         keys, values = cache.read(self.layer, fb.slots, fb.kv_len, fb.slot_range)  # [bs, Hkv, L, D]
         if ctx.bias is None:  # causal prefill: flash attention handles the shared kv heads itself
@@ -188,7 +190,7 @@ class Transformer(nn.Module):
         cos_all, sin_all = self.rope(cache.max_len)
         flat_rows = cache.flat_rows(fb.slots, fb.write_rows).view(-1)
         T, cfg = input_ids.shape[1], self.config
-        native = self.native_kernels and input_ids.is_cuda and cfg.head_dim % 2 == 0 and kernels.native_available()
+        native = self.native_kernels and input_ids.is_cuda and kernels.native_available()  # head_dim is even (config)
         if not native:
             return _Step(fb, flat_rows, cos_all[fb.positions][:, :, None], sin_all[fb.positions][:, :, None],  # [bs, T, 1, D]
                          None if fb.mask is None else self.attention_bias(fb.mask))
