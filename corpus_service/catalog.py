@@ -159,7 +159,11 @@ class Catalog:
         async with self._snapshot_lock:
             done = {}
             for ns in self.state.specs:
-                tombstones = [m.name for m in self.data.manifests(ns) if m.state == DELETED]
+                # A tombstone may go once the snapshot cannot hold its corpus: one still loaded
+                # now (a delete between its tombstone and its removal) may be in this snapshot,
+                # and dropping its tombstone would bring the deleted corpus back after a restart.
+                loaded = set(self.state.corpus(ns).list_external_corpora())
+                tombstones = [m.name for m in self.data.manifests(ns) if m.state == DELETED and m.name not in loaded]
                 try:
                     path = await self.state.run(self.data.save, ns, self.state.corpus(ns))
                 except Exception:
