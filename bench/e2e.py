@@ -44,7 +44,7 @@ from verifier.drafter import Drafter  # noqa: E402
 from verifier.engine import Engine, EngineConfig  # noqa: E402
 from verifier.model import ForwardBatch, KVCache, ModelConfig, build_model, load_model  # noqa: E402
 from verifier.model import fusion  # noqa: E402
-from verifier.model.cuda_graphs import GraphRunner  # noqa: E402
+from verifier.model.cuda_graphs import GraphRunner, probe_native_linear  # noqa: E402
 from verifier.model.loader import DTYPES  # noqa: E402
 from verifier.sampling import SamplingParams  # noqa: E402
 from verifier.structured_spec import GrammarSpec  # noqa: E402
@@ -102,6 +102,7 @@ def run_engine(engine: Engine, prompts: list[list[int]], max_new: int, params: S
     """Runs the prompts through the engine (continuous batching, max_batch at a time): tok/s etc."""
     params = params or SamplingParams(max_tokens=max_new)
     sync(engine.device)
+    steps0 = engine.stats.steps
     t = time.perf_counter()
     reqs = engine.generate(prompts, params)
     if reqs_out is not None:
@@ -113,7 +114,7 @@ def run_engine(engine: Engine, prompts: list[list[int]], max_new: int, params: S
     steps = sum(r.verify_steps for r in reqs)
     return {"seconds": round(dt, 4), "tokens": tokens, "tok_s": round(tokens / dt, 2), "verify_steps": steps,
             "accepted": sum(r.accepted_tokens for r in reqs), "draft_tokens": sum(r.draft_tokens for r in reqs),
-            "engine_steps": engine.stats.steps, "mat": round(tokens / max(steps, 1), 3), "outputs": outs}
+            "engine_steps": engine.stats.steps - steps0, "mat": round(tokens / max(steps, 1), 3), "outputs": outs}
 
 
 def start_server(tmp: str):
@@ -145,6 +146,7 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
                   EngineConfig(max_batch=2, max_len=max_len, budget=min(4, args.max_budget), max_budget=args.max_budget,
                                cuda_graphs=not args.eager, compile=not args.eager))
     warm.generate(all_prompts[:2], SamplingParams(max_tokens=4))
+    res["native_linear"], res["linear_probe_ms"] = lm.model.native_linear, warm.linear_probe
 
     server, target = None, None
     tmp = tempfile.TemporaryDirectory()
@@ -162,6 +164,10 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
             plain = Engine(lm.model, lm.codec, None, EngineConfig(max_batch=B, max_len=max_len, budget=0,
                                                                   max_budget=args.max_budget,
                                                                   cuda_graphs=not args.eager, compile=not args.eager))
+            # Untimed: the first run at a batch size meets prefill shapes (batched chunks) that
+            # nothing ran before (torch.compile specialisations, cuBLAS/SDPA kernel choices); the
+            # speculative runs after it would not pay that, so plain decoding must not either.
+            run_engine(plain, prompts, 2)
             base = run_engine(plain, prompts, args.max_new)
             row["plain"] = {k: v for k, v in base.items() if k != "outputs"}
             del plain
@@ -265,11 +271,15 @@ def bench_8b(args, device: torch.device, dtype: torch.dtype) -> dict:
         fusion.enable_compile()
     cache = KVCache(cfg.num_layers, max(B_list) + use_graphs, prefix + max(K_list) + 1, cfg.num_kv_heads,
                     cfg.head_dim, device, dtype)
+    linear_probe = None
+    if use_graphs:  # as the engine does: norm_linear or torch's matmuls, whichever decodes faster
+        linear_probe = probe_native_linear(model, cache, max(B_list))
     graphs = GraphRunner(model, cache, max(B_list), max(B_list), min_kv=prefix) if use_graphs else None
     res: dict = {"preset": args.preset_8b, "num_layers": cfg.num_layers, "dtype": str(dtype),
                  "build_s": round(time.perf_counter() - t0, 2), "weight_GB": round(weight_bytes / 1e9, 3),
                  "copy_bw_TBps": round(bw / 1e12, 3), "weight_read_ms": round(read_s * 1e3, 3), "prefix": prefix,
-                 "repeats": args.repeats, "cuda_graphs": use_graphs, "step_ms": {}, "vs_decode": {}, "decode_vs_weight_read": {}}
+                 "repeats": args.repeats, "cuda_graphs": use_graphs, "native_linear": model.native_linear,
+                 "linear_probe_ms": linear_probe, "step_ms": {}, "vs_decode": {}, "decode_vs_weight_read": {}}
     for B in B_list:
         dec = forward_time(model, cache, B, 1, prefix, args.repeats, graphs)
         res["step_ms"][str(B)] = {"1": round(dec * 1e3, 3)}
@@ -282,7 +292,22 @@ def bench_8b(args, device: torch.device, dtype: torch.dtype) -> dict:
             res["step_ms"][str(B)][str(K)] = round(t * 1e3, 3)
             res["vs_decode"][str(B)][str(K)] = round(t / dec, 3)
         print(f"8b batch {B}: step ms {res['step_ms'][str(B)]}", flush=True)
-    del model, cache, graphs
+    # Same-run comparison: the path the probe did not choose (norm_linear or torch's matmuls with
+    # compiled norms/SiLU), at the first batch size (fresh graphs: captured ones keep their kernels).
+    B = B_list[0]
+    chosen = model.native_linear
+    model.native_linear = not chosen
+    base_graphs = GraphRunner(model, cache, max(B_list), max(B_list), min_kv=prefix) if use_graphs else None
+    base = {"batch": B, "native_linear": model.native_linear, "step_ms": {}}
+    for K in sorted({1, *K_list}):
+        base["step_ms"][str(K)] = round(forward_time(model, cache, B, K, prefix, args.repeats, base_graphs) * 1e3, 3)
+    base["decode_vs_weight_read"] = round(base["step_ms"]["1"] / 1e3 / read_s, 3)
+    base["chosen_vs_this"] = {K: round(res["step_ms"][str(B)][K] / v, 3) for K, v in base["step_ms"].items()
+                              if K in res["step_ms"][str(B)]}
+    res["other_linear"] = base
+    model.native_linear = chosen
+    print(f"8b batch {B} with native_linear={base['native_linear']}: step ms {base['step_ms']}", flush=True)
+    del model, cache, graphs, base_graphs
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return res

@@ -5,9 +5,11 @@ real shape (default SmolLM2-135M), bf16, on the GPU.
 For batch B and K tree nodes per request it times (medians over --repeats, after warm-up):
 - ``replay``: the captured forward graph alone (GraphRunner.forward's graph);
 - ``step``: the whole one-graph greedy step (GraphRunner.greedy_step: copy in, replay, copy out);
-with the native RoPE/KV-store and attention kernels (verifier.kernels) and the layers' elementwise
-ops compiled (verifier.model.fusion); as same-run baselines, the same with torch attention (SDPA
-over gathered K/V) and with eager elementwise ops too. Also the batched prefill of B prompts
+with the native kernels (verifier.kernels: RoPE/KV-store, attention, and norm_linear for steps of
+at most 32 tokens) and the layers' other elementwise ops compiled (verifier.model.fusion); as
+same-run baselines, the same with torch's matmuls and compiled norms/SiLU instead of norm_linear
+(``torch_linear``), with torch attention too (SDPA over gathered K/V), and with eager elementwise
+ops too. Also the batched prefill of B prompts
 against prefilling them one by one.
 Prints one summary line, writes JSON.
 
@@ -60,9 +62,9 @@ def timed_ms(fn, repeats: int, device: torch.device) -> float:
 
 
 def profile(model, codec, batches: list[int], ks: list[int], prefix: int, repeats: int, compiled: bool,
-            native: bool = True) -> dict:
+            native: bool = True, linear: bool = True) -> dict:
     fusion.disable_compile()
-    model.native_kernels = native
+    model.native_kernels, model.native_linear = native, linear
     dev = model.device
     eng = Engine(model, codec, None, EngineConfig(max_batch=max(batches), max_len=prefix + max(ks) + 64, budget=0,
                                                   compile=compiled, capture_at_start=False,
@@ -107,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                    help="cuda (the measurement); cpu runs the same code eagerly, as a smoke test")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "step_profile.json"))
+    p.add_argument("--skip-eager", action="store_true", help="skip the eager-ops baseline (the slowest)")
     args = p.parse_args(argv)
     cfg = ModelConfig.from_name(args.model)
     torch.manual_seed(0)
@@ -115,18 +118,24 @@ def main(argv: list[str] | None = None) -> int:
     codec = TextCodec(Tokenizer(models.WordLevel({"a": 0}, unk_token="a")), "", (cfg.vocab_size - 1,))
     res = {"model": args.model, "prefix": args.prefix,
            "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-           "eager_ops": profile(model, codec, args.batches, args.ks, args.prefix, args.repeats, False, False),
-           "torch_attention": profile(model, codec, args.batches, args.ks, args.prefix, args.repeats, True, False),
-           "native": profile(model, codec, args.batches, args.ks, args.prefix, args.repeats, True, True)}
+           "torch_attention": profile(model, codec, args.batches, args.ks, args.prefix, args.repeats, True, False, False),
+           "torch_linear": profile(model, codec, args.batches, args.ks, args.prefix, args.repeats, True, True, False),
+           "native": profile(model, codec, args.batches, args.ks, args.prefix, args.repeats, True, True, True)}
+    if not args.skip_eager:
+        res["eager_ops"] = profile(model, codec, args.batches, args.ks, args.prefix, args.repeats, False, False, False)
     b1 = f"B{args.batches[0]}_K{args.ks[0]}"
-    e, t, c = res["eager_ops"][b1], res["torch_attention"][b1], res["native"][b1]
-    res["summary"] = {f"{b1}_step_ms": c["step_ms"], f"{b1}_step_ms_torch_attention": t["step_ms"],
-                      f"{b1}_step_ms_eager_ops": e["step_ms"],
-                      "native_vs_torch_attention": {k: round(res["native"][k]["step_ms"] / res["torch_attention"][k]["step_ms"], 3)
-                                                    for k in res["native"] if k.startswith("B")},
-                      "compiled_vs_eager": round(t["step_ms"] / e["step_ms"], 3),
+    t, c = res["torch_attention"][b1], res["native"][b1]
+
+    def vs(base: str) -> dict:
+        return {k: round(res["native"][k]["step_ms"] / res[base][k]["step_ms"], 3) for k in res["native"] if k.startswith("B")}
+
+    res["summary"] = {f"{b1}_step_ms": c["step_ms"], f"{b1}_step_ms_torch_linear": res["torch_linear"][b1]["step_ms"],
+                      f"{b1}_step_ms_torch_attention": t["step_ms"],
+                      "native_vs_torch_linear": vs("torch_linear"), "native_vs_torch_attention": vs("torch_attention"),
                       "prefill_batched_vs_one_by_one": round(res["native"]["prefill_ms"]["batched"]
                                                              / res["native"]["prefill_ms"]["one_by_one"], 3)}
+    if "eager_ops" in res:
+        res["summary"]["compiled_vs_eager"] = round(t["step_ms"] / res["eager_ops"][b1]["step_ms"], 3)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
     print("SUMMARY " + json.dumps(res["summary"]), flush=True)

@@ -47,6 +47,10 @@ class VerifierConfig:
     cuda_graphs: bool = True  # replay decode/verify steps as CUDA graphs (cuda only)
     compile: bool = True  # torch.compile the layers' elementwise ops into fused kernels (cuda only)
     capture_at_start: bool = True  # capture every bucket's greedy-step graph at start-up (cuda graphs)
+    # Steps through the fused norm + matmul kernel (kernels.norm_linear) where every step fits it
+    # (max_batch * (max_budget + 1) <= 32): "auto" times a decode step both ways at start-up (cuda
+    # graphs) and keeps the faster; "on"; "off".
+    native_linear: str = "auto"
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -85,7 +89,8 @@ class VerifierConfig:
             fixed = 0
         return EngineConfig(max_batch=self.max_batch, max_len=self.max_len, budget=fixed,
                             max_budget=self.max_budget, cost_probe_s=self.cost_probe_s, cuda_graphs=self.cuda_graphs,
-                            compile=self.compile, capture_at_start=self.capture_at_start)
+                            compile=self.compile, capture_at_start=self.capture_at_start,
+                            native_linear=self.native_linear)
 
 
 def _is_loopback(host: str) -> bool:

@@ -26,7 +26,7 @@ from .grammar import GrammarCompiler, finish_if_complete, mask_logits, prune_dra
 from .logprobs import row_logprobs
 from .model import ForwardBatch, KVCache, TextCodec, Transformer
 from .model import fusion
-from .model.cuda_graphs import GraphRunner, GreedyStepResult
+from .model.cuda_graphs import GraphRunner, GreedyStepResult, probe_native_linear
 from .numerics import error_message, nonfinite_rows
 from .penalties import needs_processing, process_logits
 from .request import Request, Status, append_tokens
@@ -49,6 +49,11 @@ class EngineConfig:
     capture_at_start: bool = True  # capture the greedy-step graphs of every bucket at start-up (CUDA graphs)
     prefill_tokens: int = 8192  # prompt tokens (padding included) per batched prefill forward
     emulate_graphs: bool = False  # tests: the graph path (padded buckets, one-graph greedy step) run eagerly on any device
+    # Steps through kernels.norm_linear (norms and SwiGLU fused into the matmuls), where every step
+    # fits it (max_batch * (max_budget + 1) <= kernels.NORM_LINEAR_MAX_ROWS): "auto" = whichever
+    # replays a decode step faster, timed at start-up (CUDA graphs; it wins on a small model, whose
+    # steps are bound by kernel count, and can lose to cuBLAS on a large one); "on"; "off".
+    native_linear: str = "auto"
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_batch <= 4096:
@@ -59,6 +64,8 @@ class EngineConfig:
             raise ValueError(f"max_budget: expected 1..{kernels.MAX_NODES - 1}, got {self.max_budget}")
         if not 1 <= self.prefill_tokens <= 1 << 20:
             raise ValueError(f"prefill_tokens: expected 1..2^20, got {self.prefill_tokens}")
+        if self.native_linear not in ("auto", "on", "off"):
+            raise ValueError(f"native_linear: expected 'auto', 'on' or 'off', got {self.native_linear!r}")
         if self.budget is not None and not 0 <= self.budget <= self.max_budget:
             raise ValueError(f"budget: expected 0..max_budget ({self.max_budget}) or None (adaptive), got {self.budget}")
 
@@ -110,6 +117,20 @@ class Engine:
                                       max_nodes=config.max_budget + 1, capture=on_cuda and config.cuda_graphs)
         if config.compile and on_cuda:
             self._compile_fusions()
+        self.linear_probe: dict[str, float] | None = None
+        # A token must compute the same in every step of this engine (plain or verify, alone or in
+        # a batch: greedy speculative output equals plain decoding), so either every step's shape
+        # fits kernels.norm_linear or no step uses it.
+        every_step_fits = config.max_batch * (config.max_budget + 1) <= kernels.NORM_LINEAR_MAX_ROWS
+        if config.native_linear == "off" or not every_step_fits:
+            model.native_linear = False
+        elif config.native_linear == "on" or not (self.graphs is not None and self.graphs.capture):
+            model.native_linear = True
+        else:
+            self.linear_probe = probe_native_linear(model, self.cache, self.graphs.scratch)
+            log.info("decode step with kernels.norm_linear %.3f ms, with torch's matmuls %.3f ms: %s",
+                     self.linear_probe["native_ms"], self.linear_probe["torch_ms"],
+                     "native" if model.native_linear else "torch")
         if self.graphs is not None and self.graphs.capture and config.capture_at_start:
             t = time.perf_counter()
             n = self.graphs.capture_greedy_steps(None if drafter is not None else (1,))

@@ -339,3 +339,20 @@ def decode_attention(q: Tensor, kv_cache: Tensor, layer: int, slots: Tensor, max
     scores = scores.masked_fill(~mask.bool()[:, None], float("-inf"))
     p = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # all-masked rows: 0/0
     return torch.einsum("bhtl,blhd->bthd", p, v).to(q.dtype)
+
+
+def norm_linear(x: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor | None, norm_weight: Tensor | None,
+                eps: float, silu: bool) -> tuple[Tensor, Tensor | None]:
+    """``epilogue(prologue(x) @ weight.T + bias)`` with eager torch's rounding (verifier.model.fusion):
+    prologue: s = residual + x (if residual), then norm_weight * rms_norm(s) (if norm_weight);
+    epilogue: silu(gate) * up over weight's gate rows, then up rows (if silu).
+    Returns (y, s): s is the residual stream after the add, or None without a residual."""
+    s = x if residual is None else residual + x
+    a = s
+    if norm_weight is not None:
+        a = norm_weight * torch.nn.functional.rms_norm(s.float(), (s.shape[-1],), eps=eps).to(s.dtype)
+    y = torch.nn.functional.linear(a, weight, bias)
+    if silu:
+        gate, up = y.chunk(2, dim=-1)
+        y = torch.nn.functional.silu(gate) * up
+    return y, (s if residual is not None else None)

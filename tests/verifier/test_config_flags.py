@@ -30,3 +30,10 @@ def test_bad_bool_is_a_clear_error(capsys):
     assert "expected true/false" in capsys.readouterr().err
     with pytest.raises(argparse.ArgumentTypeError):
         parse_bool("2")
+
+
+def test_native_linear_flag():
+    assert _parse([]).engine_config().native_linear == "auto"
+    assert _parse(["--native-linear", "off"]).engine_config().native_linear == "off"
+    with pytest.raises(ValueError, match="native_linear"):
+        VerifierConfig(native_linear="fast")

@@ -26,13 +26,14 @@ from .native import NativeKernelError
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "MAX_NODES", "NativeKernelError", "TreeIndices", "VerifyResult", "compact_kv_cache",
-    "decode_attention", "flatten_draft_tree", "native_available", "rope_store_kv", "tree_attention_mask", "tree_attention_mask_flat",
+    "MAX_NODES", "NORM_LINEAR_MAX_ROWS", "NativeKernelError", "TreeIndices", "VerifyResult", "compact_kv_cache",
+    "decode_attention", "flatten_draft_tree", "native_available", "norm_linear", "rope_store_kv", "tree_attention_mask", "tree_attention_mask_flat",
     "tree_indices_from_mask", "tree_indices_from_parents", "tree_speculative_sampling",
     "verify_tree_greedy",
 ]
 
 MAX_NODES = checks.MAX_NODES
+NORM_LINEAR_MAX_ROWS = checks.NORM_LINEAR_MAX_ROWS
 _warned: set[str] = set()
 
 
@@ -187,6 +188,33 @@ def decode_attention(q: Tensor, kv_cache: Tensor, layer: int, slots: Tensor, max
         checks.require(q.shape[-1] in (64, 128), f"decode_attention on the GPU: head_dim 64 or 128, got {q.shape[-1]}")
         return _ops().decode_attention(q, kv_cache, layer, slots, max_len, mask, scale)
     return reference.decode_attention(q, kv_cache, layer, slots, max_len, mask, scale)
+
+
+def norm_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Tensor | None = None,
+                norm_weight: Tensor | None = None, eps: float = 1e-6, silu: bool = False, *,
+                allow_reference: bool | None = None, check: bool = True) -> tuple[Tensor, Tensor | None]:
+    """A linear layer over the few rows of a decode/verify step with the layer's residual add and
+    RMSNorm as its prologue and SwiGLU's activation as its epilogue, in one kernel on the GPU.
+
+    x: [..., K] contiguous; weight: [N, K] ([2 I, K], gate rows then up rows, with ``silu``);
+    bias: [N] or None; residual: [..., K] or None (added to x first, then normalised; needs
+    norm_weight); norm_weight: [K] or None (no norm). Returns (y [..., N] (or [..., I]), s): s is
+    residual + x, the residual stream for the next layer, or None without a residual.
+
+    On CUDA, bfloat16 (or float16 without a norm) with 1..32 rows, K % 32 == 0 and N % 8 == 0 run the
+    native kernel: the norm is folded into the matmul (rstd times the sums of (norm_weight * s) @
+    weight.T), which rounds differently from eager torch by about one rounding of the dtype, and a
+    row's result does not depend on the other rows. Other shapes and CPU tensors run the torch
+    reference (``verifier.reference.norm_linear``, eager torch's rounding).
+    ``check=False`` skips the validation, as for ``rope_store_kv``.
+    """
+    if check:
+        checks.check_norm_linear(x, weight, bias, residual, norm_weight, eps, silu)
+    if (x.is_cuda and checks.norm_linear_native_ok(x, weight, silu, norm_weight is not None) is None
+            and _use_native(x.device, "norm_linear", allow_reference)):
+        y, s = _ops().norm_linear(x, weight, bias, residual, norm_weight, float(eps), silu)
+        return y, (s if residual is not None else None)
+    return reference.norm_linear(x, weight, bias, residual, norm_weight, eps, silu)
 
 
 def native_available() -> bool:

@@ -158,3 +158,44 @@ def check_decode_attention(q, kv_cache, layer, slots, max_len, mask) -> None:
     require(isinstance(max_len, int) and max_len >= 1 and kv_cache.shape[1] % max_len == 0,
             f"max_len: expected the cache's rows per slot, got {max_len!r}")
     require(1 <= mask.shape[2] <= max_len, f"mask: kv_len must be in [1, max_len={max_len}], got {mask.shape[2]}")
+
+
+NORM_LINEAR_MAX_ROWS = 32  # rows (tokens) per call of the native norm_linear
+def check_norm_linear(x, weight, bias, residual, norm_weight, eps, silu) -> None:
+    check_tensor("weight", weight, ndim=2)
+    N_w, K = weight.shape
+    dev, dtype = weight.device, weight.dtype
+    check_tensor("x", x, dtypes=dtype, device=dev)
+    require(x.dim() >= 1 and x.shape[-1] == K, f"x: expected [..., {K}] (the weight's in_features), got {tuple(x.shape)}")
+    require(x.is_contiguous(), "x: expected a contiguous tensor")
+    require(isinstance(silu, bool), f"silu must be a bool, got {silu!r}")
+    if silu:
+        require(N_w % 2 == 0, f"weight: silu needs gate and up rows (an even count), got {N_w}")
+        require(bias is None, "silu: a bias is not supported (SwiGLU projections have none)")
+    if bias is not None:
+        check_tensor("bias", bias, shape=(N_w,), dtypes=dtype, device=dev)
+    if residual is not None:
+        check_tensor("residual", residual, shape=tuple(x.shape), dtypes=dtype, device=dev)
+        require(residual.is_contiguous(), "residual: expected a contiguous tensor")
+        require(norm_weight is not None, "residual: the add is the norm's prologue, so norm_weight is required")
+    if norm_weight is not None:
+        check_tensor("norm_weight", norm_weight, shape=(K,), dtypes=dtype, device=dev)
+        require(isinstance(eps, float) and eps > 0, f"eps must be a float > 0, got {eps!r}")
+
+
+def norm_linear_native_ok(x, weight, silu: bool, norm: bool = False) -> str | None:
+    """Why the CUDA norm_linear cannot take these shapes (None: it can); ``norm``: with a prologue."""
+    N_w, K = weight.shape
+    N = N_w // 2 if silu else N_w
+    M = x.numel() // K
+    if x.dtype not in (torch.float16, torch.bfloat16):
+        return f"dtype {x.dtype} (float16 or bfloat16 only)"
+    if not 1 <= M <= NORM_LINEAR_MAX_ROWS:
+        return f"{M} rows (1..{NORM_LINEAR_MAX_ROWS})"
+    if norm and x.dtype != torch.bfloat16:
+        return "a norm needs bfloat16 (the unnormalised operand could overflow float16)"
+    if K % 32 or N % 8:
+        return f"in_features {K} (a multiple of 32) / out_features {N} (a multiple of 8)"
+    if not weight.is_contiguous() or any(t.data_ptr() % 16 for t in (x, weight)):
+        return "tensors must be contiguous and 16-byte aligned"
+    return None

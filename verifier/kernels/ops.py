@@ -197,3 +197,29 @@ def decode_attention(q: Tensor, kv_cache: Tensor, layer: int, slots: Tensor, max
 @decode_attention.register_fake
 def _(q, kv_cache, layer, slots, max_len, mask, scale):
     return torch.empty_like(q)
+
+
+def _norm_linear_shapes(x: Tensor, weight: Tensor, silu: bool) -> tuple[int, int, int]:
+    K = weight.shape[1]
+    return x.numel() // K, weight.shape[0] // 2 if silu else weight.shape[0], K
+
+
+@torch.library.custom_op(f"{_NS}::norm_linear", mutates_args=())
+def norm_linear(x: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor | None, norm_weight: Tensor | None,
+                eps: float, silu: bool) -> tuple[Tensor, Tensor]:
+    M, N, K = _norm_linear_shapes(x, weight, silu)
+    y = x.new_empty(*x.shape[:-1], N)
+    s = torch.empty_like(x) if residual is not None else x.new_empty(0)
+    prologue = 0 if norm_weight is None else 1 if residual is None else 2
+    with torch.cuda.device(x.device):
+        library().call("ngk_norm_linear", _DTYPE_CODES[x.dtype], prologue, int(silu), _ptr(x),
+                       0 if residual is None else _ptr(residual), _ptr(s) if residual is not None else 0,
+                       0 if norm_weight is None else _ptr(norm_weight), float(eps), _ptr(weight),
+                       0 if bias is None else _ptr(bias), _ptr(y), M, N, K, _stream(x))
+    return y, s
+
+
+@norm_linear.register_fake
+def _(x, weight, bias, residual, norm_weight, eps, silu):
+    N = weight.shape[0] // 2 if silu else weight.shape[0]
+    return x.new_empty(*x.shape[:-1], N), torch.empty_like(x) if residual is not None else x.new_empty(0)

@@ -52,6 +52,9 @@ class _Step:
     bias: Tensor | None  # the additive mask of the SDPA path (None: causal, or native attention)
     rope_tables: tuple[Tensor, Tensor] | None = None  # [max_len, D] cos, sin: the native RoPE + KV-store kernel
     native_attention: bool = False  # decode/verify attention by verifier.kernels.decode_attention
+    # Every projection by verifier.kernels.norm_linear, with the norms, residual adds and SwiGLU
+    # folded in (a step of few rows: decode, small verify steps).
+    fused_linear: bool = False
 
 
 class RMSNorm(nn.Module):
@@ -77,10 +80,14 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
 
     def forward(self, x: Tensor, cache: KVCache, ctx: "_Step") -> Tensor:
-        bs, T, _ = x.shape
+        return self.o_proj(self.attend(self.qkv_proj(x), cache, ctx))
+
+    def attend(self, qkv: Tensor, cache: KVCache, ctx: "_Step") -> Tensor:
+        """The fused projection's output [bs, T, (H + 2 Hkv) D] -> attention output [bs, T, H D]
+        (before o_proj); k and v go into the cache."""
+        bs, T, _ = qkv.shape
         cfg, fb = self.cfg, ctx.fb
         H, Hkv, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        qkv = self.qkv_proj(x)
         if ctx.rope_tables is not None:  # one kernel: RoPE, q out, k/v into their cache rows
             # Every layer of a forward passes the same shapes: the first one validates them.
             q = kernels.rope_store_kv(qkv, fb.positions, *ctx.rope_tables, cache.data, self.layer, ctx.flat_rows,
@@ -91,18 +98,18 @@ class Attention(nn.Module):
         if ctx.native_attention:  # straight from the cache rows: no gather, no mask expansion
             out = kernels.decode_attention(q, cache.data, self.layer, fb.slots, cache.max_len, fb.mask,
                                            check=self.layer == 0)
-            return self.o_proj(out.view(bs, T, H * D))
+            return out.view(bs, T, H * D)
         keys, values = cache.read(self.layer, fb.slots, fb.kv_len, fb.slot_range)  # [bs, Hkv, L, D]
         if ctx.bias is None:  # causal prefill: flash attention handles the shared kv heads itself
             out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, is_causal=True, enable_gqa=H != Hkv)
-            return self.o_proj(out.transpose(1, 2).reshape(bs, T, -1))
+            return out.transpose(1, 2).reshape(bs, T, -1)
         # Decode/verify with a mask: the G = H / Hkv query heads that share a kv head become G * T
         # query rows of that head (head h uses kv head h // G), so one memory-efficient attention
         # kernel runs with the precomputed additive mask and no copies of keys/values.
         G = H // Hkv
         qg = q.view(bs, T, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(bs, Hkv, G * T, D)
         out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=ctx.bias)
-        return self.o_proj(out.view(bs, Hkv, G, T, D).permute(0, 3, 1, 2, 4).reshape(bs, T, H * D))
+        return out.view(bs, Hkv, G, T, D).permute(0, 3, 1, 2, 4).reshape(bs, T, H * D)
 
 
 class MLP(nn.Module):
@@ -129,6 +136,8 @@ class DecoderLayer(nn.Module):
         """h: the previous layer's MLP output (the embeddings for layer 0, residual None);
         returns (this layer's MLP output, the residual stream before it). Each residual add is
         fused with the norm that follows it."""
+        if ctx.fused_linear:
+            return self._forward_fused(h, residual, cache, ctx)
         if residual is None:
             residual, x = h, self.input_layernorm(h)
         else:
@@ -137,6 +146,21 @@ class DecoderLayer(nn.Module):
         norm = self.post_attention_layernorm
         residual, x = fusion.ops["add_rms_norm"](a, residual, norm.weight, norm.eps)
         return self.mlp(x), residual
+
+    def _forward_fused(self, h: Tensor, residual: Tensor | None, cache: KVCache, ctx: "_Step") -> tuple[Tensor, Tensor]:
+        """Four kernels besides attention: [add + norm + qkv], [o_proj], [add + norm + gate/up +
+        SiLU * up], [down] (verifier.kernels.norm_linear; shapes validated by the model)."""
+        attn, mlp = self.self_attn, self.mlp
+        norm = self.input_layernorm
+        qkv, s = kernels.norm_linear(h, attn.qkv_proj.weight, attn.qkv_proj.bias, residual, norm.weight, norm.eps,
+                                     check=False)
+        residual = h if residual is None else s
+        a, _ = kernels.norm_linear(attn.attend(qkv, cache, ctx).contiguous(), attn.o_proj.weight, check=False)
+        norm = self.post_attention_layernorm
+        act, residual = kernels.norm_linear(a, mlp.gate_up_proj.weight, None, residual, norm.weight, norm.eps,
+                                            silu=True, check=False)
+        out, _ = kernels.norm_linear(act, mlp.down_proj.weight, check=False)
+        return out, residual
 
 
 class Transformer(nn.Module):
@@ -154,6 +178,9 @@ class Transformer(nn.Module):
         # On CUDA, when the native kernel library loads: RoPE + KV store in one kernel, and
         # decode/verify attention read straight from the cache (verifier.kernels). Off: plain torch.
         self.native_kernels = True
+        # With the native kernels, steps of at most kernels.NORM_LINEAR_MAX_ROWS tokens run every
+        # projection through kernels.norm_linear (norms, residual adds and SwiGLU folded in).
+        self.native_linear = True
 
     @property
     def device(self) -> torch.device:
@@ -182,8 +209,12 @@ class Transformer(nn.Module):
             h, residual = h[rows, last_index][:, None], residual[rows, last_index][:, None]
         elif last_only:
             h, residual = h[:, -1:], residual[:, -1:]
-        _, x = fusion.ops["add_rms_norm"](h, residual, self.norm.weight, self.norm.eps)
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        if ctx.fused_linear:
+            logits, _ = kernels.norm_linear(h.contiguous(), w, None, residual.contiguous(), self.norm.weight,
+                                            self.norm.eps, check=False)
+            return logits.float()
+        _, x = fusion.ops["add_rms_norm"](h, residual, self.norm.weight, self.norm.eps)
         return F.linear(x, w).float()
 
     def _step_context(self, input_ids: Tensor, cache: KVCache, fb: ForwardBatch) -> "_Step":
@@ -203,7 +234,21 @@ class Transformer(nn.Module):
         # size threshold).
         attend = fb.mask is not None and cfg.head_dim in (64, 128) and T <= kernels.MAX_NODES
         bias = None if fb.mask is None or attend else self.attention_bias(fb.mask)
-        return _Step(fb, flat_rows, None, None, bias, (cos_all, sin_all), attend)
+        # Few rows: every projection is one norm_linear kernel, with a row's result independent of
+        # the other rows (plain and verify steps still compute a token the same).
+        fused = (self.native_linear and input_ids.numel() <= kernels.NORM_LINEAR_MAX_ROWS
+                 and self.fused_linear_supported())
+        return _Step(fb, flat_rows, None, None, bias, (cos_all, sin_all), attend, fused)
+
+    def fused_linear_supported(self) -> bool:
+        """Whether this model's shapes and dtype suit kernels.norm_linear's native kernel."""
+        cfg = self.config
+        if self.dtype != torch.bfloat16:  # the kernel's folded norm needs bfloat16's range
+            return False
+        ins = (cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size)
+        outs = ((cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim, cfg.hidden_size, cfg.intermediate_size,
+                cfg.vocab_size)
+        return all(k % 32 == 0 for k in ins) and all(n % 8 == 0 for n in outs)
 
     def attention_bias(self, mask: Tensor) -> Tensor:
         """mask [bs, T, L] bool (True = attend) -> the additive mask of the grouped-query layout

@@ -154,29 +154,10 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
   }
-  int visible = 0;
-  if (threadIdx.x == 0) any_visible = 0;
-  __syncthreads();
-#pragma unroll
-  for (int k = 0; k < MASK_WORDS; ++k) {
-    const int i = 4 * (threadIdx.x + k * kThreads);
-    if (i < nt * S) *reinterpret_cast<uint32_t*>(ms + i) = mreg[k];
-    visible |= mreg[k] != 0;
-  }
-  if (visible) any_visible = 1;
-  __syncthreads();
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  auto partial = [&](int r) {
-    const int t = r / G, g = r % G;
-    return part + (((b * T_ + t) * H + hkv * G + g) * nsplit + split) * (D + 2);
-  };
-  if (!any_visible) {  // the whole span is masked for these rows: an empty partial
-    for (int i = threadIdx.x; i < nr; i += blockDim.x) partial(r0 + i)[D] = -INFINITY;
-    return;
-  }
-
-  // K/V rows of the span in 16-byte pieces (a row of D elements is 128 or 256 bytes, so pieces
-  // never straddle rows), stored to shared memory as 32-bit words (its rows are padded).
+  // K/V rows of the span (and q) are loaded before the mask is looked at, so that their latency
+  // and the mask's overlap (a fully masked span wastes its loads; it is rare). K/V rows come in
+  // 16-byte pieces (a row of D elements is 128 or 256 bytes, so pieces never straddle rows),
+  // stored to shared memory as 32-bit words (its rows are padded).
   const int64_t slot = slots[b];
   constexpr int PPR = D * static_cast<int>(sizeof(T)) / 16;  // pieces per row
   constexpr int KV_ITERS = S * PPR / kThreads;
@@ -203,6 +184,27 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int t = r / G, g = r % G;
     qreg[k] = i < nr * D ? to_f(q[((b * T_ + t) * H + hkv * G + g) * D + d]) * qscale : 0.f;
   }
+  int visible = 0;
+  if (threadIdx.x == 0) any_visible = 0;
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < MASK_WORDS; ++k) {
+    const int i = 4 * (threadIdx.x + k * kThreads);
+    if (i < nt * S) *reinterpret_cast<uint32_t*>(ms + i) = mreg[k];
+    visible |= mreg[k] != 0;
+  }
+  if (visible) any_visible = 1;
+  __syncthreads();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  auto partial = [&](int r) {
+    const int t = r / G, g = r % G;
+    return part + (((b * T_ + t) * H + hkv * G + g) * nsplit + split) * (D + 2);
+  };
+  if (!any_visible) {  // the whole span is masked for these rows: an empty partial
+    for (int i = threadIdx.x; i < nr; i += blockDim.x) partial(r0 + i)[D] = -INFINITY;
+    return;
+  }
+
 #pragma unroll
   for (int k = 0; k < KV_ITERS; ++k) {
     const int i = threadIdx.x + k * kThreads;
