@@ -356,3 +356,11 @@ def norm_linear(x: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor
         gate, up = y.chunk(2, dim=-1)
         y = torch.nn.functional.silu(gate) * up
     return y, (s if residual is not None else None)
+
+
+def argmax_rows(logits: Tensor) -> tuple[Tensor, Tensor]:
+    """(argmax [...] int64, bad [...] bool) of logits [..., V]: a row holding a NaN or an infinity
+    is zeroed in place and flagged, and its argmax is 0 (the first maximum of a zero row)."""
+    bad = logits.isfinite().logical_not_().any(-1)
+    logits.masked_fill_(bad[..., None], 0.0)
+    return logits.argmax(-1), bad

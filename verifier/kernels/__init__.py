@@ -26,7 +26,8 @@ from .native import NativeKernelError
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "MAX_NODES", "NORM_LINEAR_MAX_ROWS", "NativeKernelError", "TreeIndices", "VerifyResult", "compact_kv_cache",
+    "MAX_NODES", "NORM_LINEAR_MAX_ROWS", "NativeKernelError", "TreeIndices", "VerifyResult", "argmax_rows",
+    "compact_kv_cache",
     "decode_attention", "flatten_draft_tree", "native_available", "norm_linear", "rope_store_kv", "tree_attention_mask", "tree_attention_mask_flat",
     "tree_indices_from_mask", "tree_indices_from_parents", "tree_speculative_sampling",
     "verify_tree_greedy",
@@ -215,6 +216,16 @@ def norm_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual:
         y, s = _ops().norm_linear(x, weight, bias, residual, norm_weight, float(eps), silu)
         return y, (s if residual is not None else None)
     return reference.norm_linear(x, weight, bias, residual, norm_weight, eps, silu)
+
+
+def argmax_rows(logits: Tensor, *, allow_reference: bool | None = None) -> tuple[Tensor, Tensor]:
+    """Greedy verification's row reductions in one kernel: (argmax [...] int64, bad [...] bool) of
+    float32 logits [..., V] (contiguous). A row holding a NaN or an infinity is zeroed in place
+    and flagged, and its argmax is 0; ties go to the lowest index (as torch.argmax)."""
+    checks.check_argmax_rows(logits)
+    if _use_native(logits.device, "argmax_rows", allow_reference):
+        return _ops().argmax_rows(logits)
+    return reference.argmax_rows(logits)
 
 
 def native_available() -> bool:

@@ -199,3 +199,9 @@ def norm_linear_native_ok(x, weight, silu: bool, norm: bool = False) -> str | No
     if not weight.is_contiguous() or any(t.data_ptr() % 16 for t in (x, weight)):
         return "tensors must be contiguous and 16-byte aligned"
     return None
+
+
+def check_argmax_rows(logits) -> None:
+    check_tensor("logits", logits, dtypes=torch.float32)
+    require(logits.dim() >= 1 and logits.shape[-1] >= 1, f"logits: expected [..., V >= 1], got {tuple(logits.shape)}")
+    require(logits.is_contiguous(), "logits: expected a contiguous tensor")

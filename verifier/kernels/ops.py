@@ -223,3 +223,20 @@ def norm_linear(x: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor
 def _(x, weight, bias, residual, norm_weight, eps, silu):
     N = weight.shape[0] // 2 if silu else weight.shape[0]
     return x.new_empty(*x.shape[:-1], N), torch.empty_like(x) if residual is not None else x.new_empty(0)
+
+
+@torch.library.custom_op(f"{_NS}::argmax_rows", mutates_args=("logits",))
+def argmax_rows(logits: Tensor) -> tuple[Tensor, Tensor]:
+    V = logits.shape[-1]
+    rows = logits.numel() // V
+    idx = torch.empty(logits.shape[:-1], dtype=torch.int64, device=logits.device)
+    bad = torch.empty(logits.shape[:-1], dtype=torch.bool, device=logits.device)
+    with torch.cuda.device(logits.device):
+        library().call("ngk_argmax_rows", _ptr(logits), rows, V, _ptr(idx), _ptr(bad), _stream(logits))
+    return idx, bad
+
+
+@argmax_rows.register_fake
+def _(logits):
+    shape = logits.shape[:-1]
+    return logits.new_empty(shape, dtype=torch.int64), logits.new_empty(shape, dtype=torch.bool)

@@ -299,9 +299,13 @@ class GraphRunner:
         write_rows = prefix[:, None] + torch.arange(K, device=prefix.device)
         fb = ForwardBatch(idx.positions.view(B, K), write_rows, slots, L, kernels.tree_attention_mask(tree_mask, prefix, L))
         logits = self.model(tokens, self.cache, fb)
-        bad = nonfinite_rows(logits)
+        if logits.is_cuda and kernels.native_available():  # one kernel: argmax + non-finite check
+            predict, bad = kernels.argmax_rows(logits)
+        else:
+            bad = nonfinite_rows(logits)
+            predict = logits.argmax(-1)
         res = kernels.verify_tree_greedy(tokens, idx.retrive_index, idx.retrive_next_token, idx.retrive_next_sibling,
-                                         logits.argmax(-1), K)
+                                         predict, K)
         if K > 1:  # with the root alone there is nothing to move
             self.cache.keep_accepted(slots, prefix, K, res.accept_index, res.accept_token_num)
         return logits, GreedyStepResult.pack(res.accept_index, res.accept_token_num, res.predicts, bad)
