@@ -154,6 +154,7 @@ class Engine:
         self._ids = itertools.count()
         self._live: dict[str, Request] = {}
         self._extends: list[tuple[str, list[int]]] = []  # this step's committed tokens for the drafter
+        self._drafted = False  # whether this step asked the corpus for drafts (BudgetPolicy.observe_delivered)
 
     def _compile_fusions(self) -> None:
         """Compiles the layers' elementwise ops (verifier.model.fusion) for every shape class a
@@ -378,6 +379,7 @@ class Engine:
         drafts = [empty] * len(running)
         budget = self.policy.draft_budget(len(running)) if self.drafter is not None else 0
         spec = [i for i, r in enumerate(running) if r.params.speculate]
+        self._drafted = budget > 0 and bool(spec)
         if budget <= 0 or not spec:
             return drafts
         batch = self.drafter.draft([running[i].req_id for i in spec], budget)
@@ -420,7 +422,8 @@ class Engine:
             r = self._verify_general(running, drafts, tb, slots, max_prefix)
             tokens, num_nodes, predicted = tb.tokens_host, tb.num_nodes, tb.predicted
         accept_index, num, predicts, bad, logits = r.accept_index, r.accept_token_num, r.predicts, r.bad, r.logits
-        if self.graphs is None or self.graphs.captures == captures:  # a capture is not a step's cost
+        captured = self.graphs is not None and self.graphs.captures != captures  # a capture is not a step's cost
+        if not captured:
             self.policy.observe_step(K > 1, time.perf_counter() - t0, bs * K)
         bad_any = bad.any(-1).tolist()
         # A draft node's NaN K/V reaches every row of its request (masked columns get weight 0, and
@@ -452,6 +455,8 @@ class Engine:
             if bad_any[b]:  # NaN K/V in masked rows would still reach attention (0 * NaN)
                 self.cache.clear(req.slot, 0 if req.finish_reason == "error" else req.cache_len)
         self._flush_extends()
+        if not captured and self.drafter is not None:  # the step's wall time, commits included
+            self.policy.observe_delivered(bs, self._drafted, time.perf_counter() - t0, bs + accepted_total)
         self.stats.draft_tokens += sum(num_nodes) - bs
         self.stats.accepted_tokens += accepted_total
         if K > 1:
@@ -463,6 +468,7 @@ class Engine:
         bs = len(running)
         budget = self.policy.draft_budget(bs) if self.drafter is not None else 0
         spec = [i for i, r in enumerate(running) if r.params.speculate and r.req_id not in plain]
+        self._drafted = budget > 0 and bool(spec)
         tokens = parents = np.zeros((bs, 0), dtype=np.int64)
         probs, counts = np.zeros((bs, 0), dtype=np.float32), np.zeros(bs, dtype=np.int64)
         if budget > 0 and spec:

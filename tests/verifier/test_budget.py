@@ -57,3 +57,34 @@ def test_observed_step_overhead_turns_marginal_speculation_off():
         pol.observe_step(False, 1e-3, 1)
     assert pol.choose_nodes(probs) == 0
     assert pol.choose_nodes([np.array([0.99, 0.98, 0.97, 0.96, 0.95, 0.94, 0.93])]) > 0  # still pays here
+
+
+def test_drafting_that_delivers_less_than_plain_turns_itself_off_and_back_on():
+    """Realized committed tokens per second decide, per batch-size bucket: host work the GPU cost
+    model cannot see (large batches) turns drafting off; one step in explore_every still runs the
+    losing mode, so drafting comes back when it pays again."""
+    grid = [1, 8, 64, 512, 1024]
+    pol = BudgetPolicy(15, None, CostModel(grid, [1e-3, 1e-3, 1.2e-3, 2e-3, 3e-3]))
+    assert pol.draft_budget(64) > 0  # no figures yet: draft
+    modes = []
+    for _ in range(64):  # drafting steps: 64 * 1.6 tokens in 14 ms; plain steps: 64 in 4.7 ms
+        drafted = pol.draft_budget(64) > 0
+        modes.append(drafted)
+        pol.observe_delivered(64, drafted, 14e-3 if drafted else 4.7e-3, 102 if drafted else 64)
+    assert pol.delivered(64, False) > pol.delivered(64, True)
+    assert not any(modes[32:-16]) or sum(modes[32:]) <= 2  # off, but for exploration steps
+    assert any(modes[32:]) and pol.draft_budget(1) > 0  # other buckets keep their own figures
+    modes = []
+    for _ in range(320):  # drafts got cheaper (or better): drafting delivers more again
+        drafted = pol.draft_budget(64) > 0
+        modes.append(drafted)
+        pol.observe_delivered(64, drafted, 5e-3 if drafted else 4.7e-3, 110 if drafted else 64)
+    assert pol.delivered(64, True) > pol.delivered(64, False)
+    assert sum(modes[-32:]) >= 30  # drafting again, but for exploration steps
+
+
+def test_fixed_budget_ignores_delivered_rates():
+    pol = BudgetPolicy(7, 5)
+    pol.observe_delivered(8, True, 1.0, 1)
+    pol.observe_delivered(8, False, 1e-3, 8)
+    assert pol.draft_budget(8) == 5

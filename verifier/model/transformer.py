@@ -229,9 +229,10 @@ class Transformer(nn.Module):
         # Every decode/verify step uses the native attention, even where SDPA would be faster (H200,
         # SmolLM2-135M, bench/step_profile.py: native 0.76-0.92x of torch's step time up to batch
         # 8 x 16 nodes, 1.07x at 64 x 16): a token then computes the same in a plain step as in a
-        # verify step (fixed spans; tests/verifier/test_decode_attention.py), so greedy speculative
-        # output keeps matching plain decoding in bf16 (it did not, at batch 64, with SDPA above a
-        # size threshold).
+        # verify step where its keys sit at the same cache rows (fixed spans; the root and chain
+        # nodes; tests/verifier/test_decode_attention.py), so greedy speculative output nearly
+        # always matches plain decoding in bf16 (it did not, at batch 64, with SDPA above a size
+        # threshold).
         attend = fb.mask is not None and cfg.head_dim in (64, 128) and T <= kernels.MAX_NODES
         bias = None if fb.mask is None or attend else self.attention_bias(fb.mask)
         # Few rows: every projection is one norm_linear kernel, with a row's result independent of

@@ -16,7 +16,9 @@
 //
 // The span S is fixed per head size, so a query row's arithmetic does not depend on the batch
 // size or on the number of tree nodes: a token computes the same in a plain decode step and in a
-// verify step. Spans the mask hides entirely are skipped, and a masked key's value is never
+// verify step as long as its keys sit at the same cache rows (the root; the nodes of a chain,
+// whose index is their depth; not a tree node whose index exceeds its depth, whose ancestors then
+// fall into other lanes of the spans). Spans the mask hides entirely are skipped, and a masked key's value is never
 // multiplied (a NaN left in a masked row cannot reach the output, unlike 0 * NaN in SDPA).
 //
 // Cache layout (verifier.model.kv_cache): one layer's keys are rows [num_slots * max_len, Hkv, D]
