@@ -5,9 +5,11 @@ import json
 from bench import remote_overhead
 
 
-def test_remote_overhead_smoke(tmp_path, capsys):
+def test_remote_overhead_smoke(tmp_path, capsys, data_dir):
     out = tmp_path / "ro.json"
-    assert remote_overhead.main(["--batches", "1,2", "--steps", "4", "--gpu-ms", "1", "--out", str(out)]) == 0
+    trace = data_dir / "traces" / "humaneval164_greedy.jsonl"
+    assert remote_overhead.main(["--batches", "1,2", "--steps", "4", "--gpu-ms", "1", "--trace", str(trace),
+                                 "--out", str(out)]) == 0
     res = json.loads(out.read_text())
     for B in ("1", "2"):
         row = res["batches"][B]
