@@ -102,7 +102,8 @@ def run_engine(engine: Engine, prompts: list[list[int]], max_new: int, params: S
     """Runs the prompts through the engine (continuous batching, max_batch at a time): tok/s etc."""
     params = params or SamplingParams(max_tokens=max_new)
     sync(engine.device)
-    steps0 = engine.stats.steps
+    st = engine.stats
+    before = (st.steps, st.step_seconds, st.prefills, st.prefill_seconds)
     t = time.perf_counter()
     reqs = engine.generate(prompts, params)
     if reqs_out is not None:
@@ -114,7 +115,10 @@ def run_engine(engine: Engine, prompts: list[list[int]], max_new: int, params: S
     steps = sum(r.verify_steps for r in reqs)
     return {"seconds": round(dt, 4), "tokens": tokens, "tok_s": round(tokens / dt, 2), "verify_steps": steps,
             "accepted": sum(r.accepted_tokens for r in reqs), "draft_tokens": sum(r.draft_tokens for r in reqs),
-            "engine_steps": engine.stats.steps - steps0, "mat": round(tokens / max(steps, 1), 3), "outputs": outs}
+            "engine_steps": st.steps - before[0],
+            # where the time went: prefill forwards (a refill one prompt at a time costs more of them)
+            "prefills": st.prefills - before[2], "prefill_s": round(st.prefill_seconds - before[3], 4),
+            "step_s": round(st.step_seconds - before[1], 4), "mat": round(tokens / max(steps, 1), 3), "outputs": outs}
 
 
 def start_server(tmp: str):
@@ -193,6 +197,9 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
                              "identical": n_diff == 0, "outputs_differing": n_diff, "first_diff_pos": first,
                              "draft_steps": {"local": d.local_steps, "remote": d.remote_steps,
                                              "fallback": d.fallback_steps, "remote_errors": d.remote_errors}}
+                delivered = {k: round(v, 1) for k, v in spec.policy.delivered_rates().items()}
+                if delivered:  # committed tok/s the policy saw, per batch bucket and mode
+                    row[mode]["delivered_tok_s"] = delivered
                 if spec.policy.cost is not None:
                     c = spec.policy.cost
                     row[mode]["cost_model_ms"] = {int(t): round(s * 1e3, 3) for t, s in zip(c.tokens, c.seconds)}

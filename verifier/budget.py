@@ -85,6 +85,11 @@ class BudgetPolicy:
         d = self._delivered.get((self.batch_bucket(bs), drafted))
         return None if d is None else d[0] / d[1]
 
+    def delivered_rates(self) -> dict[str, float]:
+        """Every figure kept, as {"<bucket>_drafted" | "<bucket>_plain": committed tokens/s}."""
+        return {f"{b}_{'drafted' if d else 'plain'}": v[0] / v[1] for (b, d), v in sorted(self._delivered.items())
+                if v[1] > 0}
+
     def drafting_pays(self, bs: int) -> bool:
         """False where drafting steps of this batch size have delivered less than plain ones,
         except on exploration steps (one in ``explore_every`` of this bucket's steps runs the mode

@@ -73,7 +73,9 @@ class EngineConfig:
 @dataclass
 class EngineStats:
     steps: int = 0
-    step_seconds: float = 0.0
+    step_seconds: float = 0.0  # wall time of step(), prefills included
+    prefills: int = 0  # prefill forwards (a batch of prompts admitted together is one)
+    prefill_seconds: float = 0.0
     prefill_tokens: int = 0
     generated_tokens: int = 0
     draft_tokens: int = 0  # draft nodes verified
@@ -223,8 +225,12 @@ class Engine:
         t0 = time.perf_counter()
         updated = self._take_inbox()
         admitted = self.scheduler.admit()
-        for chunk in prefill_chunks(admitted, self.config.prefill_tokens):
-            self._prefill(chunk)
+        if admitted:
+            t = time.perf_counter()
+            for chunk in prefill_chunks(admitted, self.config.prefill_tokens):
+                self._prefill(chunk)
+                self.stats.prefills += 1
+            self.stats.prefill_seconds += time.perf_counter() - t
         updated.extend(admitted)
         running = [r for r in self.scheduler.running if not r.finished]
         if running:

@@ -72,6 +72,7 @@ def test_drafting_that_delivers_less_than_plain_turns_itself_off_and_back_on():
         modes.append(drafted)
         pol.observe_delivered(64, drafted, 14e-3 if drafted else 4.7e-3, 102 if drafted else 64)
     assert pol.delivered(64, False) > pol.delivered(64, True)
+    assert set(pol.delivered_rates()) == {"64_drafted", "64_plain"}
     assert not any(modes[32:-16]) or sum(modes[32:]) <= 2  # off, but for exploration steps
     assert any(modes[32:]) and pol.draft_budget(1) > 0  # other buckets keep their own figures
     modes = []
