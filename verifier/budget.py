@@ -17,8 +17,9 @@ Python per request) is not in it, and at large batches it dominates: on the H200
 64 requests took 4.7 ms of wall time plain and about 14 ms speculative, against 1.6 and 4 ms of
 forward. So the policy also keeps what steps really delivered, committed tokens per second of wall
 time, per batch-size bucket (powers of two) and mode (drafting or not). Where drafting steps have
-delivered less than plain ones, it does not draft, except for one step in ``explore_every`` (four
-times fewer when one mode leads by 25%) that keeps the losing mode's figure current; so speculation that costs more than it brings turns itself
+delivered less than plain ones (by more than 3%: drafting's gains come in bursts), it does not
+draft, except for one step in ``explore_every`` (four times fewer when one mode leads by 25%) that
+keeps the losing mode's figure current; so speculation that costs more than it brings turns itself
 off, and back on when it pays again (a smaller batch, better drafts).
 """
 
@@ -75,6 +76,7 @@ class BudgetPolicy:
         self.explore_every = 16
         self._delivered: dict[tuple[int, bool], list[float]] = {}
         self._steps_at: dict[int, int] = {}  # steps seen per bucket: paces the exploration
+        self._prefers: dict[int, bool] = {}  # per bucket: whether drafting is the preferred mode
 
     @staticmethod
     def batch_bucket(bs: int) -> int:
@@ -106,8 +108,13 @@ class BudgetPolicy:
         explore = n % every == every - 1
         if spec is None or plain is None:
             # Start by drafting; measure plain steps on the exploration turns.
+            self._prefers[b] = True
             return spec is None or not explore
-        return (spec >= plain) != explore
+        # Drafting's gains come in bursts (a copied passage accepts 8 tokens, most steps accept
+        # none), so it keeps the lead unless plain is ahead by more than 3%.
+        prefers = spec >= 0.97 * plain
+        self._prefers[b] = prefers
+        return prefers != explore
 
     @property
     def calibration(self) -> float:
@@ -173,7 +180,9 @@ class BudgetPolicy:
         if seconds <= 0:
             return
         d = self._delivered.setdefault((self.batch_bucket(bs), drafted), [0.0, 0.0])
-        decay = 0.7  # the losing mode is seen once in explore_every steps: a few must be able to flip it
+        # The preferred mode's figure averages over about 20 steps (drafting's bursts); the other
+        # mode is seen once in explore_every steps, so a few of those must be able to flip it.
+        decay = 0.95 if drafted == self._prefers.get(self.batch_bucket(bs), True) else 0.7
         d[0] = decay * d[0] + committed
         d[1] = decay * d[1] + seconds
 
