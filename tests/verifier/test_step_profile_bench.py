@@ -1,0 +1,17 @@
+"""CPU smoke of bench/step_profile.py: its three same-run paths (native kernels where the device has
+them, torch matmuls, torch attention) run end to end and the JSON carries their ratios."""
+
+import json
+
+from bench import step_profile
+
+
+def test_step_profile_smoke(tmp_path, capsys):
+    out = tmp_path / "sp.json"
+    assert step_profile.main(["--device", "cpu", "--batches", "1", "--ks", "1,2", "--repeats", "1", "--prefix", "16",
+                              "--skip-eager", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    for path in ("native", "torch_linear", "torch_attention"):
+        assert set(res[path]) >= {"B1_K1", "B1_K2", "prefill_ms"} and res[path]["B1_K1"]["step_ms"] > 0
+    assert set(res["summary"]["native_vs_torch_linear"]) == {"B1_K1", "B1_K2"}
+    assert "eager_ops" not in res and "SUMMARY" in capsys.readouterr().out
