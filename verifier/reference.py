@@ -361,6 +361,7 @@ def norm_linear(x: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor
 def argmax_rows(logits: Tensor) -> tuple[Tensor, Tensor]:
     """(argmax [...] int64, bad [...] bool) of logits [..., V]: a row holding a NaN or an infinity
     is zeroed in place and flagged, and its argmax is 0 (the first maximum of a zero row)."""
-    bad = logits.isfinite().logical_not_().any(-1)
-    logits.masked_fill_(bad[..., None], 0.0)
+    from .numerics import nonfinite_rows
+
+    bad = nonfinite_rows(logits)
     return logits.argmax(-1), bad

@@ -161,6 +161,8 @@ def check_decode_attention(q, kv_cache, layer, slots, max_len, mask) -> None:
 
 
 NORM_LINEAR_MAX_ROWS = 32  # rows (tokens) per call of the native norm_linear
+
+
 def check_norm_linear(x, weight, bias, residual, norm_weight, eps, silu) -> None:
     check_tensor("weight", weight, ndim=2)
     N_w, K = weight.shape

@@ -38,8 +38,7 @@ from torch import Tensor
 
 import numpy as np
 
-from .. import kernels
-from ..numerics import nonfinite_rows
+from .. import kernels, reference
 from .kv_cache import KVCache
 from .transformer import ForwardBatch, Transformer
 
@@ -299,11 +298,9 @@ class GraphRunner:
         write_rows = prefix[:, None] + torch.arange(K, device=prefix.device)
         fb = ForwardBatch(idx.positions.view(B, K), write_rows, slots, L, kernels.tree_attention_mask(tree_mask, prefix, L))
         logits = self.model(tokens, self.cache, fb)
-        if logits.is_cuda and kernels.native_available():  # one kernel: argmax + non-finite check
-            predict, bad = kernels.argmax_rows(logits)
-        else:
-            bad = nonfinite_rows(logits)
-            predict = logits.argmax(-1)
+        # argmax + non-finite check: one kernel on CUDA (the reference on the CPU, or without the library)
+        native = not logits.is_cuda or kernels.native_available()
+        predict, bad = kernels.argmax_rows(logits) if native else reference.argmax_rows(logits)
         res = kernels.verify_tree_greedy(tokens, idx.retrive_index, idx.retrive_next_token, idx.retrive_next_sibling,
                                          predict, K)
         if K > 1:  # with the root alone there is nothing to move

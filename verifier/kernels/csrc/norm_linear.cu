@@ -43,7 +43,6 @@ enum : int { kNone = 0, kRms = 1, kAddRms = 2 };
 
 template <typename T> struct Vec;
 template <> struct Vec<__nv_bfloat16> {
-  using T2 = __nv_bfloat162;
   static __device__ __forceinline__ float2 to_f2(uint32_t v) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
   }
