@@ -102,6 +102,25 @@ def prefill_chunks(reqs: list[Request], max_tokens: int) -> list[list[Request]]:
     return out
 
 
+def graph_prefill_chunks(reqs: list[Request], graphs: GraphRunner, max_tokens: int) -> list[list[Request]]:
+    """Admitted requests grouped for prefill graphs: by length bucket, as many per group as one
+    graph of that bucket takes (``GraphRunner.max_prefill_prompts``); prompts longer than the
+    largest bucket are grouped for eager prefill (``prefill_chunks``)."""
+    by_bucket: dict[int, list[Request]] = {}
+    eager: list[Request] = []
+    for r in reqs:
+        Tb = graphs.prefill_bucket(len(r.prompt_ids))
+        if Tb is None:
+            eager.append(r)
+        else:
+            by_bucket.setdefault(Tb, []).append(r)
+    out: list[list[Request]] = []
+    for Tb, group in sorted(by_bucket.items()):
+        n = graphs.max_prefill_prompts(Tb)
+        out.extend(group[i:i + n] for i in range(0, len(group), n))
+    return out + prefill_chunks(eager, max_tokens)
+
+
 class Engine:
     def __init__(self, model: Transformer, codec: TextCodec, drafter: Drafter | None,
                  config: EngineConfig = EngineConfig(), cost: CostModel | None = None) -> None:
@@ -116,7 +135,8 @@ class Engine:
         self.graphs = None
         if use_graphs:
             self.graphs = GraphRunner(model, self.cache, config.max_batch, config.max_batch,
-                                      max_nodes=config.max_budget + 1, capture=on_cuda and config.cuda_graphs)
+                                      max_nodes=config.max_budget + 1, capture=on_cuda and config.cuda_graphs,
+                                      prefill_tokens=config.prefill_tokens)
         if config.compile and on_cuda:
             self._compile_fusions()
         self.linear_probe: dict[str, float] | None = None
@@ -227,7 +247,9 @@ class Engine:
         admitted = self.scheduler.admit()
         if admitted:
             t = time.perf_counter()
-            for chunk in prefill_chunks(admitted, self.config.prefill_tokens):
+            chunks = (prefill_chunks(admitted, self.config.prefill_tokens) if self.graphs is None
+                      else graph_prefill_chunks(admitted, self.graphs, self.config.prefill_tokens))
+            for chunk in chunks:
                 self._prefill(chunk)
                 self.stats.prefills += 1
             self.stats.prefill_seconds += time.perf_counter() - t
@@ -295,39 +317,44 @@ class Engine:
         return done
 
     def _prefill(self, reqs: list[Request]) -> None:
-        """One causal forward over the prompts of ``reqs``, right-padded to the longest, then each
-        request's first token from its last prompt position. The padding rows' K/V land past each
-        prompt, where masks never look and decoding overwrites them; they repeat the prompt's last
-        token, so they are finite where the prompt is (a masked NaN still poisons attention: 0 * NaN)."""
+        """One causal forward over the prompts of ``reqs``, right-padded to the longest (replayed
+        as a prefill graph where one fits), then each request's first token from its last prompt
+        position. The padding rows' K/V land past each prompt, where masks never look and decoding
+        overwrites them; they repeat the prompt's last token, so they are finite where the prompt
+        is (a masked NaN still poisons attention: 0 * NaN)."""
         dev = self.device
         lens = [len(r.prompt_ids) for r in reqs]
         T = max(lens)
-        ids = np.empty((len(reqs), T), dtype=np.int64)
-        for i, r in enumerate(reqs):
-            ids[i, :lens[i]] = r.prompt_ids
-            ids[i, lens[i]:] = r.prompt_ids[-1]
-        if len(reqs) == 1 and self.graphs is not None and self.graphs.prefill_bucket(T) is not None:
-            logits = self.graphs.prefill(reqs[0].prompt_ids, reqs[0].slot)
+        Tb = None if self.graphs is None else self.graphs.prefill_bucket(T)
+        if Tb is not None and len(reqs) <= self.graphs.max_prefill_prompts(Tb):
+            logits = self.graphs.prefill([r.prompt_ids for r in reqs], [r.slot for r in reqs])
         else:
+            ids = np.empty((len(reqs), T), dtype=np.int64)
+            for i, r in enumerate(reqs):
+                ids[i, :lens[i]] = r.prompt_ids
+                ids[i, lens[i]:] = r.prompt_ids[-1]
             rows = torch.arange(T, device=dev).expand(len(reqs), T)
             fb = ForwardBatch(rows, rows, torch.tensor([r.slot for r in reqs], device=dev), T, None)
             last = torch.tensor(lens, device=dev) - 1
             logits = self.model(torch.from_numpy(ids).to(dev), self.cache, fb, last_index=last)[:, 0]
-        bad = nonfinite_rows(logits)
+        bad = nonfinite_rows(logits)  # before penalties: min_tokens puts -inf in on purpose
         for i, req in enumerate(reqs):
-            process_logits(logits[i:i + 1, None], [req], logits.new_zeros(1, 1, dtype=torch.int64),
-                           torch.ones(1, 1, 1, dtype=torch.bool, device=dev), self.eos_ids)
-            mask_logits([req], None, logits[i:i + 1])
+            if needs_processing(req):
+                process_logits(logits[i:i + 1, None], [req], logits.new_zeros(1, 1, dtype=torch.int64),
+                               torch.ones(1, 1, 1, dtype=torch.bool, device=dev), self.eos_ids)
+        mask_logits(reqs, None, logits)
+        # The greedy requests' first tokens and every row's non-finite flag: one copy to the host.
         greedy = [i for i, r in enumerate(reqs) if r.params.greedy]
-        first = dict(zip(greedy, logits[greedy].argmax(-1).tolist())) if greedy else {}  # one copy for all
-        bad = bad.tolist()
+        chosen = logits if len(greedy) == len(reqs) else logits[greedy]
+        host = torch.cat([chosen.argmax(-1), bad.long()]).tolist()
+        first, bad = dict(zip(greedy, host[:len(greedy)])), host[len(greedy):]
         for i, req in enumerate(reqs):
             tok = first[i] if i in first else self._sample_one(logits[i:i + 1], [req])
             req.cache_len = lens[i]
             self.stats.prefill_tokens += lens[i]
             if self.drafter is not None:
                 self.drafter.start_request(req.req_id, req.prompt_ids, group=req.group)
-            self._commit_path(req, [tok], logits[i:i + 1], [0], [bad[i]])
+            self._commit_path(req, [tok], logits[i:i + 1], [0], [bool(bad[i])])
             if bad[i]:
                 self.cache.clear(req.slot)
         self._flush_extends()

@@ -84,22 +84,41 @@ def test_captured_graphs_match_eager_cuda():
     _check("cuda", capture=True)
 
 
+def _eager_prefill(model, cache, device, prompt: list[int], slot: int) -> torch.Tensor:
+    T = len(prompt)
+    rows = torch.arange(T, device=device)[None]
+    return model(torch.tensor([prompt], device=device), cache,
+                 ForwardBatch(rows, rows, torch.tensor([slot], device=device), T, None), last_only=True)[:, 0]
+
+
 def _check_prefill(device, capture):
     model, (eager_cache, graph_cache) = _setup(device)
     runner = GraphRunner(model, graph_cache, MAX_BATCH, scratch_slot=MAX_BATCH, min_kv=16, capture=capture,
-                         max_prefill=32)
+                         max_prefill=32, prefill_tokens=64)
     assert runner.prefill_buckets == (16, 32) and runner.prefill_bucket(33) is None
-    for slot, T in [(2, 5), (0, 16), (4, 17), (2, 31)]:
-        prompt = torch.randint(0, CFG.vocab_size, (T,)).tolist()
-        rows = torch.arange(T, device=device)[None]
-        want = model(torch.tensor([prompt], device=device), eager_cache,
-                     ForwardBatch(rows, rows, torch.tensor([slot], device=device), T, None), last_only=True)[:, 0]
-        got = runner.prefill(prompt, slot)
+    assert runner.max_prefill_prompts(16) == 4 and runner.max_prefill_prompts(32) == 2
+    assert runner.prefill_shapes() == [(1, 16), (2, 16), (4, 16), (1, 32), (2, 32)]
+    # One prompt, and several of different lengths in one graph (3 real + 1 padding row in the
+    # scratch slot): each prompt's logits and cache rows are what its own eager prefill gives.
+    for batch in [[(2, 5)], [(0, 16)], [(4, 17)], [(2, 31)], [(1, 3), (3, 16), (0, 9)], [(2, 20), (4, 32)]]:
+        prompts = [torch.randint(0, CFG.vocab_size, (T,)).tolist() for _, T in batch]
+        slots = [slot for slot, _ in batch]
+        want = torch.cat([_eager_prefill(model, eager_cache, device, p, s) for p, s in zip(prompts, slots)])
+        got = runner.prefill(prompts, slots)
+        assert got.shape == want.shape
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-        # The prompt's rows hold what the eager prefill wrote; rows past it are padding.
-        torch.testing.assert_close(graph_cache._view[:, slot, :T], eager_cache._view[:, slot, :T], rtol=1e-5, atol=1e-5)
+        for p, slot in zip(prompts, slots):  # the prompt's rows hold what the eager prefill wrote
+            T = len(p)
+            torch.testing.assert_close(graph_cache._view[:, slot, :T], eager_cache._view[:, slot, :T],
+                                       rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="tokens"):
-        runner.prefill(list(range(33)), 0)
+        runner.prefill([list(range(33))], [0])
+    with pytest.raises(ValueError, match="prompts"):
+        runner.prefill([[1, 2]] * 5, [0, 1, 2, 3, 4])  # more than one graph of bucket 16 takes
+    with pytest.raises(ValueError, match="slot"):
+        runner.prefill([[1, 2], [3]], [0])
+    with pytest.raises(ValueError, match="tokens"):
+        runner.prefill([[1, 2], []], [0, 1])
 
 
 def test_padded_prefill_matches_eager_cpu():
@@ -111,3 +130,19 @@ def test_captured_prefill_matches_eager_cuda():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     _check_prefill("cuda", capture=True)
+
+
+def test_graph_prefill_chunks_group_by_length_bucket():
+    from verifier.engine import graph_prefill_chunks
+    from verifier.request import Request
+    from verifier.sampling import SamplingParams
+
+    model, (cache, _) = _setup("cpu")
+    runner = GraphRunner(model, cache, MAX_BATCH, scratch_slot=MAX_BATCH, capture=False, max_prefill=32,
+                         prefill_tokens=64)
+    reqs = [Request(f"r{i}", [1] * T, SamplingParams()) for i, T in enumerate([3, 20, 5, 40, 16, 7, 30, 2, 9])]
+    chunks = graph_prefill_chunks(reqs, runner, max_tokens=64)
+    lens = [[len(r.prompt_ids) for r in c] for c in chunks]
+    # Bucket 16 takes 4 prompts a graph, bucket 32 two; the 40-token prompt has no graph (eager).
+    assert lens == [[3, 5, 16, 7], [2, 9], [20, 30], [40]]
+    assert sorted(r.req_id for c in chunks for r in c) == sorted(r.req_id for r in reqs)
