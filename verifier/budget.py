@@ -71,12 +71,22 @@ class BudgetPolicy:
         # Observed step time / modeled forward time, for plain and for speculative steps: the
         # host work a step adds (drafting, tree building, verification) is part of its cost.
         self.overhead = {False: 1.0, True: 1.0}
-        self.node_bucket: Callable[[int], int] = lambda k: k  # tree size the forward really runs
+        self._step_costs: dict[int, np.ndarray] = {}  # per batch size: cost(bs * node_bucket(k + 1)), k = 0..max_budget
+        self.node_bucket = lambda k: k  # tree size the forward really runs
         # Realized committed tokens per second, by (batch-size bucket, drafted): decayed sums.
         self.explore_every = 16
         self._delivered: dict[tuple[int, bool], list[float]] = {}
         self._steps_at: dict[int, int] = {}  # steps seen per bucket: paces the exploration
         self._prefers: dict[int, bool] = {}  # per bucket: whether drafting is the preferred mode
+
+    @property
+    def node_bucket(self) -> Callable[[int], int]:
+        return self._node_bucket
+
+    @node_bucket.setter
+    def node_bucket(self, fn: Callable[[int], int]) -> None:
+        self._node_bucket = fn
+        self._step_costs.clear()
 
     @staticmethod
     def batch_bucket(bs: int) -> int:
@@ -147,9 +157,7 @@ class BudgetPolicy:
             s = np.cumsum(np.sort(np.asarray(p, dtype=float))[::-1])
             gains[1:len(s) + 1] += s
             gains[len(s) + 1:] += s[-1] if len(s) else 0.0
-        rate = [(bs + c * gains[k]) / (self.cost(bs * self.node_bucket(k + 1)) * self.overhead[k > 0])
-                for k in range(longest + 1)]
-        return int(np.argmax(rate))
+        return self._best_nodes(bs, c * gains)
 
     def choose_nodes_rows(self, probs: np.ndarray, counts: np.ndarray) -> int:
         """``choose_nodes`` for [bs, W] padded probabilities (``counts[b]`` real, padding 0),
@@ -163,9 +171,19 @@ class BudgetPolicy:
         gains = np.zeros(W + 1)
         if bs and W:
             gains[1:] = np.cumsum(-np.sort(-probs.astype(np.float64), axis=1), axis=1).sum(axis=0)
-        rate = [(bs + c * gains[k]) / (self.cost(bs * self.node_bucket(k + 1)) * self.overhead[k > 0])
-                for k in range(W + 1)]
-        return int(np.argmax(rate))
+        return self._best_nodes(bs, c * gains)
+
+    def _best_nodes(self, bs: int, gains: np.ndarray) -> int:
+        """The k (0 .. len(gains) - 1) with the most expected tokens per second: (bs + gains[k])
+        over the step's modeled time with k nodes per request (its tree bucket, and the host
+        overhead observed for plain or speculative steps)."""
+        costs = self._step_costs.get(bs)
+        if costs is None:  # the cost model and the buckets are fixed: once per batch size
+            costs = self._step_costs[bs] = np.array([self.cost(bs * self.node_bucket(k + 1))
+                                                     for k in range(self.max_budget + 1)])
+        n = min(len(gains), len(costs))
+        seconds = costs[:n] * np.where(np.arange(n) > 0, self.overhead[True], self.overhead[False])
+        return int(np.argmax((bs + gains[:n]) / seconds))
 
     def observe_step(self, speculative: bool, seconds: float, tokens: int) -> None:
         """One step's wall time against the cost model's forward time for its tokens in the batch."""

@@ -51,6 +51,9 @@ class VerifierConfig:
     # (max_batch * (max_budget + 1) <= 32): "auto" times a decode step both ways at start-up (cuda
     # graphs) and keeps the faster; "on"; "off".
     native_linear: str = "auto"
+    # Waiting requests join a running batch once this many slots are free (or all fit), or after
+    # 4 steps; 0 = max_batch // 8 (fewer prefill forwards at large batch; verifier/scheduler.py).
+    refill_group: int = 0
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -90,7 +93,7 @@ class VerifierConfig:
         return EngineConfig(max_batch=self.max_batch, max_len=self.max_len, budget=fixed,
                             max_budget=self.max_budget, cost_probe_s=self.cost_probe_s, cuda_graphs=self.cuda_graphs,
                             compile=self.compile, capture_at_start=self.capture_at_start,
-                            native_linear=self.native_linear)
+                            native_linear=self.native_linear, refill_group=self.refill_group)
 
 
 def _is_loopback(host: str) -> bool:

@@ -54,6 +54,14 @@ class EngineConfig:
     # replays a decode step faster, timed at start-up (CUDA graphs; it wins on a small model, whose
     # steps are bound by kernel count, and can lose to cuBLAS on a large one); "on"; "off".
     native_linear: str = "auto"
+    # Waiting requests join a running batch once this many slots are free (or all fit), or after
+    # scheduler.MAX_REFILL_WAIT_STEPS steps: fewer prefill forwards (verifier/scheduler.py).
+    # 0 = max_batch // 8 (at least 1: every refill at once up to batch 15).
+    refill_group: int = 0
+
+    @property
+    def refill_slots(self) -> int:
+        return self.refill_group or max(1, self.max_batch // 8)
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_batch <= 4096:
@@ -64,6 +72,8 @@ class EngineConfig:
             raise ValueError(f"max_budget: expected 1..{kernels.MAX_NODES - 1}, got {self.max_budget}")
         if not 1 <= self.prefill_tokens <= 1 << 20:
             raise ValueError(f"prefill_tokens: expected 1..2^20, got {self.prefill_tokens}")
+        if not 0 <= self.refill_group <= self.max_batch:
+            raise ValueError(f"refill_group: expected 0 (auto) or 1..max_batch ({self.max_batch}), got {self.refill_group}")
         if self.native_linear not in ("auto", "on", "off"):
             raise ValueError(f"native_linear: expected 'auto', 'on' or 'off', got {self.native_linear!r}")
         if self.budget is not None and not 0 <= self.budget <= self.max_budget:
@@ -158,7 +168,7 @@ class Engine:
             n = self.graphs.capture_greedy_steps(None if drafter is not None else (1,))
             n += self.graphs.capture_prefills()
             log.info("captured %d greedy-step and prefill graphs in %.1f s", n, time.perf_counter() - t)
-        self.scheduler = Scheduler(config.max_batch)
+        self.scheduler = Scheduler(config.max_batch, config.refill_slots)
         self.eos_ids = tuple(codec.eos_token_ids or mc.eos_token_ids)
         self.grammars = GrammarCompiler(codec.tokenizer, mc.vocab_size, self.eos_ids)  # lazy: structured output
         fixed = 0 if drafter is None else config.budget

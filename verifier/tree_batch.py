@@ -62,6 +62,11 @@ def prune_rows(tokens: np.ndarray, parents: np.ndarray, probs: np.ndarray, count
     if counts.max() <= k:  # nothing to drop
         return tokens[:, :k], parents[:, :k], probs[:, :k], new_counts
     valid = np.arange(W)[None, :] < counts[:, None]
+    # The corpus ranks a tree's nodes best-first (probabilities non-increasing, parents before
+    # children): then the k most probable nodes are the first k (ties keep their order, as the
+    # stable sort below would), and one comparison replaces the sort and the remapping.
+    if np.all((probs[:, 1:] <= probs[:, :-1]) | ~valid[:, 1:]):
+        return tokens[:, :k], parents[:, :k], probs[:, :k], new_counts
     key = np.where(valid, -probs.astype(np.float64), np.inf)
     keep = np.sort(np.argsort(key, axis=1, kind="stable")[:, :k], axis=1)
     kept = np.arange(k)[None, :] < new_counts[:, None]

@@ -37,3 +37,11 @@ def test_native_linear_flag():
     assert _parse(["--native-linear", "off"]).engine_config().native_linear == "off"
     with pytest.raises(ValueError, match="native_linear"):
         VerifierConfig(native_linear="fast")
+
+
+def test_refill_group_flag():
+    assert _parse([]).engine_config().refill_slots == 1  # max_batch 8: 8 // 8
+    assert _parse(["--max-batch", "64"]).engine_config().refill_slots == 8
+    assert _parse(["--max-batch", "64", "--refill-group", "2"]).engine_config().refill_slots == 2
+    with pytest.raises(ValueError, match="refill_group"):
+        VerifierConfig(max_batch=4, refill_group=5)

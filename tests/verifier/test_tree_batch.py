@@ -119,3 +119,37 @@ def test_batched_prune_and_pack_match_the_per_request_forms():
         ref = pack_trees(last, want, prefix, slots, K_min)
         assert (got.bs, got.K, got.num_nodes) == (ref.bs, ref.K, ref.num_nodes)
         assert np.array_equal(got.host, ref.host) and abs(got.predicted - ref.predicted) < 1e-4
+
+
+def test_prune_rows_of_best_first_trees_match_prune_tree():
+    """The corpus ranks nodes best-first; prune_rows then keeps the first k of each row (its fast
+    path), which must be exactly what prune_tree's most-probable-k selection gives."""
+    from verifier.tree_batch import prune_rows
+
+    rng = np.random.default_rng(5)
+    for _ in range(60):
+        bs, W = int(rng.integers(1, 7)), int(rng.integers(1, 12))
+        tokens, parents, probs, counts, _ = _padded_batch(rng, bs, W)
+        drafts = []
+        for b in range(bs):  # reorder each row best-first (stable: a parent precedes its tied children)
+            n = int(counts[b])
+            t, p, pr = tokens[b, :n].copy(), parents[b, :n].astype(np.int64), probs[b, :n].copy()
+            for j in range(n):
+                if p[j] >= 0:
+                    pr[j] = min(pr[j], pr[p[j]])
+            order = np.argsort(-pr.astype(np.float64), kind="stable")
+            where = np.empty(n, np.int64)
+            where[order] = np.arange(n)
+            t, pr = t[order], pr[order]
+            p = np.where(p[order] >= 0, where[np.maximum(p[order], 0)], -1)
+            assert all(p[j] < j for j in range(n))
+            tokens[b, :n], parents[b, :n], probs[b, :n] = t, p, pr
+            drafts.append((t, p, pr))
+        k = int(rng.integers(0, W + 2))
+        t, p, pr, c = prune_rows(tokens, parents, probs, counts, k)
+        want = [prune_tree(*d, k) for d in drafts]
+        assert c.tolist() == [len(w[0]) for w in want]
+        for b, (wt, wp, wpr) in enumerate(want):
+            n = len(wt)
+            assert t[b, :n].tolist() == wt.tolist() and p[b, :n].tolist() == wp.tolist(), (b, k)
+            np.testing.assert_allclose(pr[b, :n], wpr)
