@@ -18,11 +18,19 @@ microseconds), errs, or is slow, steps draft from the mirror alone. A call still
 running in the background (the client retries and, once the server is back, replays every live
 request on a new session); until it returns, the engine does not wait on the remote corpus at all.
 No corpus failure ever fails a request.
+
+The client thread shares the GIL with the engine's step loop. A remote drafter lowers the
+interpreter's switch interval (``GIL_SWITCH_INTERVAL_S``, never raising it): with Python's 5 ms
+default, an engine thread whose GPU step had finished waited up to 5 ms for the client thread's
+Python work (protobuf, numpy) to yield, against ~1 ms steps. Measured on the H200 (SmolLM2, 120
+Spec-Bench prompts, 256 new tokens): remote drafting at batch 1 went from 1,280 to 1,424 tok/s
+(local: 1,715), at batch 64 from 1.07x to 1.19x plain decoding.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -34,6 +42,8 @@ from corpus_service.config import MAX_BUDGET
 from corpus_service.engine import DraftBatch, merge_with_earlier
 
 log = logging.getLogger(__name__)
+
+GIL_SWITCH_INTERVAL_S = 2e-4  # see the module docstring
 
 
 REMOTE_DRAFT_MODES = ("pipelined", "sync")
@@ -88,6 +98,8 @@ class Drafter:
             self._client = CorpusClient(corpus, namespace=namespace, timeout=client_timeout_s, token=token, tls=tls,
                                         breaker=CircuitBreaker(failure_threshold=2, cooldown_s=breaker_cooldown_s))
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="corpus-client")
+            if sys.getswitchinterval() > GIL_SWITCH_INTERVAL_S:  # process-wide; never raised
+                sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
             self.local = NgramCorpus(vocab_size=vocab_size) if vocab_size else NgramCorpus()
 
     @property

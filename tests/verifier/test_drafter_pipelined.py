@@ -54,3 +54,23 @@ def test_requests_the_remote_tree_was_not_asked_for_get_the_fresh_tree(corpus_se
 def test_remote_drafts_mode_is_validated():
     with pytest.raises(ValueError, match="remote_drafts"):
         Drafter("local", remote_drafts="eager")
+
+
+def test_a_remote_drafter_lowers_the_gil_switch_interval_and_never_raises_it(corpus_server):
+    import sys
+
+    from verifier.drafter import GIL_SWITCH_INTERVAL_S
+
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.005)  # Python's default
+        Drafter("local").close()
+        assert sys.getswitchinterval() == 0.005  # in-process drafting has no client thread
+        d = Drafter(corpus_server.target)
+        d.close()
+        assert sys.getswitchinterval() == pytest.approx(GIL_SWITCH_INTERVAL_S)
+        sys.setswitchinterval(1e-4)  # a process that chose a shorter one keeps it
+        Drafter(corpus_server.target).close()
+        assert sys.getswitchinterval() == pytest.approx(1e-4)
+    finally:
+        sys.setswitchinterval(before)
