@@ -136,6 +136,7 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
     res: dict = {"cuda_graphs": device.type == "cuda" and not args.eager,
                  "model": lm.name, "params_M": round(lm.model.config.num_params / 1e6, 1), "dtype": str(dtype),
                  "load_s": round(time.perf_counter() - t0, 2), "max_new": args.max_new, "budget": args.budget,
+                 "refill_group": args.refill_group,
                  "max_budget": args.max_budget, "batches": {}}
     trace = data_dir(args.data_dir) / "traces" / TRACE
     n_max = max(max(b, args.min_prompts) for b in args.batches)
@@ -166,6 +167,7 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
             prompts = all_prompts[:max(B, args.min_prompts)]
             row: dict = {"prompts": len(prompts)}
             plain = Engine(lm.model, lm.codec, None, EngineConfig(max_batch=B, max_len=max_len, budget=0,
+                                                                  refill_group=min(args.refill_group, B),
                                                                   max_budget=args.max_budget,
                                                                   cuda_graphs=not args.eager, compile=not args.eager))
             # Untimed: the first run at a batch size meets prefill shapes (batched chunks) that
@@ -188,6 +190,7 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
                                   remote_drafts="sync" if mode == "remote_sync" else "pipelined")
                 spec = Engine(lm.model, lm.codec, drafter,
                               EngineConfig(max_batch=B, max_len=max_len, budget=budget, max_budget=args.max_budget,
+                                           refill_group=min(args.refill_group, B),
                                            cost_probe_s=args.cost_probe_s, cuda_graphs=not args.eager, compile=not args.eager))
                 r = run_engine(spec, prompts, args.max_new)
                 n_diff, first = mismatches(base["outputs"], r["outputs"])
@@ -417,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
                         "pipelined drafts), remote_sync (waiting for its drafts every step)")
     p.add_argument("--budget", default="auto", help="draft nodes per request, or 'auto' (cost model + acceptance)")
     p.add_argument("--max-budget", type=int, default=15)
+    p.add_argument("--refill-group", type=int, default=0,
+                   help="EngineConfig.refill_group of the SmolLM2 engines (0 = max_batch // 8; 1 = refill at once)")
     p.add_argument("--cost-probe-s", type=float, default=3.0)
     p.add_argument("--draft-timeout", type=float, default=0.05, help="remote_sync drafts: seconds waited per step")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs (eager forwards, as before them)")
