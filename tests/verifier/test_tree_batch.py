@@ -95,9 +95,23 @@ def _padded_batch(rng, bs, W):
     return tokens, parents, probs, counts, drafts
 
 
+def _prune_rows_like_prune_tree(tokens, parents, probs, counts, drafts, k):
+    """prune_rows of the padded batch == prune_tree of each request's draft; returns both."""
+    from verifier.tree_batch import prune_rows
+
+    t, p, pr, c = prune_rows(tokens, parents, probs, counts, k)
+    want = [prune_tree(*d, k) for d in drafts]
+    assert c.tolist() == [len(w[0]) for w in want]
+    for b, (wt, wp, wpr) in enumerate(want):
+        n = len(wt)
+        assert t[b, :n].tolist() == wt.tolist() and p[b, :n].tolist() == wp.tolist(), (b, k)
+        np.testing.assert_allclose(pr[b, :n], wpr)
+    return t, p, pr, c, want
+
+
 def test_batched_prune_and_pack_match_the_per_request_forms():
     from verifier.budget import BudgetPolicy
-    from verifier.tree_batch import pack_rows, pack_trees, prune_rows
+    from verifier.tree_batch import pack_rows, pack_trees
 
     rng = np.random.default_rng(2)
     policy = BudgetPolicy(15, None, lambda tokens: 1.0 + 0.01 * tokens)
@@ -106,13 +120,7 @@ def test_batched_prune_and_pack_match_the_per_request_forms():
         tokens, parents, probs, counts, drafts = _padded_batch(rng, bs, W)
         assert policy.choose_nodes_rows(probs, counts) == policy.choose_nodes([d[2] for d in drafts])
         k = int(rng.integers(0, W + 2))
-        t, p, pr, c = prune_rows(tokens, parents, probs, counts, k)
-        want = [prune_tree(*d, k) for d in drafts]
-        assert c.tolist() == [len(w[0]) for w in want]
-        for b, (wt, wp, wpr) in enumerate(want):
-            n = len(wt)
-            assert t[b, :n].tolist() == wt.tolist() and p[b, :n].tolist() == wp.tolist(), (b, k)
-            np.testing.assert_allclose(pr[b, :n], wpr)
+        t, p, pr, c, want = _prune_rows_like_prune_tree(tokens, parents, probs, counts, drafts, k)
         last, prefix, slots = rng.integers(0, 1000, bs).tolist(), rng.integers(1, 50, bs).tolist(), list(range(bs))
         K_min = int(rng.integers(1, 5))
         got = pack_rows(last, t, p, pr, c, prefix, slots, K_min)
@@ -146,10 +154,4 @@ def test_prune_rows_of_best_first_trees_match_prune_tree():
             tokens[b, :n], parents[b, :n], probs[b, :n] = t, p, pr
             drafts.append((t, p, pr))
         k = int(rng.integers(0, W + 2))
-        t, p, pr, c = prune_rows(tokens, parents, probs, counts, k)
-        want = [prune_tree(*d, k) for d in drafts]
-        assert c.tolist() == [len(w[0]) for w in want]
-        for b, (wt, wp, wpr) in enumerate(want):
-            n = len(wt)
-            assert t[b, :n].tolist() == wt.tolist() and p[b, :n].tolist() == wp.tolist(), (b, k)
-            np.testing.assert_allclose(pr[b, :n], wpr)
+        _prune_rows_like_prune_tree(tokens, parents, probs, counts, drafts, k)
