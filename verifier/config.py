@@ -54,6 +54,8 @@ class VerifierConfig:
     # Waiting requests join a running batch once this many slots are free (or all fit), or after
     # 4 steps; 0 = max_batch // 8 (fewer prefill forwards at large batch; verifier/scheduler.py).
     refill_group: int = 0
+    # Plain decoding runs each step one ahead of the host's commits (greedy, CUDA graphs; engine.py).
+    overlap_plain: bool = True
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -93,7 +95,8 @@ class VerifierConfig:
         return EngineConfig(max_batch=self.max_batch, max_len=self.max_len, budget=fixed,
                             max_budget=self.max_budget, cost_probe_s=self.cost_probe_s, cuda_graphs=self.cuda_graphs,
                             compile=self.compile, capture_at_start=self.capture_at_start,
-                            native_linear=self.native_linear, refill_group=self.refill_group)
+                            native_linear=self.native_linear, refill_group=self.refill_group,
+                            overlap_plain=self.overlap_plain)
 
 
 def _is_loopback(host: str) -> bool:

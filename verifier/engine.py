@@ -26,7 +26,7 @@ from .grammar import GrammarCompiler, finish_if_complete, mask_logits, prune_dra
 from .logprobs import row_logprobs
 from .model import ForwardBatch, KVCache, TextCodec, Transformer
 from .model import fusion
-from .model.cuda_graphs import GraphRunner, GreedyStepResult, probe_native_linear
+from .model.cuda_graphs import GraphRunner, GreedyStepResult, StepLaunch, probe_native_linear
 from .numerics import error_message, nonfinite_rows
 from .penalties import needs_processing, process_logits
 from .request import Request, Status, append_tokens
@@ -58,6 +58,11 @@ class EngineConfig:
     # scheduler.MAX_REFILL_WAIT_STEPS steps: fewer prefill forwards (verifier/scheduler.py).
     # 0 = max_batch // 8 (at least 1: every refill at once up to batch 15).
     refill_group: int = 0
+    # Plain decoding (no drafter) launches each step before committing the previous one's tokens:
+    # the next step's input tokens come from the previous step's predictions on the device, so the
+    # host's per-step work (commits, stops, streaming) overlaps the GPU's instead of adding to it.
+    # Applies to greedy steps replayed as graphs (no penalties, grammars or logprobs).
+    overlap_plain: bool = True
 
     @property
     def refill_slots(self) -> int:
@@ -91,6 +96,15 @@ class EngineStats:
     draft_tokens: int = 0  # draft nodes verified
     accepted_tokens: int = 0
     spec_steps: int = 0  # request-steps that verified at least one draft node
+
+
+@dataclass
+class _Inflight:
+    """An overlapped plain step launched on the device whose tokens are not committed yet."""
+
+    reqs: list[Request]
+    launch: StepLaunch
+    prefix: list[int]  # each request's root row (cache_len as of the step)
 
 
 def prefill_chunks(reqs: list[Request], max_tokens: int) -> list[list[Request]]:
@@ -187,6 +201,7 @@ class Engine:
         self._live: dict[str, Request] = {}
         self._extends: list[tuple[str, list[int]]] = []  # this step's committed tokens for the drafter
         self._drafted = False  # whether this step asked the corpus for drafts (BudgetPolicy.observe_delivered)
+        self._inflight: _Inflight | None = None  # overlap_plain: the step launched ahead of the host
 
     def _compile_fusions(self) -> None:
         """Compiles the layers' elementwise ops (verifier.model.fusion) for every shape class a
@@ -254,6 +269,8 @@ class Engine:
         Returns the requests that got tokens or finished."""
         t0 = time.perf_counter()
         updated = self._take_inbox()
+        if self._inflight is not None and (updated or self.scheduler.waiting):
+            updated.extend(self._drain())  # aborts or newcomers change the batch: commit the step ahead first
         admitted = self.scheduler.admit()
         if admitted:
             t = time.perf_counter()
@@ -265,9 +282,15 @@ class Engine:
             self.stats.prefill_seconds += time.perf_counter() - t
         updated.extend(admitted)
         running = [r for r in self.scheduler.running if not r.finished]
-        if running:
-            self._verify_step(running)
-            updated.extend(running)
+        if running and self._overlaps(running):
+            updated.extend(self._overlapped_step(running))
+        elif running:
+            if self._inflight is not None:
+                updated.extend(self._drain())
+                running = [r for r in running if not r.finished]
+            if running:
+                self._verify_step(running)
+                updated.extend(running)
         for req in self.scheduler.release_finished():
             if self.drafter is not None:
                 self.drafter.finish(req.req_id)
@@ -295,6 +318,7 @@ class Engine:
 
     def fail_all(self, error: str) -> None:
         """After an internal error: finish every live request with finish_reason "error"."""
+        self._inflight = None  # whatever it computed is not committed
         self._take_inbox()
         reqs = list(self.scheduler.waiting) + self.scheduler.running
         self.scheduler.waiting.clear()
@@ -433,6 +457,55 @@ class Engine:
         k = self.policy.choose_nodes([d[2] for d in drafts])
         room = min(self.config.max_len - r.cache_len - 1 for r in running)  # rows prefix .. prefix + K - 1
         return [prune_tree(*d, max(0, min(k, room))) for d in drafts]
+
+    def _overlaps(self, running: list[Request]) -> bool:
+        return (self.config.overlap_plain and self.drafter is None and self._fast_greedy(running)
+                and all(r.params.logprobs is None for r in running))
+
+    def _overlapped_step(self, running: list[Request]) -> list[Request]:
+        """Plain decoding one step ahead of the host: launches this step (its input tokens are the
+        predictions of the step in flight, on the device, when the batch is the same), then
+        commits the step in flight. Returns the requests that got tokens or finished."""
+        prev = self._inflight
+        done: list[Request] = []
+        if prev is not None and not (len(prev.reqs) == len(running) and all(a is b for a, b in zip(prev.reqs, running))):
+            done = self._drain()  # the batch changed: its tokens first, then a step from the host's tokens
+            running = [r for r in running if not r.finished]
+            prev = None
+            if not running:
+                return done
+        bs = len(running)
+        if prev is None:
+            prefix, tokens = [r.cache_len for r in running], [r.last_token for r in running]
+        else:  # every request commits one token per plain step: its next root row is one further
+            prefix, tokens = [p + 1 for p in prev.prefix], [0] * bs  # tokens: from the device
+        host = np.concatenate([tokens, [-1] * bs, prefix, [r.slot for r in running]]).astype(np.int64)
+        launch = self.graphs.launch_greedy_step(host, bs, 1, max(prefix) + 1,
+                                                tokens_from=None if prev is None else prev.launch)
+        self._inflight = _Inflight(list(running), launch, prefix)
+        if prev is not None:
+            done = self._commit_launched(prev)
+        return done
+
+    def _drain(self) -> list[Request]:
+        inflight, self._inflight = self._inflight, None
+        return [] if inflight is None else self._commit_launched(inflight)
+
+    def _commit_launched(self, inflight: _Inflight) -> list[Request]:
+        """Commits an overlapped plain step's tokens (one per request). A request that finished or
+        was aborted after the step was launched drops its token (its K/V row lies past its end)."""
+        r = self.graphs.collect(inflight.launch)
+        predicts, bad = r.predicts.tolist(), r.bad[:, 0].tolist()
+        for b, req in enumerate(inflight.reqs):
+            if req.finished:
+                continue
+            req.cache_len += 1
+            req.verify_steps += 1
+            self._commit_path(req, [predicts[b]], None, [0], [bad[b]])
+            if bad[b]:  # NaN K/V in masked rows would still reach attention (0 * NaN)
+                self.cache.clear(req.slot, 0 if req.finish_reason == "error" else req.cache_len)
+        self._flush_extends()
+        return list(inflight.reqs)
 
     def _fast_greedy(self, running: list[Request]) -> bool:
         """Whether the whole step can replay as one graph (GraphRunner.greedy_step): greedy

@@ -100,9 +100,27 @@ class _StepGraph:
 
     graph: torch.cuda.CUDAGraph | None
     inp: Tensor  # [2 B K + 2 B] int64: tokens, parents, prefix lens, slots (tree_batch.PackedTrees)
-    staging: Tensor  # the same on the host (pinned with CUDA): the step's one host-to-device copy
+    # The same on the host (pinned with CUDA): the step's one host-to-device copy. Two, used in
+    # turn: with overlapped steps the host fills the next step's input while the previous copy
+    # from the other one may still be queued.
+    staging: list[Tensor]
     out: Tensor | None = None  # [3 B K + B] int64: accept_index, accept_token_num, predicts, bad
     logits: Tensor | None = None  # [B, K, V] float32
+    host_out: list[Tensor] | None = None  # CUDA: two pinned copies of ``out``, used in turn
+
+
+@dataclass
+class StepLaunch:
+    """A greedy step enqueued on the device (``GraphRunner.launch_greedy_step``) whose results
+    have not been read yet (``GraphRunner.collect``)."""
+
+    B: int
+    K: int
+    bs: int
+    out: Tensor  # the results: a pinned host copy, complete once ``event`` is (CUDA), or on the CPU
+    event: torch.cuda.Event | None
+    logits: Tensor  # [B, K, V]: the graph's buffer, overwritten by its next replay
+    dev_out: Tensor  # the results on the device: a later step's input tokens can come from them
 
 
 @dataclass
@@ -166,6 +184,7 @@ class GraphRunner:
         self.max_batch = max_batch
         self._pool = torch.cuda.graph_pool_handle() if self.capture else None
         self._warmed = False
+        self._launches = 0  # greedy-step launches: they take the two staging/result buffers in turn
 
     def kv_bucket(self, kv_len: int) -> int:
         return next_bucket(kv_len, self.kv_buckets)
@@ -293,22 +312,50 @@ class GraphRunner:
         argmax, tree verification and KV compaction replay as one graph, between one copy in and
         one copy out. Per step, the host launches one graph instead of dozens of kernels.
         ``while_busy()``, if given, runs after the launch while the GPU works (before the copy out waits)."""
+        launch = self.launch_greedy_step(host, bs, K, kv_len)
+        if while_busy is not None:
+            while_busy()
+        return self.collect(launch)
+
+    @torch.inference_mode()
+    def launch_greedy_step(self, host: np.ndarray, bs: int, K: int, kv_len: int,
+                           tokens_from: StepLaunch | None = None) -> StepLaunch:
+        """``greedy_step`` without waiting: the step and the copy of its results to the host are
+        enqueued, ``collect`` reads them. ``tokens_from``: an earlier one-node step of the same
+        requests whose predicted tokens are this step's input tokens, copied on the device (the
+        host's tokens in ``host`` are ignored): plain decoding can run a step ahead of the host.
+        Launches must be collected in order, at most one behind."""
         B, L = next_bucket(bs, self.batch_buckets), self.kv_bucket(kv_len)
         g = self._steps.get((B, K, L))
         if g is None:
             g = self._steps[(B, K, L)] = self._build_step(B, K, L)
-        self._load_step(g, host, bs, B, K)
+        turn = self._launches % 2
+        self._launches += 1
+        self._load_step(g, host, bs, B, K, g.staging[turn])
+        if tokens_from is not None:
+            if K != 1 or tokens_from.K != 1 or tokens_from.bs != bs:
+                raise ValueError(f"tokens_from: expected a one-node step of {bs} requests, got "
+                                 f"{tokens_from.bs} requests of {tokens_from.K} nodes (this step: {K} nodes)")
+            Bp = tokens_from.B  # a one-node step's predictions follow accept_index [Bp] and accept_token_num [Bp]
+            g.inp[:bs].copy_(tokens_from.dev_out[2 * Bp:2 * Bp + bs])
         if g.graph is None:
             g.logits, g.out = self._run_step(g, B, K, L)
-        else:
-            g.graph.replay()
-        if while_busy is not None:
-            while_busy()
-        # The step's one device-to-host copy (it waits for the replay).
-        return GreedyStepResult.unpack(g.out.cpu().numpy(), B, K, bs, g.logits)
+            return StepLaunch(B, K, bs, g.out, None, g.logits, g.out)
+        g.graph.replay()
+        host_out = g.host_out[turn]
+        host_out.copy_(g.out, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return StepLaunch(B, K, bs, host_out, event, g.logits, g.out)
 
-    def _load_step(self, g: _StepGraph, host: np.ndarray, bs: int, B: int, K: int) -> None:
-        dst = g.staging.numpy()
+    def collect(self, launch: StepLaunch) -> GreedyStepResult:
+        """Waits for a launched step and returns its results (the host's own copy)."""
+        if launch.event is not None:
+            launch.event.synchronize()
+        return GreedyStepResult.unpack(launch.out.numpy().copy(), launch.B, launch.K, launch.bs, launch.logits)
+
+    def _load_step(self, g: _StepGraph, host: np.ndarray, bs: int, B: int, K: int, staging: Tensor) -> None:
+        dst = staging.numpy()
         n, m = bs * K, B * K
         tokens, parents = dst[:m].reshape(B, K), dst[m:2 * m].reshape(B, K)
         tokens[:bs] = host[:n].reshape(bs, K)
@@ -320,7 +367,7 @@ class GraphRunner:
             parents[bs:] = -1
             dst[2 * m + bs:2 * m + B] = 0
             dst[2 * m + B + bs:] = self.scratch
-        g.inp.copy_(g.staging, non_blocking=True)  # ordered before the replay on this stream
+        g.inp.copy_(staging, non_blocking=True)  # ordered before the replay on this stream
 
     def _run_step(self, g: _StepGraph, B: int, K: int, L: int) -> tuple[Tensor, Tensor]:
         m = B * K
@@ -345,9 +392,10 @@ class GraphRunner:
         staging = torch.zeros(size, dtype=torch.int64, pin_memory=self.capture)
         staging[B * K:2 * B * K] = -1  # parents of isolated padding nodes
         staging[2 * B * K + B:] = self.scratch
-        g = _StepGraph(None, staging.to(dev), staging)
+        g = _StepGraph(None, staging.to(dev), [staging, staging.clone().pin_memory() if self.capture else staging.clone()])
         if not self.capture:
             return g
+        g.host_out = [torch.empty(3 * B * K + B, dtype=torch.int64, pin_memory=True) for _ in range(2)]
         # Warm-ups and capture run on the padding input above (every row in the scratch slot), so
         # no request's K/V moves.
         g.graph, (g.logits, g.out) = self._capture(lambda: self._run_step(g, B, K, L))

@@ -1,0 +1,75 @@
+"""Overlapped plain decoding (EngineConfig.overlap_plain): each step is launched before the
+previous one's tokens are committed, its input tokens taken from the previous step's predictions
+on the device. Run here on the graph path executed eagerly (``emulate_graphs``): the outputs,
+finish reasons and stops must be exactly those of the same engine stepping one step at a time,
+with continuous batching, requests finishing at different steps, and aborts."""
+
+import pytest
+
+from verifier.engine import Engine, EngineConfig
+from verifier.sampling import SamplingParams
+
+from tiny_lm import one_thread, tiny_lm  # noqa: F401 (a fixture)
+
+
+def _engine(lm, overlap: bool, max_batch: int = 3) -> Engine:
+    return Engine(lm.model, lm.codec, None, EngineConfig(max_batch=max_batch, max_len=128, budget=0,
+                                                         emulate_graphs=True, overlap_plain=overlap))
+
+
+def _prompts():
+    return [[1, 2, 3], [4, 5], [6, 1, 2, 3, 4], [2], [3, 3, 3, 1], [5, 6, 7, 1], [1, 1]]
+
+
+def _params():
+    # Different lengths, an eos the model can emit (id 15), a stop string and a stop token.
+    return [SamplingParams(max_tokens=n, stop=["t9 t9"] if i == 2 else (),
+                           stop_token_ids=[11] if i == 4 else ()) for i, n in enumerate([5, 9, 12, 3, 20, 7, 16])]
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_overlapped_plain_decoding_equals_step_by_step():
+    lm = tiny_lm(vocab_size=16, seed=3)
+    want = _engine(lm, overlap=False).generate(_prompts(), _params())
+    eng = _engine(lm, overlap=True)
+    fed = []
+    launch = eng.graphs.launch_greedy_step
+    eng.graphs.launch_greedy_step = lambda *a, **k: fed.append(k.get("tokens_from") is not None) or launch(*a, **k)
+    got = eng.generate(_prompts(), _params())
+    assert [r.output_ids for r in got] == [r.output_ids for r in want]
+    assert [r.finish_reason for r in got] == [r.finish_reason for r in want]
+    assert [r.text for r in got] == [r.text for r in want]
+    assert sum(fed) > len(fed) // 2  # most steps really ran ahead of the host
+    assert eng.stats.generated_tokens == sum(len(r.output_ids) for r in want)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_abort_while_a_step_is_in_flight():
+    lm = tiny_lm(vocab_size=16, seed=3)
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    want = _engine(lm, overlap=False).generate(_prompts()[:2], params)
+    eng = _engine(lm, overlap=True)
+    a = eng.add_request(_prompts()[0], params)
+    b = eng.add_request(_prompts()[1], params)
+    for _ in range(4):
+        eng.step()
+    assert eng._inflight is not None
+    eng.abort(b.req_id)
+    cut = len(b.output_ids)
+    while eng.has_work():
+        eng.step()
+    assert b.finish_reason == "abort" and len(b.output_ids) == cut  # nothing committed after the abort
+    assert b.output_ids == want[1].output_ids[:cut]
+    assert a.finish_reason == "length" and a.output_ids == want[0].output_ids
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_overlap_off_for_logprobs_and_on_config():
+    lm = tiny_lm(vocab_size=16, seed=3)
+    eng = _engine(lm, overlap=True)
+    r = eng.generate([[1, 2, 3]], SamplingParams(max_tokens=4, logprobs=2, ignore_eos=True))[0]
+    assert len(r.logprobs) == 4 and eng._inflight is None  # logits are read each step: no overlap
+    from verifier.config import VerifierConfig
+
+    assert VerifierConfig().engine_config().overlap_plain is True
+    assert VerifierConfig(overlap_plain=False).engine_config().overlap_plain is False
