@@ -136,7 +136,7 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
     res: dict = {"cuda_graphs": device.type == "cuda" and not args.eager,
                  "model": lm.name, "params_M": round(lm.model.config.num_params / 1e6, 1), "dtype": str(dtype),
                  "load_s": round(time.perf_counter() - t0, 2), "max_new": args.max_new, "budget": args.budget,
-                 "refill_group": args.refill_group,
+                 "refill_group": args.refill_group, "overlap_plain": args.overlap_plain,
                  "max_budget": args.max_budget, "batches": {}}
     trace = data_dir(args.data_dir) / "traces" / TRACE
     n_max = max(max(b, args.min_prompts) for b in args.batches)
@@ -168,6 +168,7 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
             row: dict = {"prompts": len(prompts)}
             plain = Engine(lm.model, lm.codec, None, EngineConfig(max_batch=B, max_len=max_len, budget=0,
                                                                   refill_group=min(args.refill_group, B),
+                                                                  overlap_plain=args.overlap_plain,
                                                                   max_budget=args.max_budget,
                                                                   cuda_graphs=not args.eager, compile=not args.eager))
             # Untimed: the first run at a batch size meets prefill shapes (batched chunks) that
@@ -420,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
                         "pipelined drafts), remote_sync (waiting for its drafts every step)")
     p.add_argument("--budget", default="auto", help="draft nodes per request, or 'auto' (cost model + acceptance)")
     p.add_argument("--max-budget", type=int, default=15)
+    p.add_argument("--overlap-plain", action="store_true",
+                   help="plain decoding one step ahead of the host (EngineConfig.overlap_plain)")
     p.add_argument("--refill-group", type=int, default=0,
                    help="EngineConfig.refill_group of the SmolLM2 engines (0 = max_batch // 8; 1 = refill at once)")
     p.add_argument("--cost-probe-s", type=float, default=3.0)
