@@ -270,8 +270,10 @@ class Engine:
         Returns the requests that got tokens or finished."""
         t0 = time.perf_counter()
         updated = self._take_inbox()
-        if self._inflight is not None and (updated or self.scheduler.waiting):
-            updated.extend(self._drain())  # aborts or newcomers change the batch: commit the step ahead first
+        if self._inflight is not None and updated:
+            updated.extend(self._drain())  # aborts: the step ahead's tokens first, none for the aborted
+        # (Newcomers prefill while a step is in flight: the stream orders their prefill after it, and
+        # the batch change makes the next step drain it and start from the host's tokens.)
         admitted = self.scheduler.admit()
         if admitted:
             t = time.perf_counter()

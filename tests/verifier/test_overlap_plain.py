@@ -17,6 +17,14 @@ def _engine(lm, overlap: bool, max_batch: int = 3) -> Engine:
                                                          emulate_graphs=True, overlap_plain=overlap))
 
 
+def _record_fed_launches(eng: Engine) -> list[bool]:
+    """Per greedy-step launch: whether its input tokens came from the previous step on the device."""
+    fed: list[bool] = []
+    launch = eng.graphs.launch_greedy_step
+    eng.graphs.launch_greedy_step = lambda *a, **k: fed.append(k.get("tokens_from") is not None) or launch(*a, **k)
+    return fed
+
+
 def _prompts():
     return [[1, 2, 3], [4, 5], [6, 1, 2, 3, 4], [2], [3, 3, 3, 1], [5, 6, 7, 1], [1, 1]]
 
@@ -32,9 +40,7 @@ def test_overlapped_plain_decoding_equals_step_by_step():
     lm = tiny_lm(vocab_size=16, seed=3)
     want = _engine(lm, overlap=False).generate(_prompts(), _params())
     eng = _engine(lm, overlap=True)
-    fed = []
-    launch = eng.graphs.launch_greedy_step
-    eng.graphs.launch_greedy_step = lambda *a, **k: fed.append(k.get("tokens_from") is not None) or launch(*a, **k)
+    fed = _record_fed_launches(eng)
     got = eng.generate(_prompts(), _params())
     assert [r.output_ids for r in got] == [r.output_ids for r in want]
     assert [r.finish_reason for r in got] == [r.finish_reason for r in want]
@@ -73,3 +79,17 @@ def test_overlap_off_for_logprobs_and_on_config():
 
     assert VerifierConfig().engine_config().overlap_plain is False  # opt-in until measured on a GPU
     assert VerifierConfig(overlap_plain=True).engine_config().overlap_plain is True
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_queue_keeps_the_overlap_and_refills_match():
+    """More requests than slots: while the queue waits for a slot, steps still run ahead; the
+    outputs equal step-by-step decoding's."""
+    lm = tiny_lm(vocab_size=16, seed=4)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (6, 14, 9, 11, 4, 8, 13)]
+    want = _engine(lm, overlap=False, max_batch=2).generate(_prompts(), params)
+    eng = _engine(lm, overlap=True, max_batch=2)
+    fed = _record_fed_launches(eng)
+    got = eng.generate(_prompts(), params)
+    assert [r.output_ids for r in got] == [r.output_ids for r in want]
+    assert sum(fed) > len(fed) // 2
