@@ -93,3 +93,26 @@ def test_a_queue_keeps_the_overlap_and_refills_match():
     got = eng.generate(_prompts(), params)
     assert [r.output_ids for r in got] == [r.output_ids for r in want]
     assert sum(fed) > len(fed) // 2
+
+
+@pytest.mark.gpu
+def test_overlapped_plain_decoding_on_captured_graphs_cuda():
+    """The same on a CUDA device: captured graphs, pinned result buffers read after an event,
+    input tokens copied device to device."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from verifier.model import ModelConfig, build_model
+
+    lm = tiny_lm(vocab_size=64, seed=5)
+    cfg = ModelConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                      num_kv_heads=2, max_position_embeddings=256, eos_token_ids=(63,))
+    torch.manual_seed(5)
+    lm.model = build_model(cfg, None, "cuda", torch.float32)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (6, 30, 9, 17, 4, 25, 13)]
+    outs = []
+    for overlap in (False, True):
+        eng = Engine(lm.model, lm.codec, None, EngineConfig(max_batch=3, max_len=128, budget=0, overlap_plain=overlap))
+        outs.append([r.output_ids for r in eng.generate(_prompts(), params)])
+    assert outs[1] == outs[0]
