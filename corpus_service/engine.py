@@ -217,6 +217,13 @@ class NgramCorpus:
         """Extends many requests: ``token_ids`` is a list of sequences, a 2-D array whose row i holds
         ``lengths[i]`` tokens (padding after them is ignored), or a 1-D array of all the runs
         concatenated with their ``lengths``."""
+        if (isinstance(token_ids, np.ndarray) and token_ids.ndim == 1 and token_ids.dtype == np.int32
+                and isinstance(lengths, np.ndarray) and lengths.dtype == np.int64 and lengths.shape == (len(req_ids),)):
+            # The verifier's per-step form: nothing to convert, and the native call checks the rest
+            # (lengths >= 0 adding up to the tokens, token ids in range) before it changes anything.
+            self._native.extend_many([_rid(r) for r in req_ids], np.ascontiguousarray(token_ids),
+                                     np.ascontiguousarray(lengths))
+            return
         if isinstance(token_ids, np.ndarray) and token_ids.ndim == 1 and lengths is not None:
             # Already concatenated: row i is the next lengths[i] tokens (the cheapest form).
             lengths = np.asarray(lengths, dtype=np.int64)

@@ -254,6 +254,28 @@ def test_extend_batch_is_all_or_nothing():
     assert c.stats()["learned_tokens"] == 2  # the refused batches left nothing behind
 
 
+def test_extend_batch_of_int32_runs_is_checked_natively_and_all_or_nothing():
+    """The verifier's per-step form (int32 runs, int64 lengths) skips the Python conversions; the
+    native call still refuses bad input with a ValueError before changing anything."""
+    c = NgramCorpus(vocab_size=100)
+    c.start_requests(["x", "y"], [[1], [2]])
+    runs, lens = np.array([3, 4, 5], np.int32), np.array([2, 1], np.int64)
+    for toks, lengths, message in [
+        (np.array([3, -4, 5], np.int32), lens, "must be >= 0"),
+        (np.array([3, 400, 5], np.int32), lens, "outside the vocabulary"),
+        (runs, np.array([2, 2], np.int64), "add up to 4 but 3"),
+        (runs, np.array([4, -1], np.int64), "lengths must be >= 0"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            c.extend_batch(["x", "y"], toks, lengths)
+    with pytest.raises(ValueError, match="unknown request id 'nope'"):
+        c.extend_batch(["x", "nope"], runs, lens)
+    c.extend_batch(["x", "y"], runs, lens)
+    c.finish_batch(["x", "y"])
+    c.synchronize()
+    assert sorted(c.learned_tokens()[c.learned_tokens() >= 0].tolist()) == [1, 2, 3, 4, 5]
+
+
 def test_batch_get_with_per_call_draft_token_num():
     c = NgramCorpus(draft_token_num=8)
     c.batch_put([[1, 2, 3, 4, 5, 6]])
