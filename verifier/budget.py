@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import bisect
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,7 +72,7 @@ class BudgetPolicy:
         # Observed step time / modeled forward time, for plain and for speculative steps: the
         # host work a step adds (drafting, tree building, verification) is part of its cost.
         self.overhead = {False: 1.0, True: 1.0}
-        self._step_costs: dict[int, np.ndarray] = {}  # per batch size: cost(bs * node_bucket(k + 1)), k = 0..max_budget
+        self._step_costs: dict[int, list[float]] = {}  # per batch size: cost(bs * node_bucket(k + 1)), k = 0..max_budget
         self.node_bucket = lambda k: k  # tree size the forward really runs
         # Realized committed tokens per second, by (batch-size bucket, drafted): decayed sums.
         self.explore_every = 16
@@ -148,7 +149,6 @@ class BudgetPolicy:
         if self.fixed is not None:
             return min(self.fixed, max((len(p) for p in probs), default=0))
         bs = len(probs)
-        c = self.calibration
         longest = max((len(p) for p in probs), default=0)
         # gains[k] = expected accepted tokens with the k best nodes per request (probs are ranked
         # by the corpus; sorting keeps the bound honest if they are not).
@@ -157,33 +157,41 @@ class BudgetPolicy:
             s = np.cumsum(np.sort(np.asarray(p, dtype=float))[::-1])
             gains[1:len(s) + 1] += s
             gains[len(s) + 1:] += s[-1] if len(s) else 0.0
-        return self._best_nodes(bs, c * gains)
+        return self._best_nodes(bs, gains.tolist())
 
-    def choose_nodes_rows(self, probs: np.ndarray, counts: np.ndarray) -> int:
+    def choose_nodes_rows(self, probs: np.ndarray, counts: np.ndarray, best_first: bool = False) -> int:
         """``choose_nodes`` for [bs, W] padded probabilities (``counts[b]`` real, padding 0),
-        without a loop over rows."""
+        without a loop over rows. ``best_first``: every row's probabilities are non-increasing
+        (the corpus ranks nodes so), so a row's k best nodes are its first k and no sort is needed."""
         W = int(counts.max()) if counts.size else 0
-        probs = probs[:, :W]
         bs = probs.shape[0]
         if self.fixed is not None:
             return min(self.fixed, W)
-        c = self.calibration
-        gains = np.zeros(W + 1)
-        if bs and W:
-            gains[1:] = np.cumsum(-np.sort(-probs.astype(np.float64), axis=1), axis=1).sum(axis=0)
-        return self._best_nodes(bs, c * gains)
+        if not (bs and W):
+            return 0
+        probs = probs[:, :W]
+        if best_first:  # gains[k] = the first k columns' sum (padding is 0)
+            col = probs.sum(axis=0, dtype=np.float64)
+        else:
+            col = np.sort(probs.astype(np.float64), axis=1)[:, ::-1].sum(axis=0)
+        return self._best_nodes(bs, [0.0, *itertools.accumulate(col.tolist())])
 
-    def _best_nodes(self, bs: int, gains: np.ndarray) -> int:
-        """The k (0 .. len(gains) - 1) with the most expected tokens per second: (bs + gains[k])
-        over the step's modeled time with k nodes per request (its tree bucket, and the host
-        overhead observed for plain or speculative steps)."""
+    def _best_nodes(self, bs: int, gains: list[float]) -> int:
+        """The k (0 .. len(gains) - 1) with the most expected tokens per second: bs + c gains[k]
+        (gains[k]: the k best nodes' probabilities summed over the batch, c the calibration) over
+        the step's modeled time with k nodes per request (its tree bucket, and the host overhead
+        observed for plain or speculative steps). Plain Python: some 16 numbers, where numpy's
+        per-call cost would be most of the step's host time at batch 1."""
         costs = self._step_costs.get(bs)
         if costs is None:  # the cost model and the buckets are fixed: once per batch size
-            costs = self._step_costs[bs] = np.array([self.cost(bs * self.node_bucket(k + 1))
-                                                     for k in range(self.max_budget + 1)])
-        n = min(len(gains), len(costs))
-        seconds = costs[:n] * np.where(np.arange(n) > 0, self.overhead[True], self.overhead[False])
-        return int(np.argmax((bs + gains[:n]) / seconds))
+            costs = self._step_costs[bs] = [self.cost(bs * self.node_bucket(k + 1)) for k in range(self.max_budget + 1)]
+        c, plain, spec = self.calibration, self.overhead[False], self.overhead[True]
+        best, best_rate = 0, bs / (costs[0] * plain)
+        for k in range(1, min(len(gains), len(costs))):
+            rate = (bs + c * gains[k]) / (costs[k] * spec)
+            if rate > best_rate:  # the first of equal rates, as argmax
+                best, best_rate = k, rate
+        return best
 
     def observe_step(self, speculative: bool, seconds: float, tokens: int) -> None:
         """One step's wall time against the cost model's forward time for its tokens in the batch."""

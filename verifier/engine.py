@@ -32,7 +32,7 @@ from .penalties import needs_processing, process_logits
 from .request import Request, Status, append_tokens
 from .sampling import SamplingParams, sample, target_probs
 from .scheduler import Scheduler
-from .tree_batch import PackedTrees, build_tree_batch, pack_rows, prune_rows, prune_tree
+from .tree_batch import PackedTrees, best_first_rows, build_tree_batch, pack_rows, prune_rows, prune_tree
 
 log = logging.getLogger(__name__)
 
@@ -599,9 +599,10 @@ class Engine:
                 tokens, parents = np.zeros((bs, W), np.int32), np.full((bs, W), -1, np.int32)
                 probs, counts = np.zeros((bs, W), np.float32), np.zeros(bs, np.int64)
                 tokens[spec], parents[spec], probs[spec], counts[spec] = batch.tokens, batch.parents, batch.probs, batch.counts
-            k = self.policy.choose_nodes_rows(probs, counts)
+            best_first = best_first_rows(probs)  # the corpus ranks nodes so: no sorting below
+            k = self.policy.choose_nodes_rows(probs, counts, best_first)
             k = max(0, min(k, self.config.max_len - max_prefix - 1))  # rows prefix .. prefix + K - 1
-            tokens, parents, probs, counts = prune_rows(tokens, parents, probs, counts, k)
+            tokens, parents, probs, counts = prune_rows(tokens, parents, probs, counts, k, best_first)
         K_min = self.graphs.nodes_bucket(1 + int(counts.max(initial=0)), self.config.max_len - max_prefix)
         return pack_rows([r.last_token for r in running], tokens, parents, probs, counts,
                          [r.cache_len for r in running], slots, K_min)

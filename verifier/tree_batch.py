@@ -48,25 +48,31 @@ class TreeBatch:
     slots: torch.Tensor | None = None  # [bs] int64 cache slots, when given
 
 
-def prune_rows(tokens: np.ndarray, parents: np.ndarray, probs: np.ndarray, counts: np.ndarray, k: int):
+def best_first_rows(probs: np.ndarray) -> bool:
+    """Whether every row of [n, W] padded probabilities (padding 0, probabilities >= 0) is
+    non-increasing: the corpus ranks a tree's nodes best-first, parents before children."""
+    return probs.shape[1] < 2 or bool((probs[:, 1:] <= probs[:, :-1]).all())
+
+
+def prune_rows(tokens: np.ndarray, parents: np.ndarray, probs: np.ndarray, counts: np.ndarray, k: int,
+               best_first: bool | None = None):
     """``prune_tree`` for a whole batch at once: rows of [n, W] padded drafts (``counts[i]`` real
-    nodes in row i) -> the same arrays [n, k] holding each row's k most probable nodes as a valid
-    tree (original order), and the new counts. Rows whose probabilities are not monotone keep
-    their first k nodes, as prune_tree does."""
+    nodes in row i, padding probability 0) -> the same arrays [n, k] holding each row's k most
+    probable nodes as a valid tree (original order), and the new counts. Rows whose probabilities
+    are not monotone keep their first k nodes, as prune_tree does. ``best_first``: whether
+    ``best_first_rows(probs)`` holds, if the caller knows (None: checked here)."""
     n, W = tokens.shape
     counts = np.minimum(counts, W).astype(np.int64)
     k = min(k, W)
     new_counts = np.minimum(counts, k)
     if n == 0 or k == 0:
         return tokens[:, :0], parents[:, :0], probs[:, :0], new_counts
-    if counts.max() <= k:  # nothing to drop
+    # Nothing to drop; or rows ranked best-first (probabilities non-increasing, parents before
+    # children), whose k most probable nodes are their first k (ties keep their order, as the
+    # stable sort below would): one comparison instead of the sort and the remapping.
+    if counts.max() <= k or (best_first if best_first is not None else best_first_rows(probs)):
         return tokens[:, :k], parents[:, :k], probs[:, :k], new_counts
     valid = np.arange(W)[None, :] < counts[:, None]
-    # The corpus ranks a tree's nodes best-first (probabilities non-increasing, parents before
-    # children): then the k most probable nodes are the first k (ties keep their order, as the
-    # stable sort below would), and one comparison replaces the sort and the remapping.
-    if np.all((probs[:, 1:] <= probs[:, :-1]) | ~valid[:, 1:]):
-        return tokens[:, :k], parents[:, :k], probs[:, :k], new_counts
     key = np.where(valid, -probs.astype(np.float64), np.inf)
     keep = np.sort(np.argsort(key, axis=1, kind="stable")[:, :k], axis=1)
     kept = np.arange(k)[None, :] < new_counts[:, None]
@@ -86,24 +92,26 @@ def pack_rows(last_tokens: list[int], tokens: np.ndarray, parents: np.ndarray, p
               counts: np.ndarray, prefix_lens: list[int], slots: list[int], num_nodes: int = 1) -> "PackedTrees":
     """``pack_trees`` from [bs, W] padded draft arrays (``counts[b]`` real nodes each, parents -1 =
     the root) without a Python loop over requests."""
+    # A batch-1 step spends more time in numpy's per-call overhead than in its work: every
+    # operation below serves all rows at once, and there are as few as the layout allows.
     bs = tokens.shape[0]
-    W = min(tokens.shape[1], int(counts.max(initial=0)))
-    tokens, parents, probs = tokens[:, :W], parents[:, :W], probs[:, :W]
+    counts_list = counts.tolist()
+    W = min(tokens.shape[1], max(counts_list, default=0))
     K = max(num_nodes, 1 + W)
     host = np.empty(2 * bs * K + 2 * bs, dtype=np.int64)
-    packed = PackedTrees(host, bs, K, (1 + counts).tolist(), 0.0)
-    t, par = packed.tokens, packed.parents
+    tp = host[:2 * bs * K].reshape(2, bs, K)  # tokens, parents
     last = np.asarray(last_tokens, dtype=np.int64)[:, None]
-    t[:] = last
-    par[:] = -1
+    tp[0] = last  # the root, and padding nodes repeating it
+    tp[1] = -1  # the root, and padding nodes (isolated)
+    predicted = 0.0
     if W:
-        real = np.arange(W)[None, :] < counts[:, None]
-        t[:, 1:1 + W] = np.where(real, tokens, last)
-        par[:, 1:1 + W] = np.where(real, parents.astype(np.int64) + 1, -1)
-        packed.predicted = float(np.sum(probs, where=real))
-    packed.prefix_lens[:] = prefix_lens
-    packed.slots[:] = slots
-    return packed
+        real = np.arange(W) < counts[:, None]
+        np.copyto(tp[0, :, 1:1 + W], tokens[:, :W], where=real)
+        np.copyto(tp[1, :, 1:1 + W], parents[:, :W] + 1, where=real)  # draft parent -1 (root) -> node 0
+        predicted = float(probs[:, :W].sum(dtype=np.float64))  # padding probabilities are 0
+    host[2 * bs * K:] = prefix_lens + slots if isinstance(prefix_lens, list) and isinstance(slots, list) \
+        else np.concatenate([np.asarray(prefix_lens), np.asarray(slots)])
+    return PackedTrees(host, bs, K, [1 + c for c in counts_list], predicted)
 
 
 @dataclass

@@ -153,5 +153,11 @@ def test_prune_rows_of_best_first_trees_match_prune_tree():
             assert all(p[j] < j for j in range(n))
             tokens[b, :n], parents[b, :n], probs[b, :n] = t, p, pr
             drafts.append((t, p, pr))
+        from verifier.budget import BudgetPolicy
+        from verifier.tree_batch import best_first_rows
+
+        assert best_first_rows(probs)
+        policy = BudgetPolicy(15, None, lambda tokens: 1.0 + 0.01 * tokens)
+        assert policy.choose_nodes_rows(probs, counts, best_first=True) == policy.choose_nodes([d[2] for d in drafts])
         k = int(rng.integers(0, W + 2))
         _prune_rows_like_prune_tree(tokens, parents, probs, counts, drafts, k)
