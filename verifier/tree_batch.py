@@ -105,9 +105,14 @@ def pack_rows(last_tokens: list[int], tokens: np.ndarray, parents: np.ndarray, p
     tp[1] = -1  # the root, and padding nodes (isolated)
     predicted = 0.0
     if W:
-        real = np.arange(W) < counts[:, None]
-        np.copyto(tp[0, :, 1:1 + W], tokens[:, :W], where=real)
-        np.copyto(tp[1, :, 1:1 + W], parents[:, :W] + 1, where=real)  # draft parent -1 (root) -> node 0
+        if min(counts_list) == W:  # no row is shorter (always so at batch 1): plain copies
+            tp[0, :, 1:1 + W] = tokens[:, :W]
+            tp[1, :, 1:1 + W] = parents[:, :W]
+            tp[1, :, 1:1 + W] += 1  # draft parent -1 (the root) -> node 0
+        else:  # a shorter row's padding keeps repeating the root, isolated
+            real = np.arange(W) < counts[:, None]
+            np.copyto(tp[0, :, 1:1 + W], tokens[:, :W], where=real)
+            np.copyto(tp[1, :, 1:1 + W], parents[:, :W] + 1, where=real)
         predicted = float(probs[:, :W].sum(dtype=np.float64))  # padding probabilities are 0
     host[2 * bs * K:] = prefix_lens + slots if isinstance(prefix_lens, list) and isinstance(slots, list) \
         else np.concatenate([np.asarray(prefix_lens), np.asarray(slots)])
