@@ -72,8 +72,8 @@ class BudgetPolicy:
         # Observed step time / modeled forward time, for plain and for speculative steps: the
         # host work a step adds (drafting, tree building, verification) is part of its cost.
         self.overhead = {False: 1.0, True: 1.0}
-        self._step_costs: dict[int, list[float]] = {}
-        self._budgets: dict[int, int] = {}  # per batch size: draft_budget's largest worthwhile budget  # per batch size: cost(bs * node_bucket(k + 1)), k = 0..max_budget
+        self._step_costs: dict[int, list[float]] = {}  # per batch size: cost(bs * node_bucket(k + 1)), k = 0..max_budget
+        self._budgets: dict[int, int] = {}  # per batch size: draft_budget's largest worthwhile budget
         self.node_bucket = lambda k: k  # tree size the forward really runs
         # Realized committed tokens per second, by (batch-size bucket, drafted): decayed sums.
         self.explore_every = 16

@@ -114,8 +114,8 @@ def pack_rows(last_tokens: list[int], tokens: np.ndarray, parents: np.ndarray, p
             np.copyto(tp[0, :, 1:1 + W], tokens[:, :W], where=real)
             np.copyto(tp[1, :, 1:1 + W], parents[:, :W] + 1, where=real)
         predicted = float(probs[:, :W].sum(dtype=np.float64))  # padding probabilities are 0
-    host[2 * bs * K:] = prefix_lens + slots if isinstance(prefix_lens, list) and isinstance(slots, list) \
-        else np.concatenate([np.asarray(prefix_lens), np.asarray(slots)])
+    host[2 * bs * K:2 * bs * K + bs] = prefix_lens
+    host[2 * bs * K + bs:] = slots
     return PackedTrees(host, bs, K, [1 + c for c in counts_list], predicted)
 
 
