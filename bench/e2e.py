@@ -421,8 +421,8 @@ def main(argv: list[str] | None = None) -> int:
                         "pipelined drafts), remote_sync (waiting for its drafts every step)")
     p.add_argument("--budget", default="auto", help="draft nodes per request, or 'auto' (cost model + acceptance)")
     p.add_argument("--max-budget", type=int, default=15)
-    p.add_argument("--overlap-plain", action="store_true",
-                   help="plain decoding one step ahead of the host (EngineConfig.overlap_plain)")
+    p.add_argument("--overlap-plain", action=argparse.BooleanOptionalAction, default=True,
+                   help="plain decoding one step ahead of the host (EngineConfig.overlap_plain, the default)")
     p.add_argument("--refill-group", type=int, default=0,
                    help="EngineConfig.refill_group of the SmolLM2 engines (0 = max_batch // 8; 1 = refill at once)")
     p.add_argument("--cost-probe-s", type=float, default=3.0)

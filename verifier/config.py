@@ -54,9 +54,8 @@ class VerifierConfig:
     # Waiting requests join a running batch once this many slots are free (or all fit), or after
     # 4 steps; 0 = max_batch // 8 (fewer prefill forwards at large batch; verifier/scheduler.py).
     refill_group: int = 0
-    # Plain decoding runs each step one ahead of the host's commits (greedy, CUDA graphs; engine.py);
-    # off by default until measured on a GPU.
-    overlap_plain: bool = False
+    # Plain decoding runs each step one ahead of the host's commits (greedy, CUDA graphs; engine.py).
+    overlap_plain: bool = True
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:

@@ -77,8 +77,8 @@ def test_overlap_off_for_logprobs_and_on_config():
     assert len(r.logprobs) == 4 and eng._inflight is None  # logits are read each step: no overlap
     from verifier.config import VerifierConfig
 
-    assert VerifierConfig().engine_config().overlap_plain is False  # opt-in until measured on a GPU
-    assert VerifierConfig(overlap_plain=True).engine_config().overlap_plain is True
+    assert VerifierConfig().engine_config().overlap_plain is True  # the default (measured on the H200)
+    assert VerifierConfig(overlap_plain=False).engine_config().overlap_plain is False
 
 
 @pytest.mark.usefixtures("one_thread")
