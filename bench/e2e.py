@@ -188,7 +188,8 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
                     with CorpusClient(target) as c:
                         c.reset()
                 drafter = Drafter(target if remote else "local", vocab_size=V, draft_timeout_s=args.draft_timeout,
-                                  remote_drafts="sync" if mode == "remote_sync" else "pipelined")
+                                  remote_drafts="sync" if mode == "remote_sync" else "pipelined",
+                                  remote_client="thread" if mode == "remote_thread" else "process")
                 spec = Engine(lm.model, lm.codec, drafter,
                               EngineConfig(max_batch=B, max_len=max_len, budget=budget, max_budget=args.max_budget,
                                            refill_group=min(args.refill_group, B),
@@ -209,7 +210,7 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
                     row[mode]["cost_model_ms"] = {int(t): round(s * 1e3, 3) for t, s in zip(c.tokens, c.seconds)}
                 drafter.close()
                 del spec
-            for m in ("remote", "remote_sync"):
+            for m in ("remote", "remote_thread", "remote_sync"):
                 if "local" in row and m in row:
                     row[f"{m}_vs_local"] = ratio(row[m]["tok_s"], row["local"]["tok_s"])
             res["batches"][str(B)] = row
@@ -383,13 +384,13 @@ def summarize(smol: dict | None, big: dict | None, structured: dict | None = Non
         b = smol["batches"]
         for B, row in b.items():
             s[f"smol_b{B}_plain_tok_s"] = row["plain"]["tok_s"]
-            for mode in ("local", "remote", "remote_sync"):
+            for mode in ("local", "remote", "remote_thread", "remote_sync"):
                 if mode in row:
                     s[f"smol_b{B}_{mode}_tok_s"] = row[mode]["tok_s"]
                     s[f"smol_b{B}_{mode}_x"] = row[mode]["speedup"]
                     s[f"smol_b{B}_{mode}_mat"] = row[mode]["mat"]
                     s[f"smol_b{B}_{mode}_identical"] = row[mode]["identical"]
-            for m in ("remote", "remote_sync"):
+            for m in ("remote", "remote_thread", "remote_sync"):
                 if f"{m}_vs_local" in row:
                     s[f"smol_b{B}_{m}_vs_local"] = row[f"{m}_vs_local"]
         if "remote_error" in smol:
@@ -418,7 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new", type=int, default=64)
     p.add_argument("--corpus", default="local,remote,remote_sync",
                    help="speculative modes (comma-separated): local (in process), remote (the corpus service, "
-                        "pipelined drafts), remote_sync (waiting for its drafts every step)")
+                        "pipelined drafts, its client in a child process), remote_thread (the same with the "
+                        "client on a thread of the engine's process), remote_sync (waiting for its drafts every step)")
     p.add_argument("--budget", default="auto", help="draft nodes per request, or 'auto' (cost model + acceptance)")
     p.add_argument("--max-budget", type=int, default=15)
     p.add_argument("--overlap-plain", action=argparse.BooleanOptionalAction, default=True,
@@ -445,8 +447,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "e2e.json"))
     args = p.parse_args(argv)
     args.corpus = [c.strip() for c in args.corpus.split(",") if c.strip()]
-    if any(c not in ("local", "remote", "remote_sync") for c in args.corpus):
-        p.error(f"--corpus: expected local, remote and/or remote_sync, got {args.corpus}")
+    if any(c not in ("local", "remote", "remote_thread", "remote_sync") for c in args.corpus):
+        p.error(f"--corpus: expected local, remote, remote_thread and/or remote_sync, got {args.corpus}")
     if args.budget != "auto" and not args.budget.isdigit():
         p.error("--budget: expected 'auto' or an int")
 

@@ -4,9 +4,11 @@ emulated by a wait that releases the GIL (as a CUDA synchronisation does), so th
 the engine thread's own work plus whatever the corpus client's thread takes from it.
 
 For each batch size, the same replay of trace requests (draft with the step's budget, wait
-``--gpu-ms``, commit two tokens per request) runs with three drafters, in the same run:
+``--gpu-ms``, commit two tokens per request) runs with four drafters, in the same run:
 - ``local``: the in-process corpus (the baseline);
-- ``pipelined``: the corpus service, never waited for (``verifier.drafter``, the default);
+- ``pipelined``: the corpus service, never waited for, its client in a child process
+  (``verifier.drafter``, the default);
+- ``pipelined_thread``: the same with the client on a thread of this process (``--remote-client thread``);
 - ``sync``: the corpus service, waited for every step (``--remote-drafts sync``).
 A real ``python -m corpus_service serve`` runs on 127.0.0.1. Prints one summary line (wall time
 per step of each remote mode against local), writes JSON.
@@ -28,10 +30,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.traces import default_trace_files, load_traces  # noqa: E402
+from corpus_service.client import CorpusClient  # noqa: E402
 from verifier.demo import _start_server  # noqa: E402
 from verifier.drafter import Drafter  # noqa: E402
 
-MODES = ("local", "pipelined", "sync")
+MODES = ("local", "pipelined", "pipelined_thread", "sync")
 
 
 def parse_ints(s: str) -> list[int]:
@@ -40,10 +43,12 @@ def parse_ints(s: str) -> list[int]:
 
 def run(target: str, mode: str, traces, B: int, steps: int, budget: int, gpu_s: float) -> dict:
     d = Drafter("local" if mode == "local" else target, remote_drafts="sync" if mode == "sync" else "pipelined",
-                draft_timeout_s=0.05, client_timeout_s=5.0)
+                draft_timeout_s=0.05, client_timeout_s=5.0,
+                remote_client="thread" if mode == "pipelined_thread" else "process")
     try:
         if mode != "local":
-            d._client.reset()  # a fresh corpus per run, like the local mode's
+            with CorpusClient(target) as c:
+                c.reset()  # a fresh corpus per run, like the local mode's
         ids = [f"r{i}" for i in range(B)]
         trs = [traces[i % len(traces)] for i in range(B)]
         for r, t in zip(ids, trs):

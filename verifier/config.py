@@ -10,7 +10,7 @@ import socket
 import typing
 from dataclasses import MISSING, dataclass, field, fields
 
-from .drafter import REMOTE_DRAFT_MODES
+from .drafter import REMOTE_CLIENTS, REMOTE_DRAFT_MODES
 from .engine import EngineConfig
 
 ENV_PREFIX = "NGRAM_VERIFIER_"
@@ -41,6 +41,9 @@ class VerifierConfig:
     # Remote corpus: "pipelined" (merge its tree asked one step ahead; never wait) or "sync" (wait
     # up to draft_timeout_s for a fresh tree every step). verifier/drafter.py says more.
     remote_drafts: str = "pipelined"
+    # Where the remote corpus' client runs: "process" (a child process: its Python work never takes
+    # the engine's GIL) or "thread" (a thread of this process). verifier/corpus_process.py says more.
+    remote_client: str = "process"
     draft_timeout_s: float = 0.05  # sync remote drafts: longest wait before drafting in process
     corpus_timeout_s: float = 1.0  # the corpus client's deadline (retries included), in the background
     cost_probe_s: float = 10.0
@@ -72,6 +75,8 @@ class VerifierConfig:
                 int(self.budget)
             except ValueError:
                 raise ValueError(f"budget: expected 'auto' or an int, got {self.budget!r}") from None
+        if self.remote_client not in REMOTE_CLIENTS:
+            raise ValueError(f"remote_client: expected one of {', '.join(REMOTE_CLIENTS)}, got {self.remote_client!r}")
         if self.remote_drafts not in REMOTE_DRAFT_MODES:
             raise ValueError(f"remote_drafts: expected one of {', '.join(REMOTE_DRAFT_MODES)}, got {self.remote_drafts!r}")
         if not self.draft_timeout_s > 0 or not self.corpus_timeout_s > 0:

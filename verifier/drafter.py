@@ -19,12 +19,14 @@ running in the background (the client retries and, once the server is back, repl
 request on a new session); until it returns, the engine does not wait on the remote corpus at all.
 No corpus failure ever fails a request.
 
-The client thread shares the GIL with the engine's step loop. A remote drafter lowers the
-interpreter's switch interval (``GIL_SWITCH_INTERVAL_S``, never raising it): with Python's 5 ms
-default, an engine thread whose GPU step had finished waited up to 5 ms for the client thread's
-Python work (protobuf, numpy) to yield, against ~1 ms steps. Measured on the H200 (SmolLM2, 120
-Spec-Bench prompts, 256 new tokens): remote drafting at batch 1 went from 1,280 to 1,424 tok/s
-(local: 1,715), at batch 64 from 1.07x to 1.19x plain decoding.
+Where the client runs (``remote_client``): ``process`` (the default) runs the ``CorpusClient`` in
+a child process (``verifier.corpus_process``): the engine's side of a step is one pipe write and
+one non-blocking read, and the client's Python work (protobuf, gRPC's threads) never holds the
+engine's GIL. ``thread`` runs it on a thread of this process. That thread shares the GIL with the
+engine's step loop, so a thread client lowers the interpreter's switch interval
+(``GIL_SWITCH_INTERVAL_S``, never raising it): with Python's 5 ms default, an engine thread whose
+GPU step had finished waited up to 5 ms for the client thread's Python work to yield, against
+~1 ms steps (H200, SmolLM2, batch 1: remote drafting went from 1,280 to 1,424 tok/s with it).
 """
 
 from __future__ import annotations
@@ -41,12 +43,15 @@ from corpus_service import NgramCorpus
 from corpus_service.config import MAX_BUDGET
 from corpus_service.engine import DraftBatch, merge_with_earlier
 
+from .corpus_process import ClientProcess, ClientSettings, Ticket
+
 log = logging.getLogger(__name__)
 
 GIL_SWITCH_INTERVAL_S = 2e-4  # see the module docstring
 
 
 REMOTE_DRAFT_MODES = ("pipelined", "sync")
+REMOTE_CLIENTS = ("process", "thread")
 # Pipelined remote trees are asked this many times deeper than a step's budget: a step that
 # accepts a path still finds tree below it.
 AHEAD_DEPTH_FACTOR = 2
@@ -65,7 +70,7 @@ class Drafter:
     def __init__(self, corpus: str | NgramCorpus = "local", *, namespace: str = "default",
                  draft_timeout_s: float = 0.05, client_timeout_s: float = 1.0, vocab_size: int = 0,
                  breaker_cooldown_s: float = 0.5, token: str | None = None, tls: str | None = None,
-                 remote_drafts: str = "pipelined") -> None:
+                 remote_drafts: str = "pipelined", remote_client: str = "process") -> None:
         # A short cool-down: a trial against a dead corpus runs on the client thread and fails fast
         # (the channel is in backoff), while a long one would delay resuming speculation after a restart
         # (docs/reliability.md promises 2 s; the channel's reconnect backoff is at most 1 s).
@@ -73,8 +78,10 @@ class Drafter:
             raise ValueError(f"draft_timeout_s: expected > 0, got {draft_timeout_s}")
         if remote_drafts not in REMOTE_DRAFT_MODES:
             raise ValueError(f"remote_drafts: expected one of {', '.join(REMOTE_DRAFT_MODES)}, got {remote_drafts!r}")
+        if remote_client not in REMOTE_CLIENTS:
+            raise ValueError(f"remote_client: expected one of {', '.join(REMOTE_CLIENTS)}, got {remote_client!r}")
         self.pipelined = remote_drafts == "pipelined"
-        # Pipelined: the remote call for the next step's trees (future, request ids), and per
+        # Pipelined: the remote call for the next step's trees (future or ticket, request ids), and per
         # request the tokens committed since that call was queued (its re-rooting path).
         self._ahead: tuple[Future, list[str]] | None = None
         self._since: dict[str, list[int]] = {}
@@ -83,13 +90,19 @@ class Drafter:
         self._ask: tuple[list[str], int] | None = None  # pipelined: the draft request dispatch() sends
         self.stats = DraftStats()
         self.draft_timeout_s = draft_timeout_s
-        self._client = None
+        self._client = None  # thread client
         self._pool: ThreadPoolExecutor | None = None
-        self._inflight: Future | None = None
+        self._proc: ClientProcess | None = None  # process client
+        self._inflight: Future | Ticket | None = None
         if isinstance(corpus, NgramCorpus):
             self.local, self.target = corpus, "local"
         elif corpus == "local":
             self.local, self.target = NgramCorpus(vocab_size=vocab_size) if vocab_size else NgramCorpus(), "local"
+        elif remote_client == "process":
+            self.target = corpus
+            self._proc = ClientProcess(ClientSettings(corpus, namespace=namespace, timeout_s=client_timeout_s,
+                                                      breaker_cooldown_s=breaker_cooldown_s, token=token, tls=tls))
+            self.local = NgramCorpus(vocab_size=vocab_size) if vocab_size else NgramCorpus()
         else:
             from corpus_service.circuit_breaker import CircuitBreaker
             from corpus_service.client import CorpusClient
@@ -104,7 +117,7 @@ class Drafter:
 
     @property
     def remote(self) -> bool:
-        return self._client is not None
+        return self._client is not None or self._proc is not None
 
     # Mirror every request operation into the local corpus (the draft source when local, the
     # fallback when remote) and queue it for the remote one.
@@ -112,14 +125,14 @@ class Drafter:
     def start_request(self, req_id: str, prompt_ids: list[int], group: str | None = None) -> None:
         """``group``: requests of one key (the samples of one API request) draft from each other."""
         self.local.start_request(req_id, prompt_ids, group=group)
-        self._remote_call(self._client.start_request if self._client else None, req_id, prompt_ids, group)
+        self._remote_call("start_request", req_id, list(prompt_ids), group)
 
     def extend(self, req_id: str, tokens: list[int]) -> None:
         if tokens:
             self.local.extend(req_id, tokens)
             if req_id in self._since:
                 self._since[req_id].extend(tokens)
-            self._remote_call(self._client.extend if self._client else None, req_id, tokens)
+            self._remote_call("extend_many", [(req_id, list(tokens))])
 
     def extend_many(self, items: list[tuple[str, list[int]]]) -> None:
         """A step's extends in one native call and one queued remote call (not one per request)."""
@@ -133,20 +146,16 @@ class Drafter:
             for r, t in items:
                 if r in self._since:
                     self._since[r].extend(t)
-        if self._client is not None:
-            self._remote_call(self._extend_remote, items)
-
-    def _extend_remote(self, items: list[tuple[str, list[int]]]) -> None:
-        self._client.extend_many(items)
+        self._remote_call("extend_many", items)
 
     def finish(self, req_id: str) -> None:
         self._since.pop(req_id, None)
         if self.local.has_request(req_id):
             self.local.finish(req_id)
-        self._remote_call(self._client.finish if self._client else None, req_id)
+        self._remote_call("finish", req_id)
 
     def draft(self, req_ids: list[str], budget: int) -> DraftBatch:
-        if self._client is None:
+        if not self.remote:
             self.stats.local_steps += 1
             return self.local.draft(req_ids, budget)
         if self.pipelined:
@@ -169,6 +178,8 @@ class Drafter:
             self._pool = None
         if self._client is not None:
             self._client.close()
+        if self._proc is not None:
+            self._proc.close()
 
     # ------------------------------------------------------------------ remote
 
@@ -178,27 +189,41 @@ class Drafter:
         with the step, so the client's Python work overlaps the GPU rather than the engine's own
         (they share the GIL), and at the end of every step (finishes reach the corpus even when
         nothing runs next)."""
-        if self._pool is None:
+        if not self.remote:
             return
         calls, self._deferred = self._deferred, []
         if calls:
-            self._pool.submit(self._run_calls, calls)
+            self._send_calls(calls)
+        self._take_child_errors()
         if self._ask is not None:
             ids, budget = self._ask
             self._ask = None
             self._ask_ahead(ids, budget)
 
-    def _run_calls(self, calls: list) -> None:
-        for fn, args in calls:
-            self._guarded(fn, *args)
+    def _send_calls(self, calls: list[tuple[str, tuple]]) -> None:
+        if self._proc is not None:
+            self._proc.calls(calls)
+        elif self._pool is not None:
+            self._pool.submit(self._run_calls, calls)
 
-    def _remote_call(self, fn, *args) -> None:
-        if fn is None or self._pool is None:
+    def _run_calls(self, calls: list[tuple[str, tuple]]) -> None:
+        for name, args in calls:
+            self._guarded(getattr(self._client, name), *args)
+
+    def _remote_call(self, name: str, *args) -> None:
+        """Queues the client method ``name`` (start_request, extend_many, finish) for the remote corpus."""
+        if not self.remote:
             return
         if self.pipelined:  # held for dispatch(): one hand-off per step, ordered before the draft request
-            self._deferred.append((fn, args))
+            self._deferred.append((name, args))
         else:
-            self._pool.submit(self._guarded, fn, *args)
+            self._send_calls([(name, args)])
+
+    def _take_child_errors(self) -> None:
+        if self._proc is not None and self._proc.errors:
+            errors, self._proc.errors = self._proc.errors, []
+            for text in errors:
+                self._note_error_text(text)
 
     def _guarded(self, fn, *args):
         from corpus_service.errors import CorpusError
@@ -210,8 +235,10 @@ class Drafter:
             return None
 
     def _note_error(self, e: Exception) -> None:
+        self._note_error_text(f"{type(e).__name__}: {e}")
+
+    def _note_error_text(self, msg: str) -> None:
         self.stats.remote_errors += 1
-        msg = f"{type(e).__name__}: {e}"
         if msg != self.stats.last_error:
             log.warning("corpus %s: %s (drafting in process meanwhile)", self.target, msg)
         self.stats.last_error = msg
@@ -223,7 +250,10 @@ class Drafter:
             return
         ids = list(req_ids)
         deep = max(budget, min(self._ahead_cap, AHEAD_DEPTH_FACTOR * budget))
-        self._ahead = (self._pool.submit(self._guarded, self._draft_ahead, ids, deep, budget), ids)
+        if self._proc is not None:
+            self._ahead = (self._proc.draft(ids, deep, budget), ids)
+        else:
+            self._ahead = (self._pool.submit(self._guarded, self._draft_ahead, ids, deep, budget), ids)
         self._since = {r: [] for r in ids}
 
     def _draft_ahead(self, ids: list[str], deep: int, budget: int) -> DraftBatch:
@@ -248,7 +278,7 @@ class Drafter:
             return fresh
         fut, ids = self._ahead
         self._ahead = None
-        earlier = fut.result()  # _guarded: None after an error (already counted)
+        earlier = self._answer(fut, budget)
         if earlier is None or len(earlier) != len(ids):
             self.stats.fallback_steps += 1
             return fresh
@@ -263,14 +293,35 @@ class Drafter:
         self.stats.remote_steps += 1
         return merge_with_earlier(fresh, earlier, since, budget)
 
+    def _answer(self, handle: Future | Ticket, budget: int) -> DraftBatch | None:
+        """A finished remote draft's trees, or None after an error (counted)."""
+        if isinstance(handle, Future):
+            return handle.result()  # _guarded: None after an error (already counted)
+        self._take_child_errors()
+        if handle.error:
+            self._note_error_text(handle.error)
+            return None
+        if handle.capped and self._ahead_cap != budget:
+            log.info("corpus %s refuses deep trees; pipelined drafts ask for %d nodes from now on", self.target, budget)
+            self._ahead_cap = budget
+        return handle.batch
+
     def _remote_draft(self, req_ids: list[str], budget: int) -> DraftBatch | None:
         if self._inflight is not None and not self._inflight.done():
             return None  # an earlier call is still stuck on a slow/unreachable corpus
-        fut = self._pool.submit(self._guarded, self._client.draft, req_ids, budget)
-        try:
-            batch = fut.result(timeout=self.draft_timeout_s)
-        except FutureTimeout:
-            self._inflight = fut
-            return None
-        self._inflight = None
+        if self._proc is not None:
+            ticket = self._proc.draft(list(req_ids), budget, budget)
+            if not ticket.wait(self.draft_timeout_s):
+                self._inflight = ticket
+                return None
+            self._inflight = None
+            batch = self._answer(ticket, budget)
+        else:
+            fut = self._pool.submit(self._guarded, self._client.draft, req_ids, budget)
+            try:
+                batch = fut.result(timeout=self.draft_timeout_s)
+            except FutureTimeout:
+                self._inflight = fut
+                return None
+            self._inflight = None
         return batch if batch is not None and len(batch) == len(req_ids) else None

@@ -75,8 +75,9 @@ int merge_with_earlier(const TreeView& fresh, const TreeView& earlier, const int
       map[i] = m;
     }
   }
-  // The budget most probable nodes (shallower first on ties: a parent is never after its child),
-  // then written out by depth so that parents come first.
+  // The budget most probable nodes, written out best first (shallower first on ties): path
+  // probabilities never grow along a path, so a parent is never after its child, and the row is
+  // ranked as the corpus ranks its own trees (the verifier then prunes and sizes it without sorting).
   std::vector<int32_t> order(nodes.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
@@ -92,7 +93,6 @@ int merge_with_earlier(const TreeView& fresh, const TreeView& earlier, const int
     kept[i] = 1;
     chosen.push_back(i);
   }
-  std::stable_sort(chosen.begin(), chosen.end(), [&](int32_t a, int32_t b) { return nodes[a].depth < nodes[b].depth; });
   std::vector<int32_t> out_index(nodes.size(), -1);
   for (size_t k = 0; k < chosen.size(); ++k) {
     const MergedNode& nd = nodes[chosen[k]];

@@ -21,7 +21,7 @@ struct TreeView {
   int n;
 };
 
-// Appends the merged tree of at most `budget` nodes (parents before children) to the outputs and
+// Appends the merged tree of at most `budget` nodes (best first, parents before children) to the outputs and
 // returns its size. `since` are the tokens committed after `earlier` was drafted (none: it was
 // drafted from the current context). A re-rooting path the earlier tree does not contain leaves
 // the fresh tree alone.

@@ -100,6 +100,9 @@ def test_merged_trees_are_valid_and_their_paths_come_from_the_sources(fresh, ear
     out = merge_with_earlier(batch([fresh], 8), batch([earlier], 12), [since], budget)
     got = paths(out, 0)  # asserts parents before children
     assert len(got) <= budget and int(out.counts[0]) == len(got)
+    # Best first, as the corpus ranks its own trees: the verifier sizes and prunes rows without sorting.
+    row = out.probs[0, :len(got)]
+    assert np.all(row[1:] <= row[:-1])
     src = paths(batch([fresh], 8), 0)
     old = paths(batch([earlier], 12), 0)
     for path, q in got.items():

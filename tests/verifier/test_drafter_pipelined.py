@@ -10,14 +10,15 @@ from verifier.drafter import Drafter
 TEXT = list(range(200, 240))
 
 
-def test_shared_knowledge_arrives_one_step_late_and_re_rooted(corpus_server):
+@pytest.mark.parametrize("client", ["process", "thread"])
+def test_shared_knowledge_arrives_one_step_late_and_re_rooted(corpus_server, client):
     with CorpusClient(corpus_server.target) as other:  # another replica generated TEXT
         other.reset()
         other.start_request("other-1", [1, 2, 3])
         other.extend("other-1", TEXT)
         other.finish("other-1")
         other.synchronize()
-    drafter = Drafter(corpus_server.target, client_timeout_s=5.0)
+    drafter = Drafter(corpus_server.target, client_timeout_s=5.0, remote_client=client)
     try:
         drafter.start_request("mine", [7, 8] + TEXT[:6])
         first = drafter.draft(["mine"], 4)  # nothing asked yet: this verifier's mirror alone
@@ -33,8 +34,9 @@ def test_shared_knowledge_arrives_one_step_late_and_re_rooted(corpus_server):
         drafter.close()
 
 
-def test_requests_the_remote_tree_was_not_asked_for_get_the_fresh_tree(corpus_server):
-    drafter = Drafter(corpus_server.target, client_timeout_s=5.0)
+@pytest.mark.parametrize("client", ["process", "thread"])
+def test_requests_the_remote_tree_was_not_asked_for_get_the_fresh_tree(corpus_server, client):
+    drafter = Drafter(corpus_server.target, client_timeout_s=5.0, remote_client=client)
     try:
         drafter.start_request("r", [5, 6, 7, 5, 6])
         drafter.draft(["r"], 4)
@@ -54,9 +56,11 @@ def test_requests_the_remote_tree_was_not_asked_for_get_the_fresh_tree(corpus_se
 def test_remote_drafts_mode_is_validated():
     with pytest.raises(ValueError, match="remote_drafts"):
         Drafter("local", remote_drafts="eager")
+    with pytest.raises(ValueError, match="remote_client"):
+        Drafter("local", remote_client="fork")
 
 
-def test_a_remote_drafter_lowers_the_gil_switch_interval_and_never_raises_it(corpus_server):
+def test_a_thread_client_lowers_the_gil_switch_interval_and_never_raises_it(corpus_server):
     import sys
 
     from verifier.drafter import GIL_SWITCH_INTERVAL_S
@@ -66,11 +70,13 @@ def test_a_remote_drafter_lowers_the_gil_switch_interval_and_never_raises_it(cor
         sys.setswitchinterval(0.005)  # Python's default
         Drafter("local").close()
         assert sys.getswitchinterval() == 0.005  # in-process drafting has no client thread
-        d = Drafter(corpus_server.target)
+        Drafter(corpus_server.target).close()
+        assert sys.getswitchinterval() == 0.005  # nor has the default client, in a child process
+        d = Drafter(corpus_server.target, remote_client="thread")
         d.close()
         assert sys.getswitchinterval() == pytest.approx(GIL_SWITCH_INTERVAL_S)
         sys.setswitchinterval(1e-4)  # a process that chose a shorter one keeps it
-        Drafter(corpus_server.target).close()
+        Drafter(corpus_server.target, remote_client="thread").close()
         assert sys.getswitchinterval() == pytest.approx(1e-4)
     finally:
         sys.setswitchinterval(before)

@@ -69,9 +69,50 @@ def enable_compile() -> bool:
         return False
     global _compiled
     if _compiled is None:  # one set per process: each torch.compile wrapper compiles anew
-        _compiled = {name: torch.compile(fn, dynamic=True, fullgraph=True) for name, fn in _EAGER.items()}
+        import torch._dynamo
+
+        # Each function is specialised per dtype and per size-1-or-not dimension; a process with
+        # several models, dtypes or devices (the test suite; an engine rebuilt) can pass dynamo's
+        # default of 8 versions, and with fullgraph=True the 9th raises in the middle of a forward.
+        cfg = torch._dynamo.config
+        cfg.recompile_limit = max(cfg.recompile_limit, RECOMPILE_LIMIT)
+        _compiled = {name: _Compiled(name, torch.compile(fn, dynamic=True, fullgraph=True), fn)
+                     for name, fn in _EAGER.items()}
     ops.update(_compiled)
     return True
+
+
+RECOMPILE_LIMIT = 64
+
+
+class _Compiled:
+    """A compiled op that runs its eager version, from then on, once dynamo refuses to compile
+    another version of it (its recompile limit): a forward never fails for want of a kernel."""
+
+    def __init__(self, name: str, compiled, eager) -> None:
+        self.name, self.compiled, self.eager = name, compiled, eager
+        self.fn = compiled
+
+    def __call__(self, *args):
+        try:
+            return self.fn(*args)
+        except _RECOMPILE_LIMIT_ERRORS as e:
+            if self.fn is self.eager:
+                raise
+            log.warning("torch.compile of %s: %s; it runs eagerly from now on", self.name, type(e).__name__)
+            self.fn = self.eager
+            return self.eager(*args)
+
+
+def _recompile_limit_errors() -> tuple[type[BaseException], ...]:
+    try:
+        from torch._dynamo.exc import FailOnRecompileLimitHit
+    except ImportError:  # older torch: the limit only falls back to eager with a warning
+        return ()
+    return (FailOnRecompileLimitHit,)
+
+
+_RECOMPILE_LIMIT_ERRORS = _recompile_limit_errors()
 
 
 def disable_compile() -> None:

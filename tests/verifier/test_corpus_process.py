@@ -1,0 +1,90 @@
+"""The remote corpus' client in a child process (verifier.corpus_process): its frames, its answers
+through a real server on 127.0.0.1, errors reported back, and a child that dies."""
+
+import time
+
+import numpy as np
+import pytest
+
+from corpus_service.engine import DraftBatch
+from verifier.corpus_process import ClientProcess, ClientSettings, _Frames, _frame, _trees_frame
+from verifier.drafter import Drafter
+
+
+def test_frames_round_trip_split_anywhere():
+    b = DraftBatch(np.arange(6, dtype=np.int32).reshape(2, 3), np.array([[-1, 0, 1], [-1, -1, -1]], np.int32),
+                   np.array([[0.9, 0.5, 0.25], [0.5, 0, 0]], np.float32), np.array([3, 1], np.int32))
+    data = _frame(("calls", [("finish", ("r",))])) + _trees_frame(7, b, True) + _frame(("error", None, "x"))
+    frames = _Frames()
+    got = []
+    for i in range(0, len(data), 5):  # a pipe delivers arbitrary pieces
+        got += frames.feed(data[i:i + 5])
+    assert got[0] == ("calls", [("finish", ("r",))]) and got[2] == ("error", None, "x")
+    kind, ticket, arrays, capped = got[1]
+    assert (kind, ticket, capped) == ("result", 7, True)
+    for want, have in zip((b.tokens, b.parents, b.probs, b.counts), arrays):
+        assert have.dtype == want.dtype and np.array_equal(have, want)
+    arrays[0][0, 0] = 5  # the decoded arrays are the caller's to change
+    with pytest.raises(ValueError, match="frame kind"):
+        _Frames().feed(b"\x01\x00\x00\x00\x09x")
+
+
+def test_answers_through_a_real_server(corpus_server):
+    proc = ClientProcess(ClientSettings(corpus_server.target, timeout_s=5.0))
+    try:
+        proc.calls([("start_request", ("p1", [1, 2, 3, 4, 1, 2, 3], None))])
+        t = proc.draft(["p1"], 4, 4)
+        batch = t.result(timeout=20)
+        assert batch is not None and not t.error and batch.tree(0)[0][:1] == [4]
+        # An unknown request: the call's error comes back as a note; the draft's as its error.
+        proc.calls([("extend_many", ([("nobody", [1])],))])
+        t2 = proc.draft(["nobody"], 4, 4)
+        assert t2.result(timeout=20) is None and "unknown request" in t2.error
+        assert any("nobody" in e for e in proc.errors)
+        proc.calls([("finish", ("p1",))])
+    finally:
+        proc.close()
+    assert proc._proc.returncode == 0
+
+
+def test_a_dead_child_turns_remote_drafting_off_without_failing(corpus_server):
+    drafter = Drafter(corpus_server.target, client_timeout_s=5.0)
+    try:
+        drafter.start_request("r", [5, 6, 7, 5, 6])
+        drafter.draft(["r"], 4)
+        drafter.dispatch()
+        drafter._ahead[0].result(timeout=20)
+        drafter._proc._proc.kill()  # the child dies (a bug, the OOM killer)
+        drafter._proc._proc.wait()
+        deadline = time.monotonic() + 10
+        while not drafter._proc.dead and time.monotonic() < deadline:
+            drafter.extend("r", [7])
+            out = drafter.draft(["r"], 4)  # drafts from the in-process mirror meanwhile
+            assert len(out) == 1
+            drafter.dispatch()
+            time.sleep(0.01)
+        assert "client process stopped" in drafter._proc.dead
+        for _ in range(3):  # later steps: in process, no error raised
+            drafter.extend("r", [5])
+            assert len(drafter.draft(["r"], 4)) == 1
+            drafter.dispatch()
+        assert "client process stopped" in drafter.stats.last_error and drafter.stats.remote_errors >= 1
+        drafter.finish("r")
+    finally:
+        drafter.close()
+
+
+def test_sync_drafts_wait_for_the_child(corpus_server):
+    drafter = Drafter(corpus_server.target, client_timeout_s=5.0, remote_drafts="sync", draft_timeout_s=10.0)
+    try:
+        drafter.start_request("s", [3, 4, 5, 3, 4])
+        out = drafter.draft(["s"], 4)
+        assert out.tree(0)[0][:1] == [5] and drafter.stats.remote_steps == 1
+        drafter.finish("s")
+    finally:
+        drafter.close()
+
+
+def test_bad_client_settings_raise_value_error_at_construction(tmp_path):
+    with pytest.raises(ValueError, match="tls ca: cannot read"):
+        Drafter("127.0.0.1:1", tls=str(tmp_path / "missing-ca.pem"))
