@@ -58,8 +58,7 @@ class EngineConfig:
     # scheduler.MAX_REFILL_WAIT_STEPS steps: fewer prefill forwards (verifier/scheduler.py).
     # 0 = max_batch // 8 (at least 1: every refill at once up to batch 15).
     refill_group: int = 0
-    # Plain steps (no drafter, or the budget policy drafts nothing this step: large batches) launch
-    # before the previous one's tokens are committed:
+    # Plain decoding (no drafter) launches each step before committing the previous one's tokens:
     # the next step's input tokens come from the previous step's predictions on the device, so the
     # host's per-step work (commits, stops, streaming) overlaps the GPU's instead of adding to it.
     # Applies to greedy steps replayed as graphs (no penalties, grammars or logprobs). Measured on
@@ -204,8 +203,6 @@ class Engine:
         self._live: dict[str, Request] = {}
         self._extends: list[tuple[str, list[int]]] = []  # this step's committed tokens for the drafter
         self._drafted = False  # whether this step asked the corpus for drafts (BudgetPolicy.observe_delivered)
-        self._budget_now: tuple[int, int] | None = None  # (batch size, budget) decided by _overlaps
-        self._committed_launched = 0  # requests the last committed overlapped step gave a token
         self._inflight: _Inflight | None = None  # overlap_plain: the step launched ahead of the host
 
     def _compile_fusions(self) -> None:
@@ -290,10 +287,7 @@ class Engine:
         updated.extend(admitted)
         running = [r for r in self.scheduler.running if not r.finished]
         if running and self._overlaps(running):
-            t, self._committed_launched = time.perf_counter(), 0
             updated.extend(self._overlapped_step(running))
-            if self.drafter is not None:  # a plain step of a speculative engine: what it delivered
-                self.policy.observe_delivered(len(running), False, time.perf_counter() - t, self._committed_launched)
         elif running:
             if self._inflight is not None:
                 updated.extend(self._drain())
@@ -454,7 +448,7 @@ class Engine:
     def _drafts(self, running: list[Request]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         empty = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32))
         drafts = [empty] * len(running)
-        budget = self._step_budget(len(running))
+        budget = self.policy.draft_budget(len(running)) if self.drafter is not None else 0
         spec = [i for i, r in enumerate(running) if r.params.speculate]
         self._drafted = budget > 0 and bool(spec)
         if budget <= 0 or not spec:
@@ -469,23 +463,8 @@ class Engine:
         return [prune_tree(*d, max(0, min(k, room))) for d in drafts]
 
     def _overlaps(self, running: list[Request]) -> bool:
-        """Whether this step runs plain and overlapped: no drafter, or the budget policy does not
-        draft this step (its decision is kept for the step: deciding has side effects)."""
-        if not (self.config.overlap_plain and self._fast_greedy(running)
-                and all(r.params.logprobs is None for r in running)):
-            return False
-        if self.drafter is None:
-            return True
-        budget = self.policy.draft_budget(len(running))
-        self._budget_now = (len(running), budget)
-        return budget == 0
-
-    def _step_budget(self, bs: int) -> int:
-        """The step's draft budget: the one _overlaps decided for this batch size, or the policy's."""
-        decided, self._budget_now = self._budget_now, None
-        if decided is not None and decided[0] == bs:
-            return decided[1]
-        return self.policy.draft_budget(bs) if self.drafter is not None else 0
+        return (self.config.overlap_plain and self.drafter is None and self._fast_greedy(running)
+                and all(r.params.logprobs is None for r in running))
 
     def _overlapped_step(self, running: list[Request]) -> list[Request]:
         """Plain decoding one step ahead of the host: launches this step (its input tokens are the
@@ -521,11 +500,9 @@ class Engine:
         was aborted after the step was launched drops its token (its K/V row lies past its end)."""
         r = self.graphs.collect(inflight.launch)
         predicts, bad = r.predicts.tolist(), r.bad[:, 0].tolist()
-        self._committed_launched = 0
         for b, req in enumerate(inflight.reqs):
             if req.finished:
                 continue
-            self._committed_launched += 1
             req.cache_len += 1
             req.verify_steps += 1
             self._commit_path(req, [predicts[b]], None, [0], [bad[b]])
@@ -609,7 +586,7 @@ class Engine:
         """The fast path's drafting: the corpus' padded arrays are chosen, pruned and packed for
         the whole batch with array operations (no per-request Python), ready for greedy_step."""
         bs = len(running)
-        budget = self._step_budget(bs)
+        budget = self.policy.draft_budget(bs) if self.drafter is not None else 0
         spec = [i for i, r in enumerate(running) if r.params.speculate and r.req_id not in plain]
         self._drafted = budget > 0 and bool(spec)
         tokens = parents = np.zeros((bs, 0), dtype=np.int64)
