@@ -137,6 +137,7 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
                  "model": lm.name, "params_M": round(lm.model.config.num_params / 1e6, 1), "dtype": str(dtype),
                  "load_s": round(time.perf_counter() - t0, 2), "max_new": args.max_new, "budget": args.budget,
                  "refill_group": args.refill_group, "overlap_plain": args.overlap_plain,
+                 "overlap_spec_plain": args.overlap_spec_plain,
                  "max_budget": args.max_budget, "batches": {}}
     trace = data_dir(args.data_dir) / "traces" / TRACE
     n_max = max(max(b, args.min_prompts) for b in args.batches)
@@ -193,6 +194,7 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
                 spec = Engine(lm.model, lm.codec, drafter,
                               EngineConfig(max_batch=B, max_len=max_len, budget=budget, max_budget=args.max_budget,
                                            refill_group=min(args.refill_group, B),
+                                           overlap_spec_plain=args.overlap_spec_plain,
                                            cost_probe_s=args.cost_probe_s, cuda_graphs=not args.eager, compile=not args.eager))
                 r = run_engine(spec, prompts, args.max_new)
                 n_diff, first = mismatches(base["outputs"], r["outputs"])
@@ -425,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-budget", type=int, default=15)
     p.add_argument("--overlap-plain", action=argparse.BooleanOptionalAction, default=True,
                    help="plain decoding one step ahead of the host (EngineConfig.overlap_plain, the default)")
+    p.add_argument("--overlap-spec-plain", action="store_true",
+                   help="speculative engines overlap their plain steps too (EngineConfig.overlap_spec_plain)")
     p.add_argument("--refill-group", type=int, default=0,
                    help="EngineConfig.refill_group of the SmolLM2 engines (0 = max_batch // 8; 1 = refill at once)")
     p.add_argument("--cost-probe-s", type=float, default=3.0)

@@ -59,6 +59,8 @@ class VerifierConfig:
     refill_group: int = 0
     # Plain decoding runs each step one ahead of the host's commits (greedy, CUDA graphs; engine.py).
     overlap_plain: bool = True
+    # The same for the plain steps of a speculative engine (engine.py; off until measured on a GPU).
+    overlap_spec_plain: bool = False
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -101,7 +103,7 @@ class VerifierConfig:
                             max_budget=self.max_budget, cost_probe_s=self.cost_probe_s, cuda_graphs=self.cuda_graphs,
                             compile=self.compile, capture_at_start=self.capture_at_start,
                             native_linear=self.native_linear, refill_group=self.refill_group,
-                            overlap_plain=self.overlap_plain)
+                            overlap_plain=self.overlap_plain, overlap_spec_plain=self.overlap_spec_plain)
 
 
 def _is_loopback(host: str) -> bool:

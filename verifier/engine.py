@@ -65,6 +65,11 @@ class EngineConfig:
     # the H200 (SmolLM2, docs/benchmarks.md): plain decoding 895 -> 1,024 tok/s at batch 1, 8% faster
     # at batch 8 and 64; outputs are identical (tests/verifier/test_overlap_plain.py).
     overlap_plain: bool = True
+    # The same for a speculative engine's plain steps (the budget policy drafts nothing that step:
+    # large batches, or drafting that does not pay); a drafting step first commits the step in
+    # flight. Off until measured on a GPU: the first try, before the policy credited a drained
+    # step's tokens to plain decoding, made batch 64 slower (docs/benchmarks.md).
+    overlap_spec_plain: bool = False
 
     @property
     def refill_slots(self) -> int:
@@ -203,6 +208,8 @@ class Engine:
         self._live: dict[str, Request] = {}
         self._extends: list[tuple[str, list[int]]] = []  # this step's committed tokens for the drafter
         self._drafted = False  # whether this step asked the corpus for drafts (BudgetPolicy.observe_delivered)
+        self._budget_now: tuple[int, int] | None = None  # (batch size, budget) decided by _overlaps
+        self._committed_launched = 0  # requests the last committed overlapped step gave a token
         self._inflight: _Inflight | None = None  # overlap_plain: the step launched ahead of the host
 
     def _compile_fusions(self) -> None:
@@ -287,10 +294,19 @@ class Engine:
         updated.extend(admitted)
         running = [r for r in self.scheduler.running if not r.finished]
         if running and self._overlaps(running):
+            t, self._committed_launched = time.perf_counter(), 0
             updated.extend(self._overlapped_step(running))
+            if self.drafter is not None:  # a plain step of a speculative engine: what it delivered
+                self.policy.observe_delivered(len(running), False, time.perf_counter() - t, self._committed_launched)
         elif running:
             if self._inflight is not None:
+                # A drafting step after overlapped plain ones: the step in flight commits first. Its
+                # tokens and the wait for them count as plain decoding's (a lone plain step launched
+                # the step before delivered nothing yet: without this it would look worthless).
+                t, bs_inflight = time.perf_counter(), len(self._inflight.reqs)
                 updated.extend(self._drain())
+                if self.drafter is not None:
+                    self.policy.observe_delivered(bs_inflight, False, time.perf_counter() - t, self._committed_launched)
                 running = [r for r in running if not r.finished]
             if running:
                 self._verify_step(running)
@@ -448,7 +464,7 @@ class Engine:
     def _drafts(self, running: list[Request]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         empty = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32))
         drafts = [empty] * len(running)
-        budget = self.policy.draft_budget(len(running)) if self.drafter is not None else 0
+        budget = self._step_budget(len(running))
         spec = [i for i, r in enumerate(running) if r.params.speculate]
         self._drafted = budget > 0 and bool(spec)
         if budget <= 0 or not spec:
@@ -463,8 +479,25 @@ class Engine:
         return [prune_tree(*d, max(0, min(k, room))) for d in drafts]
 
     def _overlaps(self, running: list[Request]) -> bool:
-        return (self.config.overlap_plain and self.drafter is None and self._fast_greedy(running)
-                and all(r.params.logprobs is None for r in running))
+        """Whether this step runs plain and overlapped: no drafter, or the budget policy does not
+        draft this step (its decision is kept for the step: deciding has side effects)."""
+        if not (self.config.overlap_plain and self._fast_greedy(running)
+                and all(r.params.logprobs is None for r in running)):
+            return False
+        if self.drafter is None:
+            return True
+        if not self.config.overlap_spec_plain:
+            return False
+        budget = self.policy.draft_budget(len(running))
+        self._budget_now = (len(running), budget)
+        return budget == 0
+
+    def _step_budget(self, bs: int) -> int:
+        """The step's draft budget: the one _overlaps decided for this batch size, or the policy's."""
+        decided, self._budget_now = self._budget_now, None
+        if decided is not None and decided[0] == bs:
+            return decided[1]
+        return self.policy.draft_budget(bs) if self.drafter is not None else 0
 
     def _overlapped_step(self, running: list[Request]) -> list[Request]:
         """Plain decoding one step ahead of the host: launches this step (its input tokens are the
@@ -500,9 +533,11 @@ class Engine:
         was aborted after the step was launched drops its token (its K/V row lies past its end)."""
         r = self.graphs.collect(inflight.launch)
         predicts, bad = r.predicts.tolist(), r.bad[:, 0].tolist()
+        self._committed_launched = 0
         for b, req in enumerate(inflight.reqs):
             if req.finished:
                 continue
+            self._committed_launched += 1
             req.cache_len += 1
             req.verify_steps += 1
             self._commit_path(req, [predicts[b]], None, [0], [bad[b]])
@@ -586,7 +621,7 @@ class Engine:
         """The fast path's drafting: the corpus' padded arrays are chosen, pruned and packed for
         the whole batch with array operations (no per-request Python), ready for greedy_step."""
         bs = len(running)
-        budget = self.policy.draft_budget(bs) if self.drafter is not None else 0
+        budget = self._step_budget(bs)
         spec = [i for i, r in enumerate(running) if r.params.speculate and r.req_id not in plain]
         self._drafted = budget > 0 and bool(spec)
         tokens = parents = np.zeros((bs, 0), dtype=np.int64)
