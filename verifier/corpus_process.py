@@ -369,5 +369,10 @@ def _serve() -> int:
 
 
 if __name__ == "__main__":
+    import signal
+
+    # Ctrl-C in a terminal reaches the whole process group: the parent closes this process itself
+    # (or its exit closes the pipe), so the child does not die mid-call with a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s corpus-client %(levelname)s %(message)s")
     sys.exit(_child())
