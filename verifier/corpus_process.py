@@ -203,7 +203,13 @@ class ClientProcess:
             if not data:
                 self._died("it exited")
                 return
-            for msg in self._frames.feed(data):
+            try:
+                msgs = self._frames.feed(data)
+            except Exception as e:  # not our frames: nothing more from this child can be trusted
+                self._proc.kill()
+                self._died(f"it wrote a bad frame: {type(e).__name__}: {e}")
+                return
+            for msg in msgs:
                 self._receive(msg)
 
     def wait(self, ticket: Ticket, timeout: float) -> bool:
@@ -217,20 +223,21 @@ class ClientProcess:
         return True
 
     def close(self, timeout: float = 2.0) -> None:
+        """Sends what is held back and a close (for up to ``timeout`` seconds: a stuck child is
+        killed, never waited on forever), then waits for the child to exit."""
+        deadline = time.monotonic() + timeout
         if self._proc.poll() is None and not self.dead:
-            try:
-                self._send(("close",))
-                os.set_blocking(self._wfd, True)  # what is held back goes out before the close
+            self._send(("close",))
+            while self._out and not self.dead and time.monotonic() < deadline:
+                select.select([], [self._wfd], [], max(0.0, deadline - time.monotonic()))
                 self._flush()
-            except OSError:
-                pass
         for f in (self._proc.stdin, self._proc.stdout):
             try:
                 f.close()
             except OSError:
                 pass
         try:
-            self._proc.wait(timeout)
+            self._proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
@@ -296,8 +303,11 @@ def _serve() -> int:
     from corpus_service.client import CorpusClient
     from corpus_service.errors import CorpusError
 
-    rfd, wfd = sys.stdin.fileno(), sys.stdout.fileno()
-    sys.stdout = sys.stderr  # nothing else may write into the frame stream
+    # Frames go to a private copy of the stdout pipe; file descriptor 1 itself now points at stderr,
+    # so nothing else (a print, a native library's logging) can write into the frame stream.
+    rfd, wfd = sys.stdin.fileno(), os.dup(sys.stdout.fileno())
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    sys.stdout = sys.stderr
     # This process only relays: its threads (this one, gRPC's request consumer, the session
     # reader) hand the GIL to each other within a step, so switch quickly (Python's default is 5 ms).
     sys.setswitchinterval(1e-4)

@@ -88,3 +88,15 @@ def test_sync_drafts_wait_for_the_child(corpus_server):
 def test_bad_client_settings_raise_value_error_at_construction(tmp_path):
     with pytest.raises(ValueError, match="tls ca: cannot read"):
         Drafter("127.0.0.1:1", tls=str(tmp_path / "missing-ca.pem"))
+
+
+def test_a_child_writing_garbage_is_stopped_not_trusted(corpus_server):
+    proc = ClientProcess(ClientSettings(corpus_server.target, timeout_s=5.0))
+    try:
+        t = proc.draft(["nobody"], 4, 4)
+        proc._frames.feed = lambda data: (_ for _ in ()).throw(ValueError("a frame of 4294967295 bytes"))
+        assert t.wait(20) and t.batch is None and "bad frame" in t.error
+        assert "bad frame" in proc.dead
+        proc._proc.wait(10)  # killed
+    finally:
+        proc.close()
