@@ -83,7 +83,7 @@ class Drafter:
         self.pipelined = remote_drafts == "pipelined"
         # Pipelined: the remote call for the next step's trees (future or ticket, request ids), and per
         # request the tokens committed since that call was queued (its re-rooting path).
-        self._ahead: tuple[Future, list[str]] | None = None
+        self._ahead: tuple[Future | Ticket, list[str]] | None = None
         self._since: dict[str, list[int]] = {}
         self._ahead_cap = MAX_BUDGET  # lowered if the corpus refuses deep trees
         self._deferred: list = []  # pipelined: remote calls held until dispatch()
