@@ -289,6 +289,20 @@ class ClientProcess:
         self.errors.append(self.dead)
 
 
+def draft_capped(client, req_ids: list[str], nodes: int, budget: int) -> tuple[DraftBatch, bool]:
+    """``client.draft`` of ``nodes``-node trees (a pipelined deep tree), retried at ``budget`` if
+    the corpus refuses trees that large (its --max-budget); returns the trees and whether they were
+    cut to ``budget``. Both clients use it: the child here, the thread client in verifier.drafter."""
+    from corpus_service.errors import CorpusError
+
+    try:
+        return client.draft(req_ids, nodes), False
+    except (CorpusError, ValueError) as e:
+        if nodes <= budget or "budget" not in str(e):
+            raise
+        return client.draft(req_ids, budget), True
+
+
 # ---------------------------------------------------------------------- child side
 
 def _child() -> int:
@@ -315,6 +329,11 @@ def _serve() -> int:
 
     def send(obj) -> None:
         write(_frame(obj))
+
+    def report(ticket: int | None, e: Exception, what: str) -> None:
+        if not isinstance(e, (CorpusError, ValueError)):  # a bug here must not stop the child
+            log.exception("corpus client process: %s", what)
+        send(("error", ticket, f"{type(e).__name__}: {e}"))
 
     def write(frame: bytes) -> None:
         data = memoryview(frame)
@@ -352,30 +371,17 @@ def _serve() -> int:
                         getattr(client, method)(*args)
                     except BrokenPipeError:
                         raise
-                    except (CorpusError, ValueError) as e:
-                        send(("error", None, f"{type(e).__name__}: {e}"))
-                    except Exception as e:  # a bug here must not stop the child: report it
-                        log.exception("corpus client process: %s", method)
-                        send(("error", None, f"{type(e).__name__}: {e}"))
+                    except Exception as e:
+                        report(None, e, method)
             elif kind == "draft":
                 _, tid, ids, nodes, budget = msg
-                capped = False
                 try:
-                    try:
-                        b = client.draft(ids, nodes)
-                    except (CorpusError, ValueError) as e:
-                        if nodes <= budget or "budget" not in str(e):
-                            raise
-                        # This corpus serves smaller trees (its --max-budget): the step's budget.
-                        b, capped = client.draft(ids, budget), True
+                    b, capped = draft_capped(client, ids, nodes, budget)
                     write(_trees_frame(tid, b, capped))
                 except BrokenPipeError:
                     raise
-                except (CorpusError, ValueError) as e:
-                    send(("error", tid, f"{type(e).__name__}: {e}"))
-                except Exception as e:  # a bug here must not stop drafting for good: report it
-                    log.exception("corpus client process")
-                    send(("error", tid, f"{type(e).__name__}: {e}"))
+                except Exception as e:
+                    report(tid, e, "draft")
 
 
 if __name__ == "__main__":

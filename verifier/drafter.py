@@ -43,7 +43,7 @@ from corpus_service import NgramCorpus
 from corpus_service.config import MAX_BUDGET
 from corpus_service.engine import DraftBatch, merge_with_earlier
 
-from .corpus_process import ClientProcess, ClientSettings, Ticket
+from .corpus_process import ClientProcess, ClientSettings, Ticket, draft_capped
 
 log = logging.getLogger(__name__)
 
@@ -257,17 +257,16 @@ class Drafter:
         self._since = {r: [] for r in ids}
 
     def _draft_ahead(self, ids: list[str], deep: int, budget: int) -> DraftBatch:
-        from corpus_service.errors import CorpusError
+        batch, capped = draft_capped(self._client, ids, deep, budget)
+        if capped:
+            self._cap_ahead(budget)
+        return batch
 
-        try:
-            return self._client.draft(ids, deep)
-        except (CorpusError, ValueError) as e:
-            if deep <= budget or "budget" not in str(e):
-                raise
-            # This corpus serves smaller trees (its --max-budget): a step's budget from now on.
-            log.info("corpus %s: %s; pipelined drafts ask for %d nodes from now on", self.target, e, budget)
+    def _cap_ahead(self, budget: int) -> None:
+        """The corpus refuses deep trees (its --max-budget): a step's budget from now on."""
+        if self._ahead_cap != budget:
+            log.info("corpus %s refuses deep trees; pipelined drafts ask for %d nodes from now on", self.target, budget)
             self._ahead_cap = budget
-            return self._client.draft(ids, budget)
 
     def _merge_ahead(self, req_ids: list[str], fresh: DraftBatch, budget: int) -> DraftBatch:
         if self._ahead is None:  # nothing asked yet (the first step)
@@ -301,9 +300,8 @@ class Drafter:
         if handle.error:
             self._note_error_text(handle.error)
             return None
-        if handle.capped and self._ahead_cap != budget:
-            log.info("corpus %s refuses deep trees; pipelined drafts ask for %d nodes from now on", self.target, budget)
-            self._ahead_cap = budget
+        if handle.capped:
+            self._cap_ahead(budget)
         return handle.batch
 
     def _remote_draft(self, req_ids: list[str], budget: int) -> DraftBatch | None:
