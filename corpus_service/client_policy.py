@@ -74,19 +74,29 @@ class RetryPolicy:
         return err.code == grpc.StatusCode.UNAVAILABLE and attempt < self.retries and time_left > self.delay(attempt)
 
 
+# The server's errors about a step's draft request start so (corpus_service/session.py), and it
+# raises them only after every operation of the step passed its checks.
+DRAFT_ERROR_PREFIX = "draft"
+
+
 def check_response(resp: pb.SessionResponse) -> None:
     if resp.HasField("error"):
         raise to_exception(code_from_value(resp.error.code), resp.error.message)
 
 
 def settle_step(breaker, log, stream, resp: pb.SessionResponse) -> pb.SessionResponse:
-    """A step's reply arrived: the transport worked (breaker), then the step was refused (the log
-    drops it and the error is raised) or applied (the log commits it; the session is replayed)."""
+    """A step's reply arrived: the transport worked (breaker), then the step was refused (the
+    error is raised) or applied (the log commits it; the session is replayed). A refused step's
+    operations are dropped from the log, except when only its draft request was refused (the
+    server checks the operations first, so they were valid, and nothing was applied): they stay
+    pending for the next step, as a caller whose start and extends returned without error expects
+    (a pipelined verifier retries a too-deep tree at a smaller budget right after)."""
     breaker.record_success()
     try:
         check_response(resp)
     except CorpusError:
-        log.discard()
+        if not resp.error.message.startswith(DRAFT_ERROR_PREFIX):
+            log.discard()
         raise
     stream.replayed = True
     log.commit()

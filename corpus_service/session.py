@@ -144,8 +144,6 @@ class Session:
         start_set = _checked_id_set(start[0], "start", max_batch)
         extend_set = _checked_id_set(extend[0], "extend", max_batch)
         finished = _checked_id_set(finish, "finish", max_batch)
-        # The common step extends and drafts the same batch: its ids were just checked.
-        draft_set = extend_set if draft == extend[0] else _checked_id_set(draft, "draft", max_batch)
         if restore_set and start_set and not restore_set.isdisjoint(start_set):
             raise CorpusError("a request id is both restored and started", grpc.StatusCode.INVALID_ARGUMENT)
         num_tokens = restore[2].size + start[2].size + extend[2].size
@@ -176,7 +174,12 @@ class Session:
                     raise CorpusError(f"{field}: unknown request '{rid}' (never started in this session, or finished)",
                                       grpc.StatusCode.NOT_FOUND)
         budget = msg.draft.budget
+        # The draft request is checked last, and its errors start with "draft": a client keeps the
+        # step's (valid, unapplied) operations pending when only its draft was refused
+        # (client_policy.settle_step).
         if draft:
+            # The common step extends and drafts the same batch: its ids were checked above.
+            draft_set = extend_set if draft == extend[0] else _checked_id_set(draft, "draft", max_batch)
             if not 1 <= budget <= cfg.max_budget:
                 raise CorpusError(f"draft.budget: expected an int in [1, {cfg.max_budget}], got {budget}",
                                   grpc.StatusCode.INVALID_ARGUMENT)

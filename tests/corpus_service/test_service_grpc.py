@@ -161,6 +161,27 @@ def test_bad_session_steps_get_status_codes_and_keep_the_session(server):
         assert c.draft(["ok"], 3).counts.shape == (1,)  # the session survived every error
 
 
+def test_a_refused_draft_keeps_the_steps_operations_pending(server):
+    """Only the draft part of a step is refused (a budget beyond the server's): the step's start
+    and extends were valid and nothing was applied, so they go with the next step, not lost."""
+    with CorpusClient(server.target, "small") as c:
+        c.start_request("k", SENTENCE[:6])
+        c.extend("k", SENTENCE[6:8])
+        with pytest.raises(CorpusInvalidArgument, match="draft.budget"):
+            c.draft(["k"], 33)
+        assert c.has_request("k")
+        c.extend("k", SENTENCE[8:9])
+        # The server holds k's whole context, the refused step's extend (8, 8) included: repeating
+        # 41, 8, 8 drafts the 19 that followed it there.
+        c.extend("k", SENTENCE[5:8])
+        assert c.draft(["k"], 4).tree(0)[0][:1] == [SENTENCE[8]]
+        # A step whose operations are bad is dropped whole, as before.
+        c.start_request("bad", [5000])
+        with pytest.raises(CorpusInvalidArgument, match="vocabulary"):
+            c.draft(["k"], 4)
+        assert not c.has_request("bad")
+
+
 def test_bad_raw_messages_on_every_rpc(server, stub):
     def session(*msgs):
         return [r for r in stub.Session(iter(msgs), timeout=5)]

@@ -55,7 +55,7 @@ def ref_parse(session: Session, msg: pb.SessionRequest):
     extend = wire.unpack_runs(msg.extend, "extend")
     finish = list(msg.finish)
     draft = list(msg.draft.req_ids)
-    for ids, field in ((restore[0], "restore"), (start[0], "start"), (extend[0], "extend"), (finish, "finish"), (draft, "draft")):
+    for ids, field in ((restore[0], "restore"), (start[0], "start"), (extend[0], "extend"), (finish, "finish")):
         ref_check_req_ids(ids, field, cfg.max_batch)
     if set(restore[0]) & set(start[0]):
         raise CorpusError("a request id is both restored and started", grpc.StatusCode.INVALID_ARGUMENT)
@@ -83,7 +83,8 @@ def ref_parse(session: Session, msg: pb.SessionRequest):
                 raise CorpusError(f"{field}: unknown request '{rid}' (never started in this session, or finished)",
                                   grpc.StatusCode.NOT_FOUND)
     budget = msg.draft.budget
-    if draft:
+    if draft:  # last: a step refused only for its draft had valid operations (client_policy.settle_step)
+        ref_check_req_ids(draft, "draft", cfg.max_batch)
         if not 1 <= budget <= cfg.max_budget:
             raise CorpusError(f"draft.budget: expected an int in [1, {cfg.max_budget}], got {budget}",
                               grpc.StatusCode.INVALID_ARGUMENT)

@@ -100,3 +100,21 @@ def test_a_child_writing_garbage_is_stopped_not_trusted(corpus_server):
         proc._proc.wait(10)  # killed
     finally:
         proc.close()
+
+
+@pytest.mark.parametrize("client", ["process", "thread"])
+def test_a_corpus_refusing_deep_trees_caps_the_pipelined_depth(corpus_server, client):
+    """The fixture's server serves at most 32 nodes: a deep ask of 2 x 20 = 40 is retried at the
+    step's budget, and later asks go out at that budget."""
+    drafter = Drafter(corpus_server.target, client_timeout_s=5.0, remote_client=client)
+    try:
+        drafter.start_request("c", [1, 2, 3, 1, 2, 3, 1, 2])
+        drafter.draft(["c"], 20)
+        drafter.dispatch()
+        assert drafter._ahead[0].result(timeout=20) is not None
+        drafter.extend("c", [3])
+        drafter.draft(["c"], 20)  # takes the answer: the cap is noted
+        assert drafter._ahead_cap == 20 and drafter.stats.remote_errors == 0
+        drafter.finish("c")
+    finally:
+        drafter.close()
