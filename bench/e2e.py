@@ -427,8 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-budget", type=int, default=15)
     p.add_argument("--overlap-plain", action=argparse.BooleanOptionalAction, default=True,
                    help="plain decoding one step ahead of the host (EngineConfig.overlap_plain, the default)")
-    p.add_argument("--overlap-spec-plain", action="store_true",
-                   help="speculative engines overlap their plain steps too (EngineConfig.overlap_spec_plain)")
+    p.add_argument("--overlap-spec-plain", action=argparse.BooleanOptionalAction, default=True,
+                   help="speculative engines overlap their plain steps too (EngineConfig.overlap_spec_plain, the default)")
     p.add_argument("--refill-group", type=int, default=0,
                    help="EngineConfig.refill_group of the SmolLM2 engines (0 = max_batch // 8; 1 = refill at once)")
     p.add_argument("--cost-probe-s", type=float, default=3.0)

@@ -79,6 +79,8 @@ def test_overlap_off_for_logprobs_and_on_config():
 
     assert VerifierConfig().engine_config().overlap_plain is True  # the default (measured on the H200)
     assert VerifierConfig(overlap_plain=False).engine_config().overlap_plain is False
+    assert VerifierConfig().engine_config().overlap_spec_plain is True  # measured on the H200 too
+    assert VerifierConfig(overlap_spec_plain=False).engine_config().overlap_spec_plain is False
 
 
 @pytest.mark.usefixtures("one_thread")
@@ -130,7 +132,7 @@ def test_a_speculative_engine_overlaps_its_plain_steps_and_drains_before_draftin
 def test_lone_overlapped_plain_steps_are_credited_their_tokens():
     """A plain step between drafting steps commits its tokens when the next (drafting) step drains
     it: the policy must count them as plain decoding's, or plain decoding looks worthless (found on
-    the H200: batch 64 then drafted every step). Off by default, speculative engines do not overlap."""
+    the H200: batch 64 then drafted every step)."""
     import itertools
 
     from verifier.drafter import Drafter
