@@ -103,7 +103,8 @@ def run_engine(engine: Engine, prompts: list[list[int]], max_new: int, params: S
     params = params or SamplingParams(max_tokens=max_new)
     sync(engine.device)
     st = engine.stats
-    before = (st.steps, st.step_seconds, st.prefills, st.prefill_seconds)
+    wait = (lambda: engine.graphs.wait_seconds) if engine.graphs is not None else (lambda: 0.0)
+    before = (st.steps, st.step_seconds, st.prefills, st.prefill_seconds, st.corpus_seconds, wait())
     t = time.perf_counter()
     reqs = engine.generate(prompts, params)
     if reqs_out is not None:
@@ -118,7 +119,9 @@ def run_engine(engine: Engine, prompts: list[list[int]], max_new: int, params: S
             "engine_steps": st.steps - before[0],
             # where the time went: prefill forwards (a refill one prompt at a time costs more of them)
             "prefills": st.prefills - before[2], "prefill_s": round(st.prefill_seconds - before[3], 4),
-            "step_s": round(st.step_seconds - before[1], 4), "mat": round(tokens / max(steps, 1), 3), "outputs": outs}
+            "step_s": round(st.step_seconds - before[1], 4), "corpus_s": round(st.corpus_seconds - before[4], 4),
+            "gpu_wait_s": round(wait() - before[5], 4),  # host blocked on step results (graph steps)
+            "mat": round(tokens / max(steps, 1), 3), "outputs": outs}
 
 
 def start_server(tmp: str):

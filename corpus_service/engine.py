@@ -55,15 +55,9 @@ def merge_with_earlier(fresh: DraftBatch, earlier: DraftBatch, since: Sequence[S
     budget = _check_budget(budget)
     if len(fresh) != len(earlier) or len(since) != len(fresh):
         raise ValueError(f"merge_with_earlier: {len(fresh)} fresh trees, {len(earlier)} earlier, {len(since)} since")
-    lengths = np.fromiter((len(s) for s in since), dtype=np.int64, count=len(since))
-    offsets = np.zeros(len(since) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    flat = np.fromiter((t for s in since for t in s), dtype=np.int32, count=int(offsets[-1]))
-    c = np.ascontiguousarray
-    out = _native.merge_with_earlier(c(fresh.tokens, np.int32), c(fresh.parents, np.int32), c(fresh.probs, np.float32),
-                                     c(fresh.counts, np.int32), c(earlier.tokens, np.int32),
-                                     c(earlier.parents, np.int32), c(earlier.probs, np.float32),
-                                     c(earlier.counts, np.int32), flat, offsets, budget)
+    # Arrays of other dtypes or layouts are converted by the binding; ``since`` is read there too.
+    out = _native.merge_with_earlier(fresh.tokens, fresh.parents, fresh.probs, fresh.counts, earlier.tokens,
+                                     earlier.parents, earlier.probs, earlier.counts, since, budget)
     return DraftBatch(*out)
 
 

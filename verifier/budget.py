@@ -19,8 +19,7 @@ forward. So the policy also keeps what steps really delivered, committed tokens 
 time, per batch-size bucket (powers of two) and mode (drafting or not). Where drafting steps have
 delivered less than plain ones (by more than 3%: drafting's gains come in bursts), it does not
 draft, except for one step in ``explore_every`` (four times fewer when one mode leads by 25%) that
-keeps the losing mode's figure current. A bucket starts with three drafting steps, then plain ones
-until plain has a figure; so speculation that costs more than it brings turns itself
+keeps the losing mode's figure current; so speculation that costs more than it brings turns itself
 off, and back on when it pays again (a smaller batch, better drafts).
 """
 
@@ -113,20 +112,16 @@ class BudgetPolicy:
         n = self._steps_at.get(b, 0)
         self._steps_at[b] = n + 1
         spec, plain = self.delivered(bs, True), self.delivered(bs, False)
-        if spec is None or plain is None:
-            # Start by drafting, and run plain steps from the bucket's 4th step until one has
-            # been measured: a short start, because at large batches a drafting step from a cold
-            # corpus costs 2-3 plain ones (H200, batch 64: the 16-step start this replaced made
-            # 64-token runs 0.67x plain).
-            self._prefers[b] = True
-            return spec is None or n < self.explore_every // 4 - 1
-        # A clear winner (25% apart) is re-checked four times less often, since exploring costs a
-        # step of the losing mode each time; not in the bucket's first 4 * explore_every steps,
-        # whose figures rest on a few steps (a start from a cold corpus).
+        # A clear winner (25% apart) is re-checked four times less often: exploring costs a step
+        # of the losing mode each time.
         every = self.explore_every
-        if (n >= 4 * every and max(spec, plain) > 1.25 * min(spec, plain)):
+        if spec is not None and plain is not None and max(spec, plain) > 1.25 * min(spec, plain):
             every *= 4
         explore = n % every == every - 1
+        if spec is None or plain is None:
+            # Start by drafting; measure plain steps on the exploration turns.
+            self._prefers[b] = True
+            return spec is None or not explore
         # Drafting's gains come in bursts (a copied passage accepts 8 tokens, most steps accept
         # none), so it keeps the lead unless plain is ahead by more than 3%.
         prefers = spec >= 0.97 * plain

@@ -104,6 +104,9 @@ class EngineStats:
     draft_tokens: int = 0  # draft nodes verified
     accepted_tokens: int = 0
     spec_steps: int = 0  # request-steps that verified at least one draft node
+    # Host time of the engine thread in drafter calls (drafts, commits, hand-offs to a remote
+    # client): what the corpus costs a step beyond the GPU's work.
+    corpus_seconds: float = 0.0
 
 
 @dataclass
@@ -312,9 +315,11 @@ class Engine:
             if running:
                 self._verify_step(running)
                 updated.extend(running)
+        t = time.perf_counter()
         for req in self.scheduler.release_finished():
             if self.drafter is not None:
                 self.drafter.finish(req.req_id)
+        self.stats.corpus_seconds += time.perf_counter() - t
         self._dispatch()  # finishes reach the corpus even if no step follows
         self.stats.steps += 1
         self.stats.step_seconds += time.perf_counter() - t0
@@ -408,7 +413,9 @@ class Engine:
             req.cache_len = lens[i]
             self.stats.prefill_tokens += lens[i]
             if self.drafter is not None:
+                t = time.perf_counter()
                 self.drafter.start_request(req.req_id, req.prompt_ids, group=req.group)
+                self.stats.corpus_seconds += time.perf_counter() - t
             self._commit_path(req, [tok], logits[i:i + 1], [0], [bool(bad[i])])
             if bad[i]:
                 self.cache.clear(req.slot)
@@ -455,12 +462,16 @@ class Engine:
 
     def _dispatch(self) -> None:
         if self.drafter is not None:
+            t = time.perf_counter()
             self.drafter.dispatch()
+            self.stats.corpus_seconds += time.perf_counter() - t
 
     def _flush_extends(self) -> None:
         if self._extends:
+            t = time.perf_counter()
             self.drafter.extend_many(self._extends)
             self._extends = []
+            self.stats.corpus_seconds += time.perf_counter() - t
 
     def _drafts(self, running: list[Request]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         empty = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32))
@@ -470,7 +481,9 @@ class Engine:
         self._drafted = budget > 0 and bool(spec)
         if budget <= 0 or not spec:
             return drafts
+        t = time.perf_counter()
         batch = self.drafter.draft([running[i].req_id for i in spec], budget)
+        self.stats.corpus_seconds += time.perf_counter() - t
         for j, i in enumerate(spec):
             n = int(batch.counts[j])
             drafts[i] = (batch.tokens[j, :n].astype(np.int64), batch.parents[j, :n].astype(np.int64), batch.probs[j, :n])
@@ -628,7 +641,9 @@ class Engine:
         tokens = parents = np.zeros((bs, 0), dtype=np.int64)
         probs, counts = np.zeros((bs, 0), dtype=np.float32), np.zeros(bs, dtype=np.int64)
         if budget > 0 and spec:
+            t = time.perf_counter()
             batch = self.drafter.draft([running[i].req_id for i in spec], budget)
+            self.stats.corpus_seconds += time.perf_counter() - t
             if len(spec) == bs:
                 tokens, parents, probs, counts = batch.tokens, batch.parents, batch.probs, batch.counts.astype(np.int64)
             else:  # some requests do not speculate: their rows stay empty

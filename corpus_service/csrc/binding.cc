@@ -1,5 +1,6 @@
 // Python bindings of the corpus engine. No logic here: conversion, GIL release, and wiring.
 #include <pybind11/numpy.h>
+#include <cstdint>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -30,12 +31,11 @@ PYBIND11_MODULE(_native, m) {
 
   m.def(
       "merge_with_earlier",
-      [](py::array_t<int32_t, py::array::c_style> f_tokens, py::array_t<int32_t, py::array::c_style> f_parents,
-         py::array_t<float, py::array::c_style> f_probs, py::array_t<int32_t, py::array::c_style> f_counts,
-         py::array_t<int32_t, py::array::c_style> e_tokens, py::array_t<int32_t, py::array::c_style> e_parents,
-         py::array_t<float, py::array::c_style> e_probs, py::array_t<int32_t, py::array::c_style> e_counts,
-         py::array_t<int32_t, py::array::c_style> since, py::array_t<int64_t, py::array::c_style> since_offsets,
-         int budget) {
+      [](py::array_t<int32_t, py::array::c_style | py::array::forcecast> f_tokens, py::array_t<int32_t, py::array::c_style | py::array::forcecast> f_parents,
+         py::array_t<float, py::array::c_style | py::array::forcecast> f_probs, py::array_t<int32_t, py::array::c_style | py::array::forcecast> f_counts,
+         py::array_t<int32_t, py::array::c_style | py::array::forcecast> e_tokens, py::array_t<int32_t, py::array::c_style | py::array::forcecast> e_parents,
+         py::array_t<float, py::array::c_style | py::array::forcecast> e_probs, py::array_t<int32_t, py::array::c_style | py::array::forcecast> e_counts,
+         py::handle since_rows, int budget) {
         if (f_tokens.ndim() != 2 || e_tokens.ndim() != 2) throw py::value_error("trees: expected [n, width] arrays");
         const auto n = f_tokens.shape(0);
         const auto wf = f_tokens.shape(1), we = e_tokens.shape(1);
@@ -45,16 +45,36 @@ PYBIND11_MODULE(_native, m) {
         if (!same(f_parents, n, wf) || !same(f_probs, n, wf) || f_counts.size() != n || !same(e_tokens, n, we) ||
             !same(e_parents, n, we) || !same(e_probs, n, we) || e_counts.size() != n)
           throw py::value_error("trees: tokens, parents and probs must have one shape and counts one entry per row");
-        if (since_offsets.size() != n + 1) throw py::value_error("since_offsets: expected n + 1 entries");
         if (budget < 1) throw py::value_error("budget: expected >= 1");
         const int32_t* fc = f_counts.data();
         const int32_t* ec = e_counts.data();
-        const int64_t* off = since_offsets.data();
         for (py::ssize_t i = 0; i < n; ++i) {
           if (fc[i] < 0 || fc[i] > wf || ec[i] < 0 || ec[i] > we)
             throw py::value_error("counts: expected 0 <= count <= width");
-          if (off[i] < 0 || off[i] > off[i + 1] || off[i + 1] > since.size())
-            throw py::value_error("since_offsets: expected non-decreasing offsets within since");
+        }
+        // since: one sequence of token ids per row, read through the C API (this runs every
+        // remote-drafting step; packing it with numpy in Python cost more than the merge itself).
+        std::vector<int32_t> since;
+        std::vector<int64_t> off{0};
+        {
+          py::object rows = py::reinterpret_steal<py::object>(PySequence_Fast(since_rows.ptr(), "since: expected a sequence"));
+          if (!rows) throw py::error_already_set();
+          if (PySequence_Fast_GET_SIZE(rows.ptr()) != n)
+            throw py::value_error("since: expected one sequence of token ids per row");
+          for (py::ssize_t i = 0; i < n; ++i) {
+            py::object row = py::reinterpret_steal<py::object>(
+                PySequence_Fast(PySequence_Fast_GET_ITEM(rows.ptr(), i), "since: expected sequences of token ids"));
+            if (!row) throw py::error_already_set();
+            const py::ssize_t m = PySequence_Fast_GET_SIZE(row.ptr());
+            PyObject** items = PySequence_Fast_ITEMS(row.ptr());
+            for (py::ssize_t j = 0; j < m; ++j) {
+              const long long v = PyLong_AsLongLong(items[j]);
+              if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+              if (v < 0 || v > INT32_MAX) throw py::value_error("since: expected token ids in [0, 2^31)");
+              since.push_back(static_cast<int32_t>(v));
+            }
+            off.push_back(static_cast<int64_t>(since.size()));
+          }
         }
         std::vector<int32_t> tokens(static_cast<size_t>(n * budget), -1), parents(tokens.size(), -1);
         std::vector<float> probs(tokens.size(), 0.f);

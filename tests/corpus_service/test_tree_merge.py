@@ -79,6 +79,24 @@ def test_bad_inputs_raise_value_error():
     bad = DraftBatch(e.tokens, e.parents, e.probs, np.array([7], np.int32))
     with pytest.raises(ValueError, match="count"):
         merge_with_earlier(f, bad, [[1]], 4)
+    with pytest.raises(ValueError, match="since"):  # the binding reads since itself
+        merge_with_earlier(f, e, [[1, -2]], 4)
+    with pytest.raises(ValueError, match="since"):
+        merge_with_earlier(f, e, [[1, 1 << 40]], 4)
+    with pytest.raises(TypeError):
+        merge_with_earlier(f, e, [[1.5]], 4)
+    with pytest.raises(TypeError):
+        merge_with_earlier(f, e, [7], 4)
+
+
+def test_since_may_be_any_sequence_and_arrays_any_dtype():
+    """numpy ints, tuples and arrays of other dtypes are accepted as the numpy path accepted them."""
+    f, e = batch([FRESH], 4), batch([EARLIER], 6)
+    want = merge_with_earlier(f, e, [[1, 2]], 8)
+    e64 = DraftBatch(e.tokens.astype(np.int64), e.parents.astype(np.int64), e.probs.astype(np.float64), e.counts)
+    for since, earlier in (([np.array([1, 2])], e), ([(np.int64(1), 2)], e), ([[1, 2]], e64)):
+        got = merge_with_earlier(f, earlier, since, 8)
+        assert got.tree(0) == want.tree(0)
 
 
 @st.composite

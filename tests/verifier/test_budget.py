@@ -89,33 +89,3 @@ def test_fixed_budget_ignores_delivered_rates():
     pol.observe_delivered(8, True, 1.0, 1)
     pol.observe_delivered(8, False, 1e-3, 8)
     assert pol.draft_budget(8) == 5
-
-
-def _run(pol: BudgetPolicy, bs: int, steps: int, drafted_step, plain_step) -> list[bool]:
-    """Runs the policy ``steps`` steps; ``*_step(i)`` -> (seconds, committed tokens) of step i."""
-    modes = []
-    for i in range(steps):
-        drafted = pol.draft_budget(bs) > 0
-        modes.append(drafted)
-        pol.observe_delivered(bs, drafted, *(drafted_step(i) if drafted else plain_step(i)))
-    return modes
-
-
-def test_a_bucket_where_drafting_loses_stops_drafting_within_a_few_steps():
-    """Batch 64 from a cold corpus on the H200 (64 new tokens): a drafting step delivered ~99
-    tokens in 7.9 ms, a plain one 64 in 2.95 ms. The start measures plain on the 4th step, so a
-    100-step run drafts in 3 start steps plus 1 in 16 (it drafted 25 of 118 with a 16-step start)."""
-    pol = BudgetPolicy(15, None, CostModel([1, 64, 1024], [1e-3, 1.6e-3, 4e-3]))
-    modes = _run(pol, 64, 100, lambda i: (7.9e-3, 99), lambda i: (2.95e-3, 64))
-    assert modes[:3] == [True] * 3 and not modes[3]
-    assert sum(modes) <= 3 + 100 // 16
-
-
-def test_an_unlucky_start_does_not_turn_a_paying_bucket_off_for_long():
-    """Batch 1: the first drafts (a cold corpus) accept nothing, later ones ~1.4 tokens a step.
-    Drafting is explored one step in 16 during the bucket's first 64 steps (not 64), so it comes
-    back at the 16th step and keeps the lead."""
-    pol = BudgetPolicy(15, None, CostModel([1, 16], [1e-3, 1.5e-3]))
-    modes = _run(pol, 1, 200, lambda i: (1.3e-3, 1 if i < 6 else 2.4), lambda i: (1e-3, 1))
-    assert not modes[3]  # plain measured early
-    assert all(modes[16:31]) and sum(modes[64:]) >= 130

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -185,6 +186,7 @@ class GraphRunner:
         self._pool = torch.cuda.graph_pool_handle() if self.capture else None
         self._warmed = False
         self._launches = 0  # greedy-step launches: they take the two staging/result buffers in turn
+        self.wait_seconds = 0.0  # host time blocked in collect(): the GPU had not finished the step
 
     def kv_bucket(self, kv_len: int) -> int:
         return next_bucket(kv_len, self.kv_buckets)
@@ -351,7 +353,9 @@ class GraphRunner:
     def collect(self, launch: StepLaunch) -> GreedyStepResult:
         """Waits for a launched step and returns its results (the host's own copy)."""
         if launch.event is not None:
+            t = time.perf_counter()
             launch.event.synchronize()
+            self.wait_seconds += time.perf_counter() - t
         return GreedyStepResult.unpack(launch.out.numpy().copy(), launch.B, launch.K, launch.bs, launch.logits)
 
     def _load_step(self, g: _StepGraph, host: np.ndarray, bs: int, B: int, K: int, staging: Tensor) -> None:
