@@ -19,8 +19,9 @@ a pipelined deep tree, retried at ``budget`` if the corpus refuses trees that la
 ``("error", ticket | None, message)``. The first frame from the parent is the client's
 configuration (its bearer token travels there, never on a command line).
 
-If the child dies, every pending and later draft reports an error (the drafter drafts in process
-from then on, and says so once); requests are never failed by it.
+If the child dies, every pending and later draft reports an error; requests are never failed by
+it. The drafter drafts in process meanwhile, says so once, and starts a replacement in the
+background, replaying its live requests into it (``verifier.drafter``).
 """
 
 from __future__ import annotations

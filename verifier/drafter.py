@@ -22,8 +22,9 @@ No corpus failure ever fails a request.
 Where the client runs (``remote_client``): ``process`` (the default) runs the ``CorpusClient`` in
 a child process (``verifier.corpus_process``): the engine's side of a step is one pipe write and
 one non-blocking read, and the client's Python work (protobuf, gRPC's threads) never holds the
-engine's GIL. ``thread`` runs it on a thread of this process. That thread shares the GIL with the
-engine's step loop, so a thread client lowers the interpreter's switch interval
+engine's GIL. A child that dies is replaced in the background; the drafter keeps every live
+request's prompt and committed tokens to replay into the new one. ``thread`` runs the client on a
+thread of this process. That thread shares the GIL with the engine's step loop, so a thread client lowers the interpreter's switch interval
 (``GIL_SWITCH_INTERVAL_S``, never raising it): with Python's 5 ms default, an engine thread whose
 GPU step had finished waited up to 5 ms for the client thread's Python work to yield, against
 ~1 ms steps (H200, SmolLM2, batch 1: remote drafting went from 1,280 to 1,424 tok/s with it).
@@ -33,6 +34,8 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -48,6 +51,11 @@ from .corpus_process import ClientProcess, ClientSettings, Ticket, draft_capped
 log = logging.getLogger(__name__)
 
 GIL_SWITCH_INTERVAL_S = 2e-4  # see the module docstring
+# A dead client process is replaced at once if it had run for STABLE_CHILD_S; otherwise (a crash
+# loop, or a replacement that does not start) after a delay that doubles each time, up to the maximum.
+RESTART_DELAY_S = 0.5
+MAX_RESTART_DELAY_S = 30.0
+STABLE_CHILD_S = 60.0
 
 
 REMOTE_DRAFT_MODES = ("pipelined", "sync")
@@ -64,6 +72,7 @@ class DraftStats:
     local_steps: int = 0  # steps drafted by the in-process corpus (--corpus local; pipelined: the first step)
     remote_errors: int = 0
     last_error: str = ""
+    client_restarts: int = 0  # dead client processes replaced (their live requests replayed)
 
 
 class Drafter:
@@ -100,9 +109,17 @@ class Drafter:
             self.local, self.target = NgramCorpus(vocab_size=vocab_size) if vocab_size else NgramCorpus(), "local"
         elif remote_client == "process":
             self.target = corpus
-            self._proc = ClientProcess(ClientSettings(corpus, namespace=namespace, timeout_s=client_timeout_s,
-                                                      breaker_cooldown_s=breaker_cooldown_s, token=token, tls=tls))
+            self._settings = ClientSettings(corpus, namespace=namespace, timeout_s=client_timeout_s,
+                                            breaker_cooldown_s=breaker_cooldown_s, token=token, tls=tls)
+            self._proc = ClientProcess(self._settings)
             self.local = NgramCorpus(vocab_size=vocab_size) if vocab_size else NgramCorpus()
+            # Every live request's prompt, group and committed tokens: what a replacement client
+            # process is given (the dead one's session, and the server's state for it, are gone).
+            self._live: dict[str, tuple[list[int], str | None, list[int]]] = {}
+            self._restart: _Restart | None = None
+            self._restart_delay = RESTART_DELAY_S
+            self._restart_at: float | None = None  # when to start a replacement (None: no death handled)
+            self._child_since = time.monotonic()
         else:
             from corpus_service.circuit_breaker import CircuitBreaker
             from corpus_service.client import CorpusClient
@@ -125,13 +142,18 @@ class Drafter:
     def start_request(self, req_id: str, prompt_ids: list[int], group: str | None = None) -> None:
         """``group``: requests of one key (the samples of one API request) draft from each other."""
         self.local.start_request(req_id, prompt_ids, group=group)
-        self._remote_call("start_request", req_id, list(prompt_ids), group)
+        prompt = list(prompt_ids)
+        if self._proc is not None:
+            self._live[req_id] = (prompt, group, [])
+        self._remote_call("start_request", req_id, prompt, group)
 
     def extend(self, req_id: str, tokens: list[int]) -> None:
         if tokens:
             self.local.extend(req_id, tokens)
             if req_id in self._since:
                 self._since[req_id].extend(tokens)
+            if self._proc is not None and req_id in self._live:
+                self._live[req_id][2].extend(tokens)
             self._remote_call("extend_many", [(req_id, list(tokens))])
 
     def extend_many(self, items: list[tuple[str, list[int]]]) -> None:
@@ -146,10 +168,17 @@ class Drafter:
             for r, t in items:
                 if r in self._since:
                     self._since[r].extend(t)
+        if self._proc is not None:
+            live = self._live
+            for r, t in items:
+                if r in live:
+                    live[r][2].extend(t)
         self._remote_call("extend_many", items)
 
     def finish(self, req_id: str) -> None:
         self._since.pop(req_id, None)
+        if self._proc is not None:
+            self._live.pop(req_id, None)
         if self.local.has_request(req_id):
             self.local.finish(req_id)
         self._remote_call("finish", req_id)
@@ -173,6 +202,9 @@ class Drafter:
         return self.local.draft(req_ids, budget)
 
     def close(self) -> None:
+        if self._proc is not None and self._restart is not None:
+            self._restart.abandon()
+            self._restart = None
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
@@ -191,6 +223,11 @@ class Drafter:
         nothing runs next)."""
         if not self.remote:
             return
+        if self._proc is not None and self._proc.dead:
+            self._take_child_errors()  # the death itself, reported once
+            if not self._revive():
+                self._deferred, self._ask = [], None  # the dead child gets nothing; drafts stay in process
+                return
         calls, self._deferred = self._deferred, []
         if calls:
             self._send_calls(calls)
@@ -199,6 +236,45 @@ class Drafter:
             ids, budget = self._ask
             self._ask = None
             self._ask_ahead(ids, budget)
+
+    def _revive(self) -> bool:
+        """The client process died: a replacement is started in the background (after a delay that
+        doubles while replacements fail to start) and, once ready, takes over with every live
+        request replayed. Returns whether a live client process is in place now."""
+        now = time.monotonic()
+        r = self._restart
+        if r is None:
+            if self._restart_at is None:  # this death is new
+                if now - self._child_since >= STABLE_CHILD_S:
+                    self._restart_delay, self._restart_at = RESTART_DELAY_S, now
+                else:  # it died young: back off
+                    self._restart_at = now + self._restart_delay
+                    self._restart_delay = min(2 * self._restart_delay, MAX_RESTART_DELAY_S)
+            if now >= self._restart_at:
+                self._restart = _Restart(self._settings)
+            return False
+        if not r.done.is_set():
+            return False
+        self._restart = None
+        if r.proc is None:
+            self._restart_at = now + self._restart_delay
+            log.warning("corpus %s: a new client process did not start (%s); next try in %.1f s",
+                        self.target, r.error, self._restart_delay)
+            self._restart_delay = min(2 * self._restart_delay, MAX_RESTART_DELAY_S)
+            return False
+        self._proc.close(timeout=0.1)
+        self._proc, self._restart_at, self._child_since = r.proc, None, now
+        self._ahead, self._inflight, self._since = None, None, {}
+        # The live requests' whole state, in place of the calls held since the death (they are
+        # all in it): the prompt as a start, what was committed since as one extend.
+        self._deferred = [("start_request", (rid, prompt, group)) for rid, (prompt, group, _) in self._live.items()]
+        outputs = [(rid, list(out)) for rid, (_, _, out) in self._live.items() if out]
+        if outputs:
+            self._deferred.append(("extend_many", outputs))
+        self.stats.client_restarts += 1
+        log.warning("corpus %s: the client process was replaced; %d live requests replayed", self.target,
+                    len(self._live))
+        return True
 
     def _send_calls(self, calls: list[tuple[str, tuple]]) -> None:
         if self._proc is not None:
@@ -269,6 +345,9 @@ class Drafter:
             self._ahead_cap = budget
 
     def _merge_ahead(self, req_ids: list[str], fresh: DraftBatch, budget: int) -> DraftBatch:
+        if self._ahead is None and self._proc is not None and self._proc.dead:  # until a new child runs
+            self.stats.fallback_steps += 1
+            return fresh
         if self._ahead is None:  # nothing asked yet (the first step)
             self.stats.local_steps += 1
             return fresh
@@ -323,3 +402,37 @@ class Drafter:
                 return None
             self._inflight = None
         return batch if batch is not None and len(batch) == len(req_ids) else None
+
+
+class _Restart:
+    """A replacement ``ClientProcess`` started on a thread (its start waits for the child's imports
+    and client: too long for an engine step)."""
+
+    def __init__(self, settings: ClientSettings) -> None:
+        self.proc: ClientProcess | None = None
+        self.error = ""
+        self.done = threading.Event()
+        self._lock = threading.Lock()
+        self._abandoned = False
+        threading.Thread(target=self._run, args=(settings,), name="corpus-client-restart", daemon=True).start()
+
+    def _run(self, settings: ClientSettings) -> None:
+        try:
+            proc = ClientProcess(settings)
+        except Exception as e:  # reported by the drafter, which tries again later
+            self.error = f"{type(e).__name__}: {e}"
+            proc = None
+        with self._lock:
+            if self._abandoned and proc is not None:
+                proc.close(timeout=0.5)
+                proc = None
+            self.proc = proc
+        self.done.set()
+
+    def abandon(self) -> None:
+        """The drafter closes: a process started after this is closed by the thread."""
+        with self._lock:
+            self._abandoned = True
+            if self.proc is not None:
+                self.proc.close(timeout=0.5)
+                self.proc = None

@@ -47,28 +47,77 @@ def test_answers_through_a_real_server(corpus_server):
     assert proc._proc.returncode == 0
 
 
-def test_a_dead_child_turns_remote_drafting_off_without_failing(corpus_server):
+def _steps_until(drafter: Drafter, done, extend: list[int], timeout: float = 30.0) -> None:
+    """Engine-like steps on request "r" (commit, draft, dispatch) until ``done()``; every step
+    drafts (in process while the child is down) and none raises."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, drafter.stats
+        drafter.extend("r", extend)
+        assert len(drafter.draft(["r"], 4)) == 1
+        drafter.dispatch()
+        time.sleep(0.01)
+
+
+def test_a_dead_child_is_replaced_and_the_live_requests_replayed(corpus_server):
     drafter = Drafter(corpus_server.target, client_timeout_s=5.0)
     try:
         drafter.start_request("r", [5, 6, 7, 5, 6])
+        drafter.start_request("gone", [1, 2, 3])
         drafter.draft(["r"], 4)
         drafter.dispatch()
         drafter._ahead[0].result(timeout=20)
-        drafter._proc._proc.kill()  # the child dies (a bug, the OOM killer)
-        drafter._proc._proc.wait()
-        deadline = time.monotonic() + 10
-        while not drafter._proc.dead and time.monotonic() < deadline:
-            drafter.extend("r", [7])
-            out = drafter.draft(["r"], 4)  # drafts from the in-process mirror meanwhile
-            assert len(out) == 1
-            drafter.dispatch()
-            time.sleep(0.01)
-        assert "client process stopped" in drafter._proc.dead
-        for _ in range(3):  # later steps: in process, no error raised
-            drafter.extend("r", [5])
-            assert len(drafter.draft(["r"], 4)) == 1
-            drafter.dispatch()
+        drafter.extend("r", [8])
+        first = drafter._proc
+        first._proc.kill()  # the child dies (a bug, the OOM killer)
+        first._proc.wait()
+        drafter.finish("gone")  # finished while no child runs: not replayed
+        _steps_until(drafter, lambda: first.dead, [9])
+        assert "client process stopped" in first.dead
+        _steps_until(drafter, lambda: drafter.stats.client_restarts == 1, [9])
         assert "client process stopped" in drafter.stats.last_error and drafter.stats.remote_errors >= 1
+        assert drafter._proc is not first and not drafter._proc.dead and first._proc.returncode is not None
+        remote = drafter.stats.remote_steps
+        _steps_until(drafter, lambda: drafter.stats.remote_steps >= remote + 3, [9])  # remote drafts again
+        # The new child's session holds r: its prompt and every token committed before and after
+        # the death (a context ending in 9, 9 drafts 9; the prompt alone would draft 7), not "gone".
+        batch = drafter._proc.draft(["r"], 4, 4).result(timeout=20)
+        assert batch is not None and batch.tree(0)[0][:1] == [9]
+        t = drafter._proc.draft(["gone"], 4, 4)
+        assert t.result(timeout=20) is None and "unknown request" in t.error
+        drafter.finish("r")
+    finally:
+        drafter.close()
+
+
+def test_a_replacement_that_fails_to_start_is_retried_with_backoff(corpus_server, monkeypatch):
+    """A child that dies young (a crash loop) or a replacement that does not start: the next try
+    waits, twice as long each time; drafting goes on in process meanwhile."""
+    import verifier.drafter as drafter_module
+
+    drafter = Drafter(corpus_server.target, client_timeout_s=5.0)
+    try:
+        drafter.start_request("r", [5, 6, 7, 5, 6])
+        first = drafter._proc
+        first._proc.kill()
+        first._proc.wait()
+        real = drafter_module.ClientProcess
+        tries = []
+
+        def failing(settings):
+            tries.append(time.monotonic())
+            raise ValueError("no client for you")
+
+        monkeypatch.setattr(drafter_module, "ClientProcess", failing)
+        _steps_until(drafter, lambda: len(tries) >= 2 and drafter._restart is None, [9])
+        # The child died young: the first try waits RESTART_DELAY_S, the next twice that.
+        assert tries[1] - tries[0] >= 2 * drafter_module.RESTART_DELAY_S
+        assert drafter._restart_delay == 8 * drafter_module.RESTART_DELAY_S
+        assert drafter.stats.client_restarts == 0 and drafter._proc is first
+        monkeypatch.setattr(drafter_module, "ClientProcess", real)
+        monkeypatch.setattr(drafter_module, "MAX_RESTART_DELAY_S", 2.0)  # the test's patience
+        drafter._restart_delay = min(drafter._restart_delay, 2.0)
+        _steps_until(drafter, lambda: drafter.stats.client_restarts == 1, [9])
         drafter.finish("r")
     finally:
         drafter.close()

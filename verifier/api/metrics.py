@@ -32,6 +32,8 @@ class EngineCollector:
             c.add_metric(["local"], d.local_steps)
             yield c
             yield CounterMetricFamily("ngram_verifier_corpus_errors", "failed remote corpus calls", value=d.remote_errors)
+            yield CounterMetricFamily("ngram_verifier_corpus_client_restarts",
+                                      "dead corpus client processes replaced", value=d.client_restarts)
         g = GaugeMetricFamily("ngram_verifier_requests", "live requests by state", labels=["state"])
         g.add_metric(["running"], len(e.scheduler.running))
         g.add_metric(["waiting"], len(e.scheduler.waiting))
