@@ -104,7 +104,8 @@ def run_engine(engine: Engine, prompts: list[list[int]], max_new: int, params: S
     sync(engine.device)
     st = engine.stats
     wait = (lambda: engine.graphs.wait_seconds) if engine.graphs is not None else (lambda: 0.0)
-    before = (st.steps, st.step_seconds, st.prefills, st.prefill_seconds, st.corpus_seconds, wait())
+    before = (st.steps, st.step_seconds, st.prefills, st.prefill_seconds, st.corpus_seconds, wait(),
+              st.pack_seconds, st.forward_seconds, st.commit_seconds)
     t = time.perf_counter()
     reqs = engine.generate(prompts, params)
     if reqs_out is not None:
@@ -121,6 +122,9 @@ def run_engine(engine: Engine, prompts: list[list[int]], max_new: int, params: S
             "prefills": st.prefills - before[2], "prefill_s": round(st.prefill_seconds - before[3], 4),
             "step_s": round(st.step_seconds - before[1], 4), "corpus_s": round(st.corpus_seconds - before[4], 4),
             "gpu_wait_s": round(wait() - before[5], 4),  # host blocked on step results (graph steps)
+            # verify steps' host phases (EngineStats): packing (drafting included), forward call, commits
+            "pack_s": round(st.pack_seconds - before[6], 4), "forward_s": round(st.forward_seconds - before[7], 4),
+            "commit_s": round(st.commit_seconds - before[8], 4),
             "mat": round(tokens / max(steps, 1), 3), "outputs": outs}
 
 

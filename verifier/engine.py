@@ -107,6 +107,12 @@ class EngineStats:
     # Host time of the engine thread in drafter calls (drafts, commits, hand-offs to a remote
     # client): what the corpus costs a step beyond the GPU's work.
     corpus_seconds: float = 0.0
+    # Verify steps' phases on the host (bench/e2e.py reports them): choosing, pruning and packing
+    # the drafts (drafting included), the forward call (launch, the corpus hand-off while the GPU
+    # runs, the wait for its results), and committing the accepted tokens.
+    pack_seconds: float = 0.0
+    forward_seconds: float = 0.0
+    commit_seconds: float = 0.0
 
 
 @dataclass
@@ -315,11 +321,12 @@ class Engine:
             if running:
                 self._verify_step(running)
                 updated.extend(running)
-        t = time.perf_counter()
-        for req in self.scheduler.release_finished():
-            if self.drafter is not None:
+        finished = self.scheduler.release_finished()
+        if self.drafter is not None and finished:
+            t = time.perf_counter()
+            for req in finished:
                 self.drafter.finish(req.req_id)
-        self.stats.corpus_seconds += time.perf_counter() - t
+            self.stats.corpus_seconds += time.perf_counter() - t
         self._dispatch()  # finishes reach the corpus even if no step follows
         self.stats.steps += 1
         self.stats.step_seconds += time.perf_counter() - t0
@@ -576,6 +583,7 @@ class Engine:
             if self.device.type != "cuda":  # a CPU forward is synchronous: hand over the corpus calls first
                 self._dispatch()
             bs, K = packed.bs, packed.K
+            t1 = time.perf_counter()
             r = self.graphs.greedy_step(packed.host, bs, K, max_prefix + K, while_busy=self._dispatch)
             tokens, num_nodes, predicted = packed.tokens, packed.num_nodes, packed.predicted
         else:
@@ -588,8 +596,12 @@ class Engine:
             tb = build_tree_batch([r.last_token for r in running], drafts, [r.cache_len for r in running], self.device,
                                   slots, K_min)
             bs, K = tb.tokens.shape
+            t1 = time.perf_counter()
             r = self._verify_general(running, drafts, tb, slots, max_prefix)
             tokens, num_nodes, predicted = tb.tokens_host, tb.num_nodes, tb.predicted
+        t2 = time.perf_counter()
+        self.stats.pack_seconds += t1 - t0
+        self.stats.forward_seconds += t2 - t1
         accept_index, num, predicts, bad, logits = r.accept_index, r.accept_token_num, r.predicts, r.bad, r.logits
         captured = self.graphs is not None and self.graphs.captures != captures  # a capture is not a step's cost
         if not captured:
@@ -624,8 +636,10 @@ class Engine:
             if bad_any[b]:  # NaN K/V in masked rows would still reach attention (0 * NaN)
                 self.cache.clear(req.slot, 0 if req.finish_reason == "error" else req.cache_len)
         self._flush_extends()
+        t3 = time.perf_counter()
+        self.stats.commit_seconds += t3 - t2
         if not captured and self.drafter is not None:  # the step's wall time, commits included
-            self.policy.observe_delivered(bs, self._drafted, time.perf_counter() - t0, bs + accepted_total)
+            self.policy.observe_delivered(bs, self._drafted, t3 - t0, bs + accepted_total)
         self.stats.draft_tokens += sum(num_nodes) - bs
         self.stats.accepted_tokens += accepted_total
         if K > 1:
