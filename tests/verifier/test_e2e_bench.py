@@ -44,3 +44,9 @@ def test_forward_time_and_summary_on_a_tiny_model():
            "vs_decode": {"1": {"16": 1.08}}}
     s = e2e.summarize(None, big)
     assert s["8b_b1_decode_vs_read"] == 1.2 and s["8b_b1_verify16_vs_decode"] == 1.08
+
+
+def test_rounds_must_be_positive(capsys):
+    with pytest.raises(SystemExit):
+        e2e.main(["--rounds", "0", "--skip-8b", "--skip-structured", "--skip-penalties", "--skip-smol"])
+    assert "--rounds: expected >= 1" in capsys.readouterr().err
