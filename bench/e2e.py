@@ -40,7 +40,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from verifier.drafter import Drafter  # noqa: E402
+from verifier.drafter import Drafter, auto_draft_threads  # noqa: E402
 from verifier.engine import Engine, EngineConfig  # noqa: E402
 from verifier.model import ForwardBatch, KVCache, ModelConfig, build_model, load_model  # noqa: E402
 from verifier.model import fusion  # noqa: E402
@@ -151,7 +151,8 @@ def run_spec(mode: str, lm, B: int, prompts: list[list[int]], base: dict, target
             c.reset()
     drafter = Drafter(target if remote else "local", vocab_size=V, draft_timeout_s=args.draft_timeout,
                       remote_drafts="sync" if mode == "remote_sync" else "pipelined",
-                      remote_client="thread" if mode == "remote_thread" else "process")
+                      remote_client="thread" if mode == "remote_thread" else "process",
+                      draft_threads=args.draft_threads or auto_draft_threads())
     spec = Engine(lm.model, lm.codec, drafter,
                   EngineConfig(max_batch=B, max_len=max_len, budget=budget, max_budget=args.max_budget,
                                refill_group=min(args.refill_group, B),
@@ -186,6 +187,7 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
                  "load_s": round(time.perf_counter() - t0, 2), "max_new": args.max_new, "budget": args.budget,
                  "refill_group": args.refill_group, "overlap_plain": args.overlap_plain,
                  "overlap_spec_plain": args.overlap_spec_plain,
+                 "draft_threads": args.draft_threads or auto_draft_threads(),
                  "max_budget": args.max_budget, "batches": {}}
     trace = data_dir(args.data_dir) / "traces" / TRACE
     n_max = max(max(b, args.min_prompts) for b in args.batches)
@@ -458,6 +460,8 @@ def main(argv: list[str] | None = None) -> int:
                         "client on a thread of the engine's process), remote_sync (waiting for its drafts every step)")
     p.add_argument("--budget", default="auto", help="draft nodes per request, or 'auto' (cost model + acceptance)")
     p.add_argument("--max-budget", type=int, default=15)
+    p.add_argument("--draft-threads", type=int, default=0,
+                   help="threads drafting a batch in the in-process corpus (0 = auto: a quarter of the CPUs, 1-4)")
     p.add_argument("--rounds", type=int, default=1,
                    help="runs of each corpus mode per batch size, interleaved; the median run is reported")
     p.add_argument("--overlap-plain", action=argparse.BooleanOptionalAction, default=True,

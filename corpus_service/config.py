@@ -84,6 +84,9 @@ class CorpusConfig:
     max_requests: int = 1 << 20
     max_request_tokens: int = 1 << 22  # tokens of one request (prompt + output): bounds its memory
     max_external_tokens: int = 1 << 32
+    # Threads drafting one batch's requests (the caller and draft_threads - 1 others), for batches
+    # of at least 8 requests per thread; 1 = the calling thread alone. Outputs do not depend on it.
+    draft_threads: int = 1
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -106,6 +109,7 @@ class CorpusConfig:
             "max_requests": (1, 1 << 30),
             "max_request_tokens": (1, 1 << 31),
             "feedback_window": (2, 1 << 15),
+            "draft_threads": (1, 64),
         }
         for name, (lo, hi) in bounds.items():
             v = getattr(self, name)
@@ -143,7 +147,8 @@ class CorpusConfig:
         for name in ("max_candidates", "max_chain", "max_match", "max_depth", "min_prob", "own_weight", "shared_alpha", "weak_weight", "weak_depth",
                      "enough_candidates", "enough_order",
                      "learned_weight", "external_weight", "group_weight", "learn_prompts", "flush_tokens", "overlap",
-                     "vocab_size", "request_ttl_s", "max_requests", "max_request_tokens", "max_external_tokens"):
+                     "vocab_size", "request_ttl_s", "max_requests", "max_request_tokens", "max_external_tokens",
+                     "draft_threads"):
             setattr(c, name, getattr(self, name))
         c.mode = MODES[self.mode]
         score = _native.ScoreParams()

@@ -44,6 +44,9 @@ class VerifierConfig:
     # Where the remote corpus' client runs: "process" (a child process: its Python work never takes
     # the engine's GIL) or "thread" (a thread of this process). verifier/corpus_process.py says more.
     remote_client: str = "process"
+    # Threads drafting one batch in the in-process corpus (local, or the remote mode's mirror), for
+    # batches of at least 8 requests per thread; 0 = a quarter of the CPUs, 1 to 4.
+    draft_threads: int = 0
     draft_timeout_s: float = 0.05  # sync remote drafts: longest wait before drafting in process
     corpus_timeout_s: float = 1.0  # the corpus client's deadline (retries included), in the background
     cost_probe_s: float = 10.0
@@ -77,6 +80,8 @@ class VerifierConfig:
                 int(self.budget)
             except ValueError:
                 raise ValueError(f"budget: expected 'auto' or an int, got {self.budget!r}") from None
+        if not 0 <= self.draft_threads <= 64:
+            raise ValueError(f"draft_threads: expected 0 (auto) or 1..64, got {self.draft_threads}")
         if self.remote_client not in REMOTE_CLIENTS:
             raise ValueError(f"remote_client: expected one of {', '.join(REMOTE_CLIENTS)}, got {self.remote_client!r}")
         if self.remote_drafts not in REMOTE_DRAFT_MODES:

@@ -33,6 +33,7 @@ GPU step had finished waited up to 5 ms for the client thread's Python work to y
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
@@ -43,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from corpus_service import NgramCorpus
-from corpus_service.config import MAX_BUDGET
+from corpus_service.config import MAX_BUDGET, CorpusConfig
 from corpus_service.engine import DraftBatch, merge_with_earlier
 
 from .corpus_process import ClientProcess, ClientSettings, Ticket, draft_capped
@@ -51,6 +52,12 @@ from .corpus_process import ClientProcess, ClientSettings, Ticket, draft_capped
 log = logging.getLogger(__name__)
 
 GIL_SWITCH_INTERVAL_S = 2e-4  # see the module docstring
+
+
+def auto_draft_threads() -> int:
+    """Threads for the in-process corpus' batch drafts: a quarter of the CPUs, 1 to 4 (the engine
+    thread waits on the GPU meanwhile; the corpus client and server have the rest)."""
+    return max(1, min(4, (os.cpu_count() or 1) // 4))
 # A dead client process is replaced at once if it had run for STABLE_CHILD_S; otherwise (a crash
 # loop, or a replacement that does not start) after a delay that doubles each time, up to the maximum.
 RESTART_DELAY_S = 0.5
@@ -79,7 +86,7 @@ class Drafter:
     def __init__(self, corpus: str | NgramCorpus = "local", *, namespace: str = "default",
                  draft_timeout_s: float = 0.05, client_timeout_s: float = 1.0, vocab_size: int = 0,
                  breaker_cooldown_s: float = 0.5, token: str | None = None, tls: str | None = None,
-                 remote_drafts: str = "pipelined", remote_client: str = "process") -> None:
+                 remote_drafts: str = "pipelined", remote_client: str = "process", draft_threads: int = 1) -> None:
         # A short cool-down: a trial against a dead corpus runs on the client thread and fails fast
         # (the channel is in backoff), while a long one would delay resuming speculation after a restart
         # (docs/reliability.md promises 2 s; the channel's reconnect backoff is at most 1 s).
@@ -89,6 +96,9 @@ class Drafter:
             raise ValueError(f"remote_drafts: expected one of {', '.join(REMOTE_DRAFT_MODES)}, got {remote_drafts!r}")
         if remote_client not in REMOTE_CLIENTS:
             raise ValueError(f"remote_client: expected one of {', '.join(REMOTE_CLIENTS)}, got {remote_client!r}")
+        # The in-process corpus (the draft source when local, the mirror when remote): batches of
+        # at least 8 requests per thread are drafted by draft_threads threads (CorpusConfig).
+        local_config = CorpusConfig(vocab_size=vocab_size, draft_threads=draft_threads)
         self.pipelined = remote_drafts == "pipelined"
         # Pipelined: the remote call for the next step's trees (future or ticket, request ids), and per
         # request the tokens committed since that call was queued (its re-rooting path).
@@ -106,13 +116,13 @@ class Drafter:
         if isinstance(corpus, NgramCorpus):
             self.local, self.target = corpus, "local"
         elif corpus == "local":
-            self.local, self.target = NgramCorpus(vocab_size=vocab_size) if vocab_size else NgramCorpus(), "local"
+            self.local, self.target = NgramCorpus(local_config), "local"
         elif remote_client == "process":
             self.target = corpus
             self._settings = ClientSettings(corpus, namespace=namespace, timeout_s=client_timeout_s,
                                             breaker_cooldown_s=breaker_cooldown_s, token=token, tls=tls)
             self._proc = ClientProcess(self._settings)
-            self.local = NgramCorpus(vocab_size=vocab_size) if vocab_size else NgramCorpus()
+            self.local = NgramCorpus(local_config)
             # Every live request's prompt, group and committed tokens: what a replacement client
             # process is given (the dead one's session, and the server's state for it, are gone).
             self._live: dict[str, tuple[list[int], str | None, list[int]]] = {}
@@ -130,7 +140,7 @@ class Drafter:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="corpus-client")
             if sys.getswitchinterval() > GIL_SWITCH_INTERVAL_S:  # process-wide; never raised
                 sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-            self.local = NgramCorpus(vocab_size=vocab_size) if vocab_size else NgramCorpus()
+            self.local = NgramCorpus(local_config)
 
     @property
     def remote(self) -> bool:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import VerifierConfig
-from .drafter import Drafter
+from .drafter import Drafter, auto_draft_threads
 from .engine import Engine
 from .external_corpora import load_external_corpora
 from .loop import EngineLoop
@@ -39,7 +39,8 @@ def build_verifier(cfg: VerifierConfig) -> Verifier:
         drafter = Drafter(cfg.corpus, namespace=cfg.corpus_namespace, draft_timeout_s=cfg.draft_timeout_s,
                           client_timeout_s=cfg.corpus_timeout_s, vocab_size=lm.model.config.vocab_size,
                           token=cfg.corpus_token or None, tls=cfg.corpus_tls_ca or None,
-                          remote_drafts=cfg.remote_drafts, remote_client=cfg.remote_client)
+                          remote_drafts=cfg.remote_drafts, remote_client=cfg.remote_client,
+                          draft_threads=cfg.draft_threads or auto_draft_threads())
     if cfg.external_corpus:  # before the engine exists: no request drafts from a half-loaded corpus
         load_external_corpora(drafter.local, cfg.external_corpus, lm.codec.tokenizer)
     engine = Engine(lm.model, lm.codec, drafter, cfg.engine_config())

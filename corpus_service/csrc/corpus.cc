@@ -39,6 +39,8 @@ Corpus::Corpus(CorpusConfig cfg)
   TokenIndex probe_own(cfg_.own_orders), probe_ext(cfg_.external_orders);
   if (cfg_.max_candidates < 1 || cfg_.max_candidates > 1024)
     throw std::invalid_argument("max_candidates must be in [1, 1024]");
+  if (cfg_.draft_threads < 1 || cfg_.draft_threads > 64) throw std::invalid_argument("draft_threads must be in [1, 64]");
+  if (cfg_.draft_threads > 1) draft_pool_ = std::make_unique<DraftPool>(cfg_.draft_threads);
   worker_ = std::thread([this] { worker(); });
 }
 
@@ -418,6 +420,49 @@ void Corpus::draft_batch(const std::vector<std::string>& ids, int budget, bool p
   { std::lock_guard<std::mutex> turn(turnstile_); }  // a waiting writer goes first (see corpus.h)
   std::shared_lock<std::shared_mutex> lg(learned_mu_);
   uint64_t nodes = 0;
+  // Parallel: every request drafts into its own padded row (the pool's threads read the learned
+  // corpus under this thread's shared lock); a compact output is packed from the rows afterwards.
+  // Below 8 requests per thread the hand-off costs more than it saves.
+  if (draft_pool_ && ids.size() >= 8 * static_cast<size_t>(draft_pool_->threads())) {
+    const size_t n = ids.size(), b = static_cast<size_t>(budget);
+    DraftOutput rows;
+    DraftOutput& dst = pad ? *out : rows;
+    if (!pad) {
+      rows.tokens.assign(n * b, -1), rows.parents.assign(n * b, -1), rows.probs.assign(n * b, 0.f);
+      rows.counts.assign(n, 0);
+    }
+    const std::function<void(size_t)> one = [&](size_t i) {
+      thread_local DraftTree worker_tree;
+      thread_local std::vector<int32_t> t, p;
+      thread_local std::vector<float> pr;
+      t.clear(), p.clear(), pr.clear();
+      {
+        std::lock_guard<std::mutex> g(states[i]->mu);
+        states[i]->touch();
+        draft_one(*states[i], budget, ext, worker_tree, t, p, pr);
+      }
+      std::copy(t.begin(), t.end(), dst.tokens.begin() + i * b);
+      std::copy(p.begin(), p.end(), dst.parents.begin() + i * b);
+      std::copy(pr.begin(), pr.end(), dst.probs.begin() + i * b);
+      dst.counts[i] = static_cast<int32_t>(t.size());
+    };
+    if (draft_pool_->try_run(n, one)) {
+      for (size_t i = 0; i < n; ++i) {
+        const auto k = static_cast<size_t>(dst.counts[i]);
+        nodes += k;
+        if (!pad) {
+          out->counts[i] = static_cast<int32_t>(k);
+          out->tokens.insert(out->tokens.end(), rows.tokens.begin() + i * b, rows.tokens.begin() + i * b + k);
+          out->parents.insert(out->parents.end(), rows.parents.begin() + i * b, rows.parents.begin() + i * b + k);
+          out->probs.insert(out->probs.end(), rows.probs.begin() + i * b, rows.probs.begin() + i * b + k);
+        }
+      }
+      n_drafts_ += n;
+      n_draft_nodes_ += nodes;
+      n_draft_ns_ += static_cast<uint64_t>(now_ns() - t0);
+      return;
+    }
+  }
   for (size_t i = 0; i < ids.size(); ++i) {
     const size_t before = out->tokens.size();
     {

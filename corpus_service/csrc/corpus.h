@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "acceptance_model.h"
+#include "draft_pool.h"
 #include "draft_tree.h"
 #include "group.h"
 #include "request_state.h"
@@ -58,6 +59,7 @@ struct CorpusConfig {
   size_t max_requests = 1 << 20; // live requests at most
   size_t max_request_tokens = 1 << 22;  // tokens of one request (prompt + output) at most
   size_t max_external_tokens = size_t{1} << 32;  // tokens in all external corpora together
+  int draft_threads = 1;         // threads drafting one batch's requests (draft_pool.h); 1 = the caller alone
 };
 
 struct DraftOutput {
@@ -195,6 +197,7 @@ class Corpus {
   std::atomic<uint64_t> next_serial_{0};
 
   std::atomic<uint64_t> n_drafts_{0}, n_draft_nodes_{0}, n_extend_tokens_{0}, n_draft_ns_{0};
+  std::unique_ptr<DraftPool> draft_pool_;  // draft_threads > 1
 };
 
 }  // namespace ngc

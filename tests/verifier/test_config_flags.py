@@ -45,3 +45,17 @@ def test_refill_group_flag():
     assert _parse(["--max-batch", "64", "--refill-group", "2"]).engine_config().refill_slots == 2
     with pytest.raises(ValueError, match="refill_group"):
         VerifierConfig(max_batch=4, refill_group=5)
+
+
+def test_draft_threads_flag(monkeypatch):
+    from verifier.drafter import Drafter, auto_draft_threads
+
+    assert _parse(["--draft-threads", "3"]).draft_threads == 3
+    assert _parse([]).draft_threads == 0  # auto
+    with pytest.raises(ValueError, match="draft_threads"):
+        VerifierConfig(draft_threads=-1)
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert auto_draft_threads() == 1
+    monkeypatch.setattr("os.cpu_count", lambda: 64)
+    assert auto_draft_threads() == 4
+    assert Drafter("local", draft_threads=3).local.config.draft_threads == 3
