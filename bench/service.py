@@ -37,8 +37,18 @@ import grpc  # noqa: E402
 
 from bench.acceptance import accept_path  # noqa: E402
 from bench.traces import REPO, default_trace_files, load_traces  # noqa: E402
-from corpus_service import NgramCorpus  # noqa: E402
+from corpus_service import CorpusConfig, NgramCorpus  # noqa: E402
+from corpus_service.service_config import NamespaceSpec  # noqa: E402
 from corpus_service.client import AsyncCorpusClient  # noqa: E402
+
+
+def namespace_spec(settings: list[str]) -> str:
+    """The served namespace: "default" with the --set CorpusConfig settings."""
+    return "default:" + ",".join(settings) if settings else "default"
+
+
+# The in-process baseline's config: the served namespace's (set in main from --set).
+BASELINE_CONFIG = CorpusConfig()
 
 ECHO_METHOD = "/bench.Echo/Session"
 
@@ -102,7 +112,7 @@ def local_run(traces, clients: int, batch: int, budget: int, steps: int) -> tupl
     """The same steps in process (clients one after another: the engine is called directly).
     Returns per-step latencies of draft + extends, the same plus the step's new requests (which the
     remote step carries too), and committed tokens."""
-    eng = NgramCorpus()
+    eng = NgramCorpus(BASELINE_CONFIG)
     lat, lat_starts, tokens = [], [], 0
     for ci in range(clients):
         w = Workload(traces, ci * 97, batch)
@@ -193,7 +203,7 @@ def step_message_sizes(traces, batch: int, budget: int) -> tuple[int, int]:
     from corpus_service import wire
     from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
 
-    eng = NgramCorpus()
+    eng = NgramCorpus(BASELINE_CONFIG)
     rids = [f"{i + 1}" for i in range(batch)]
     for i, r in enumerate(rids):
         t = traces[i % len(traces)]
@@ -295,18 +305,24 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--client-procs", action="store_true",
                     help="run each of the C clients in its own process (default: asyncio tasks of this process)")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="a CorpusConfig setting of the served namespace and of the in-process baseline "
+                         "(e.g. draft_threads=2); repeatable")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "service.json")
     ap.add_argument("--echo-server", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.echo_server:
         echo_server_main()
         return 0
+    global BASELINE_CONFIG
+    BASELINE_CONFIG = NamespaceSpec.parse(namespace_spec(args.set)).corpus  # ValueError on a bad setting
     traces = [t for f in default_trace_files() for t in load_traces(f)]
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         ports = Path(tmp) / "ports.json"
         corpus, port = start_process([sys.executable, "-m", "corpus_service", "serve", "--grpc-port", "0", "--admin-port", "-1",
-                                      "--max-budget", str(args.budget), "--ports-file", str(ports), "--log-level", "WARNING"], ports)
+                                      "--max-budget", str(args.budget), "--ports-file", str(ports), "--log-level", "WARNING",
+                                      "--namespace", namespace_spec(args.set)], ports)
         echo, echo_port = start_process([sys.executable, __file__, "--echo-server"])
         try:
             result = asyncio.run(measure(args, traces, f"127.0.0.1:{port}", f"127.0.0.1:{echo_port}"))
