@@ -353,11 +353,11 @@ void Corpus::draft_one(RequestState& rs, int budget, const std::vector<std::shar
     auto add_source = [&](const TokenIndex& idx, uint64_t exclude_from, float scale, const ScoreParams& sp,
                           const PositionRanges* skip = nullptr) {
       int n = idx.find(ctx, ctx_len, limits, exclude_from, cands, skip);
+      // The tree's table of pow(m, alpha): the same values as calling pow, which was the hot spot here.
+      const float* pw = cfg_.mode == DraftMode::kScore ? tree.pow_table(sp) : nullptr;
       for (int i = 0; i < n; ++i) {
         // A weak candidate's deep nodes never rank within a budget: read only a short continuation.
-        bool weak = cfg_.mode == DraftMode::kScore &&
-                    scale * std::pow(static_cast<float>(std::min(cands[i].match_len, sp.match_cap)), sp.alpha) <
-                        cfg_.weak_weight;
+        bool weak = pw != nullptr && scale * pw[std::min(cands[i].match_len, sp.match_cap)] < cfg_.weak_weight;
         int c = idx.continuation(cands[i].pos, weak ? std::min(depth, cfg_.weak_depth) : depth, cont);
         tree.add(cont, c, cands[i].match_len, scale, cands[i].pos, cfg_.mode, sp);
       }

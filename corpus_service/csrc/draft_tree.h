@@ -50,9 +50,11 @@ class DraftTree {
              std::vector<float>& probs, const AcceptanceModel* model = nullptr,
              const FeedbackParams* fp = nullptr, DraftRecord* record = nullptr);
   size_t nodes() const { return nodes_.size(); }
+  // pow(m, alpha) for m = 0..sp.match_cap (cached per exponent; valid until the next call with
+  // other parameters).
+  const float* pow_table(const ScoreParams& sp);
 
  private:
-  const float* pow_table(const ScoreParams& sp);
   struct Node {
     int32_t token;
     int32_t first_child;
