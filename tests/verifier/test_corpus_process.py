@@ -167,3 +167,31 @@ def test_a_corpus_refusing_deep_trees_caps_the_pipelined_depth(corpus_server, cl
         drafter.finish("c")
     finally:
         drafter.close()
+
+
+def test_closing_during_a_restart_closes_the_replacement(corpus_server, monkeypatch):
+    """A replacement still starting when the drafter closes is closed by its thread, not leaked."""
+    import threading
+
+    import verifier.drafter as drafter_module
+
+    drafter = Drafter(corpus_server.target, client_timeout_s=5.0)
+    real, made, release = drafter_module.ClientProcess, [], threading.Event()
+
+    def slow(settings):
+        release.wait(20)  # still starting when the drafter closes
+        made.append(real(settings))
+        return made[-1]
+
+    try:
+        drafter.start_request("r", [5, 6, 7, 5, 6])
+        drafter._proc._proc.kill()
+        drafter._proc._proc.wait()
+        monkeypatch.setattr(drafter_module, "ClientProcess", slow)
+        _steps_until(drafter, lambda: drafter._restart is not None, [9])
+        pending = drafter._restart
+    finally:
+        drafter.close()
+    release.set()
+    assert pending.done.wait(30) and pending.proc is None
+    assert len(made) == 1 and made[0].dead == "closed" and made[0]._proc.returncode is not None
