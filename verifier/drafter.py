@@ -24,10 +24,11 @@ a child process (``verifier.corpus_process``): the engine's side of a step is on
 one non-blocking read, and the client's Python work (protobuf, gRPC's threads) never holds the
 engine's GIL. A child that dies is replaced in the background; the drafter keeps every live
 request's prompt and committed tokens to replay into the new one. ``thread`` runs the client on a
-thread of this process. That thread shares the GIL with the engine's step loop, so a thread client lowers the interpreter's switch interval
-(``GIL_SWITCH_INTERVAL_S``, never raising it): with Python's 5 ms default, an engine thread whose
-GPU step had finished waited up to 5 ms for the client thread's Python work to yield, against
-~1 ms steps (H200, SmolLM2, batch 1: remote drafting went from 1,280 to 1,424 tok/s with it).
+thread of this process. That thread shares the GIL with the engine's step loop, so a thread client
+lowers the interpreter's switch interval (``GIL_SWITCH_INTERVAL_S``, never raising it): with
+Python's 5 ms default, an engine thread whose GPU step had finished waited up to 5 ms for the client
+thread's Python work to yield, against ~1 ms steps (H200, SmolLM2, batch 1: remote drafting went
+from 1,280 to 1,424 tok/s with it).
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ def auto_draft_threads() -> int:
     """Threads for the in-process corpus' batch drafts: a quarter of the CPUs, 1 to 4 (the engine
     thread waits on the GPU meanwhile; the corpus client and server have the rest)."""
     return max(1, min(4, (os.cpu_count() or 1) // 4))
+
+
 # A dead client process is replaced at once if it had run for STABLE_CHILD_S; otherwise (a crash
 # loop, or a replacement that does not start) after a delay that doubles each time, up to the maximum.
 RESTART_DELAY_S = 0.5
@@ -257,9 +260,8 @@ class Drafter:
             if self._restart_at is None:  # this death is new
                 if now - self._child_since >= STABLE_CHILD_S:
                     self._restart_delay, self._restart_at = RESTART_DELAY_S, now
-                else:  # it died young: back off
-                    self._restart_at = now + self._restart_delay
-                    self._restart_delay = min(2 * self._restart_delay, MAX_RESTART_DELAY_S)
+                else:  # it died young
+                    self._back_off(now)
             if now >= self._restart_at:
                 self._restart = _Restart(self._settings)
             return False
@@ -267,10 +269,9 @@ class Drafter:
             return False
         self._restart = None
         if r.proc is None:
-            self._restart_at = now + self._restart_delay
+            self._back_off(now)
             log.warning("corpus %s: a new client process did not start (%s); next try in %.1f s",
-                        self.target, r.error, self._restart_delay)
-            self._restart_delay = min(2 * self._restart_delay, MAX_RESTART_DELAY_S)
+                        self.target, r.error, self._restart_at - now)
             return False
         self._proc.close(timeout=0.1)
         self._proc, self._restart_at, self._child_since = r.proc, None, now
@@ -285,6 +286,11 @@ class Drafter:
         log.warning("corpus %s: the client process was replaced; %d live requests replayed", self.target,
                     len(self._live))
         return True
+
+    def _back_off(self, now: float) -> None:
+        """The next replacement waits the current delay, and the one after twice as long."""
+        self._restart_at = now + self._restart_delay
+        self._restart_delay = min(2 * self._restart_delay, MAX_RESTART_DELAY_S)
 
     def _send_calls(self, calls: list[tuple[str, tuple]]) -> None:
         if self._proc is not None:

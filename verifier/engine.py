@@ -321,12 +321,9 @@ class Engine:
             if running:
                 self._verify_step(running)
                 updated.extend(running)
-        finished = self.scheduler.release_finished()
-        if self.drafter is not None and finished:
-            t = time.perf_counter()
-            for req in finished:
-                self.drafter.finish(req.req_id)
-            self.stats.corpus_seconds += time.perf_counter() - t
+        for req in self.scheduler.release_finished():
+            if self.drafter is not None:
+                self._corpus_call(self.drafter.finish, req.req_id)
         self._dispatch()  # finishes reach the corpus even if no step follows
         self.stats.steps += 1
         self.stats.step_seconds += time.perf_counter() - t0
@@ -420,9 +417,7 @@ class Engine:
             req.cache_len = lens[i]
             self.stats.prefill_tokens += lens[i]
             if self.drafter is not None:
-                t = time.perf_counter()
-                self.drafter.start_request(req.req_id, req.prompt_ids, group=req.group)
-                self.stats.corpus_seconds += time.perf_counter() - t
+                self._corpus_call(self.drafter.start_request, req.req_id, req.prompt_ids, group=req.group)
             self._commit_path(req, [tok], logits[i:i + 1], [0], [bool(bad[i])])
             if bad[i]:
                 self.cache.clear(req.slot)
@@ -467,18 +462,22 @@ class Engine:
             self._extends.append((req.req_id, committed))  # sent in one batch: _flush_extends
         return len(committed)
 
+    def _corpus_call(self, method, *args, **kwargs):
+        """A drafter call, its time counted in stats.corpus_seconds."""
+        t = time.perf_counter()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            self.stats.corpus_seconds += time.perf_counter() - t
+
     def _dispatch(self) -> None:
         if self.drafter is not None:
-            t = time.perf_counter()
-            self.drafter.dispatch()
-            self.stats.corpus_seconds += time.perf_counter() - t
+            self._corpus_call(self.drafter.dispatch)
 
     def _flush_extends(self) -> None:
         if self._extends:
-            t = time.perf_counter()
-            self.drafter.extend_many(self._extends)
-            self._extends = []
-            self.stats.corpus_seconds += time.perf_counter() - t
+            extends, self._extends = self._extends, []
+            self._corpus_call(self.drafter.extend_many, extends)
 
     def _drafts(self, running: list[Request]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         empty = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32))
@@ -488,9 +487,7 @@ class Engine:
         self._drafted = budget > 0 and bool(spec)
         if budget <= 0 or not spec:
             return drafts
-        t = time.perf_counter()
-        batch = self.drafter.draft([running[i].req_id for i in spec], budget)
-        self.stats.corpus_seconds += time.perf_counter() - t
+        batch = self._corpus_call(self.drafter.draft, [running[i].req_id for i in spec], budget)
         for j, i in enumerate(spec):
             n = int(batch.counts[j])
             drafts[i] = (batch.tokens[j, :n].astype(np.int64), batch.parents[j, :n].astype(np.int64), batch.probs[j, :n])
@@ -655,9 +652,7 @@ class Engine:
         tokens = parents = np.zeros((bs, 0), dtype=np.int64)
         probs, counts = np.zeros((bs, 0), dtype=np.float32), np.zeros(bs, dtype=np.int64)
         if budget > 0 and spec:
-            t = time.perf_counter()
-            batch = self.drafter.draft([running[i].req_id for i in spec], budget)
-            self.stats.corpus_seconds += time.perf_counter() - t
+            batch = self._corpus_call(self.drafter.draft, [running[i].req_id for i in spec], budget)
             if len(spec) == bs:
                 tokens, parents, probs, counts = batch.tokens, batch.parents, batch.probs, batch.counts.astype(np.int64)
             else:  # some requests do not speculate: their rows stay empty

@@ -415,76 +415,65 @@ void Corpus::draft_batch(const std::vector<std::string>& ids, int budget, bool p
   } else {
     out->tokens.clear(), out->parents.clear(), out->probs.clear();
   }
-  thread_local DraftTree tree;
   const int64_t t0 = now_ns();
   { std::lock_guard<std::mutex> turn(turnstile_); }  // a waiting writer goes first (see corpus.h)
   std::shared_lock<std::shared_mutex> lg(learned_mu_);
-  uint64_t nodes = 0;
+  const size_t n = ids.size(), b = static_cast<size_t>(budget);
+  // Request i drafted into row i of `rows` (padded), on the calling thread's tree.
+  auto draft_row = [&](size_t i, DraftOutput& rows) {
+    thread_local DraftTree tree;
+    thread_local std::vector<int32_t> t, p;
+    thread_local std::vector<float> pr;
+    t.clear(), p.clear(), pr.clear();
+    {
+      std::lock_guard<std::mutex> g(states[i]->mu);
+      states[i]->touch();
+      draft_one(*states[i], budget, ext, tree, t, p, pr);
+    }
+    std::copy(t.begin(), t.end(), rows.tokens.begin() + i * b);
+    std::copy(p.begin(), p.end(), rows.parents.begin() + i * b);
+    std::copy(pr.begin(), pr.end(), rows.probs.begin() + i * b);
+    rows.counts[i] = static_cast<int32_t>(t.size());
+  };
   // Parallel: every request drafts into its own padded row (the pool's threads read the learned
   // corpus under this thread's shared lock); a compact output is packed from the rows afterwards.
   // Below 8 requests per thread the hand-off costs more than it saves.
-  if (draft_pool_ && ids.size() >= 8 * static_cast<size_t>(draft_pool_->threads())) {
-    const size_t n = ids.size(), b = static_cast<size_t>(budget);
+  bool pooled = false;
+  if (draft_pool_ && n >= 8 * static_cast<size_t>(draft_pool_->threads())) {
     DraftOutput rows;
     DraftOutput& dst = pad ? *out : rows;
     if (!pad) {
       rows.tokens.assign(n * b, -1), rows.parents.assign(n * b, -1), rows.probs.assign(n * b, 0.f);
       rows.counts.assign(n, 0);
     }
-    const std::function<void(size_t)> one = [&](size_t i) {
-      thread_local DraftTree worker_tree;
-      thread_local std::vector<int32_t> t, p;
-      thread_local std::vector<float> pr;
-      t.clear(), p.clear(), pr.clear();
-      {
-        std::lock_guard<std::mutex> g(states[i]->mu);
-        states[i]->touch();
-        draft_one(*states[i], budget, ext, worker_tree, t, p, pr);
-      }
-      std::copy(t.begin(), t.end(), dst.tokens.begin() + i * b);
-      std::copy(p.begin(), p.end(), dst.parents.begin() + i * b);
-      std::copy(pr.begin(), pr.end(), dst.probs.begin() + i * b);
-      dst.counts[i] = static_cast<int32_t>(t.size());
-    };
-    if (draft_pool_->try_run(n, one)) {
+    pooled = draft_pool_->try_run(n, [&](size_t i) { draft_row(i, dst); });
+    if (pooled && !pad) {
       for (size_t i = 0; i < n; ++i) {
-        const auto k = static_cast<size_t>(dst.counts[i]);
-        nodes += k;
-        if (!pad) {
-          out->counts[i] = static_cast<int32_t>(k);
-          out->tokens.insert(out->tokens.end(), rows.tokens.begin() + i * b, rows.tokens.begin() + i * b + k);
-          out->parents.insert(out->parents.end(), rows.parents.begin() + i * b, rows.parents.begin() + i * b + k);
-          out->probs.insert(out->probs.end(), rows.probs.begin() + i * b, rows.probs.begin() + i * b + k);
-        }
+        const auto k = static_cast<size_t>(rows.counts[i]);
+        out->counts[i] = rows.counts[i];
+        out->tokens.insert(out->tokens.end(), rows.tokens.begin() + i * b, rows.tokens.begin() + i * b + k);
+        out->parents.insert(out->parents.end(), rows.parents.begin() + i * b, rows.parents.begin() + i * b + k);
+        out->probs.insert(out->probs.end(), rows.probs.begin() + i * b, rows.probs.begin() + i * b + k);
       }
-      n_drafts_ += n;
-      n_draft_nodes_ += nodes;
-      n_draft_ns_ += static_cast<uint64_t>(now_ns() - t0);
-      return;
     }
   }
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const size_t before = out->tokens.size();
-    {
-      std::lock_guard<std::mutex> g(states[i]->mu);
-      states[i]->touch();
+  if (!pooled) {
+    thread_local DraftTree tree;
+    for (size_t i = 0; i < n; ++i) {
       if (pad) {
-        thread_local std::vector<int32_t> t, p;
-        thread_local std::vector<float> pr;
-        t.clear(), p.clear(), pr.clear();
-        draft_one(*states[i], budget, ext, tree, t, p, pr);
-        std::copy(t.begin(), t.end(), out->tokens.begin() + i * budget);
-        std::copy(p.begin(), p.end(), out->parents.begin() + i * budget);
-        std::copy(pr.begin(), pr.end(), out->probs.begin() + i * budget);
-        out->counts[i] = static_cast<int32_t>(t.size());
-      } else {
+        draft_row(i, *out);
+      } else {  // appended in place: no padded rows to pack
+        const size_t before = out->tokens.size();
+        std::lock_guard<std::mutex> g(states[i]->mu);
+        states[i]->touch();
         draft_one(*states[i], budget, ext, tree, out->tokens, out->parents, out->probs);
         out->counts[i] = static_cast<int32_t>(out->tokens.size() - before);
       }
     }
-    nodes += static_cast<uint64_t>(out->counts[i]);
   }
-  n_drafts_ += ids.size();
+  uint64_t nodes = 0;
+  for (int32_t k : out->counts) nodes += static_cast<uint64_t>(k);
+  n_drafts_ += n;
   n_draft_nodes_ += nodes;
   n_draft_ns_ += static_cast<uint64_t>(now_ns() - t0);
 }
