@@ -1,8 +1,9 @@
 // Python bindings of the corpus engine. No logic here: conversion, GIL release, and wiring.
 #include <pybind11/numpy.h>
-#include <cstdint>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+
+#include <cstdint>
 
 #include "corpus.h"
 #include "errors.h"
@@ -13,6 +14,10 @@ namespace py = pybind11;
 using namespace ngc;
 
 namespace {
+// Arrays of other dtypes or layouts are converted on the way in.
+using I32 = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
+using F32 = py::array_t<float, py::array::c_style | py::array::forcecast>;
+
 template <class T>
 py::array_t<T> to_array(std::vector<T>&& v, std::vector<py::ssize_t> shape) {
   auto* heap = new std::vector<T>(std::move(v));
@@ -31,11 +36,8 @@ PYBIND11_MODULE(_native, m) {
 
   m.def(
       "merge_with_earlier",
-      [](py::array_t<int32_t, py::array::c_style | py::array::forcecast> f_tokens, py::array_t<int32_t, py::array::c_style | py::array::forcecast> f_parents,
-         py::array_t<float, py::array::c_style | py::array::forcecast> f_probs, py::array_t<int32_t, py::array::c_style | py::array::forcecast> f_counts,
-         py::array_t<int32_t, py::array::c_style | py::array::forcecast> e_tokens, py::array_t<int32_t, py::array::c_style | py::array::forcecast> e_parents,
-         py::array_t<float, py::array::c_style | py::array::forcecast> e_probs, py::array_t<int32_t, py::array::c_style | py::array::forcecast> e_counts,
-         py::handle since_rows, int budget) {
+      [](I32 f_tokens, I32 f_parents, F32 f_probs, I32 f_counts, I32 e_tokens, I32 e_parents, F32 e_probs,
+         I32 e_counts, py::handle since_rows, int budget) {
         if (f_tokens.ndim() != 2 || e_tokens.ndim() != 2) throw py::value_error("trees: expected [n, width] arrays");
         const auto n = f_tokens.shape(0);
         const auto wf = f_tokens.shape(1), we = e_tokens.shape(1);
