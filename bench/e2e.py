@@ -27,6 +27,7 @@ Prints one JSON summary line and writes the full results to --out. CPU smoke:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -104,8 +105,11 @@ def run_engine(engine: Engine, prompts: list[list[int]], max_new: int, params: S
     sync(engine.device)
     st = engine.stats
     wait = (lambda: engine.graphs.wait_seconds) if engine.graphs is not None else (lambda: 0.0)
-    before = (st.steps, st.step_seconds, st.prefills, st.prefill_seconds, st.corpus_seconds, wait(),
-              st.pack_seconds, st.forward_seconds, st.commit_seconds)
+    before = {**dataclasses.asdict(st), "wait": wait()}
+
+    def spent(field: str) -> float:  # seconds of this run in an EngineStats time field
+        return round(getattr(st, field) - before[field], 4)
+
     t = time.perf_counter()
     reqs = engine.generate(prompts, params)
     if reqs_out is not None:
@@ -117,14 +121,13 @@ def run_engine(engine: Engine, prompts: list[list[int]], max_new: int, params: S
     steps = sum(r.verify_steps for r in reqs)
     return {"seconds": round(dt, 4), "tokens": tokens, "tok_s": round(tokens / dt, 2), "verify_steps": steps,
             "accepted": sum(r.accepted_tokens for r in reqs), "draft_tokens": sum(r.draft_tokens for r in reqs),
-            "engine_steps": st.steps - before[0],
+            "engine_steps": st.steps - before["steps"],
             # where the time went: prefill forwards (a refill one prompt at a time costs more of them)
-            "prefills": st.prefills - before[2], "prefill_s": round(st.prefill_seconds - before[3], 4),
-            "step_s": round(st.step_seconds - before[1], 4), "corpus_s": round(st.corpus_seconds - before[4], 4),
-            "gpu_wait_s": round(wait() - before[5], 4),  # host blocked on step results (graph steps)
+            "prefills": st.prefills - before["prefills"], "prefill_s": spent("prefill_seconds"),
+            "step_s": spent("step_seconds"), "corpus_s": spent("corpus_seconds"),
+            "gpu_wait_s": round(wait() - before["wait"], 4),  # host blocked on step results (graph steps)
             # verify steps' host phases (EngineStats): packing (drafting included), forward call, commits
-            "pack_s": round(st.pack_seconds - before[6], 4), "forward_s": round(st.forward_seconds - before[7], 4),
-            "commit_s": round(st.commit_seconds - before[8], 4),
+            "pack_s": spent("pack_seconds"), "forward_s": spent("forward_seconds"), "commit_s": spent("commit_seconds"),
             "mat": round(tokens / max(steps, 1), 3), "outputs": outs}
 
 
@@ -152,7 +155,7 @@ def run_spec(mode: str, lm, B: int, prompts: list[list[int]], base: dict, target
     drafter = Drafter(target if remote else "local", vocab_size=V, draft_timeout_s=args.draft_timeout,
                       remote_drafts="sync" if mode == "remote_sync" else "pipelined",
                       remote_client="thread" if mode == "remote_thread" else "process",
-                      draft_threads=args.draft_threads or auto_draft_threads())
+                      draft_threads=args.draft_threads)
     spec = Engine(lm.model, lm.codec, drafter,
                   EngineConfig(max_batch=B, max_len=max_len, budget=budget, max_budget=args.max_budget,
                                refill_group=min(args.refill_group, B),
@@ -187,7 +190,7 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
                  "load_s": round(time.perf_counter() - t0, 2), "max_new": args.max_new, "budget": args.budget,
                  "refill_group": args.refill_group, "overlap_plain": args.overlap_plain,
                  "overlap_spec_plain": args.overlap_spec_plain,
-                 "draft_threads": args.draft_threads or auto_draft_threads(),
+                 "draft_threads": args.draft_threads,
                  "max_budget": args.max_budget, "batches": {}}
     trace = data_dir(args.data_dir) / "traces" / TRACE
     n_max = max(max(b, args.min_prompts) for b in args.batches)
@@ -491,6 +494,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.rounds < 1:
         p.error(f"--rounds: expected >= 1, got {args.rounds}")
+    if args.draft_threads < 0:
+        p.error(f"--draft-threads: expected 0 (auto) or more, got {args.draft_threads}")
+    args.draft_threads = args.draft_threads or auto_draft_threads()
     args.corpus = [c.strip() for c in args.corpus.split(",") if c.strip()]
     if any(c not in ("local", "remote", "remote_thread", "remote_sync") for c in args.corpus):
         p.error(f"--corpus: expected local, remote, remote_thread and/or remote_sync, got {args.corpus}")
