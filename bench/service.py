@@ -46,10 +46,6 @@ def namespace_spec(settings: list[str]) -> str:
     """The served namespace: "default" with the --set CorpusConfig settings."""
     return "default:" + ",".join(settings) if settings else "default"
 
-
-# The in-process baseline's config: the served namespace's (set in main from --set).
-BASELINE_CONFIG = CorpusConfig()
-
 ECHO_METHOD = "/bench.Echo/Session"
 
 
@@ -108,11 +104,12 @@ async def remote_client(target: str, traces, offset: int, batch: int, budget: in
     return lat, tokens
 
 
-def local_run(traces, clients: int, batch: int, budget: int, steps: int) -> tuple[list[float], list[float], int]:
+def local_run(traces, clients: int, batch: int, budget: int, steps: int,
+              config: CorpusConfig) -> tuple[list[float], list[float], int]:
     """The same steps in process (clients one after another: the engine is called directly).
     Returns per-step latencies of draft + extends, the same plus the step's new requests (which the
     remote step carries too), and committed tokens."""
-    eng = NgramCorpus(BASELINE_CONFIG)
+    eng = NgramCorpus(config)
     lat, lat_starts, tokens = [], [], 0
     for ci in range(clients):
         w = Workload(traces, ci * 97, batch)
@@ -198,12 +195,12 @@ async def echo_client(target: str, request_bytes: int, reply_bytes: int, steps: 
     return lat
 
 
-def step_message_sizes(traces, batch: int, budget: int) -> tuple[int, int]:
+def step_message_sizes(traces, batch: int, budget: int, config: CorpusConfig) -> tuple[int, int]:
     """Bytes of a typical step: ~3 committed tokens per request up, the batch's trees down."""
     from corpus_service import wire
     from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
 
-    eng = NgramCorpus(BASELINE_CONFIG)
+    eng = NgramCorpus(config)
     rids = [f"{i + 1}" for i in range(batch)]
     for i, r in enumerate(rids):
         t = traces[i % len(traces)]
@@ -260,7 +257,7 @@ def start_process(cmd: list[str], ports_file: Path | None = None) -> tuple[subpr
 async def measure(args, traces, target: str, echo_target: str) -> dict:
     rows, floors = [], {}
     for batch in args.batches:
-        up, down = step_message_sizes(traces, batch, args.budget)
+        up, down = step_message_sizes(traces, batch, args.budget, args.config)
         floor = summarize(await echo_client(echo_target, up, down, args.steps, args.warmup))
         floors[batch] = {"request_bytes": up, "response_bytes": down, **floor}
         for clients in args.clients:
@@ -274,7 +271,7 @@ async def measure(args, traces, target: str, echo_target: str) -> dict:
                                                  for ci in range(clients)])
                 remote = summarize([x for r in results for x in r[0]], sum(r[1] for r in results), time.perf_counter() - t0)
             t0 = time.perf_counter()
-            llat, llat_starts, ltok = local_run(traces, clients, batch, args.budget, steps)
+            llat, llat_starts, ltok = local_run(traces, clients, batch, args.budget, steps, args.config)
             local = summarize(llat, ltok, time.perf_counter() - t0)
             local_starts = summarize(llat_starts)
             bound = floor["p50_us"] + local_starts["p50_us"]
@@ -314,8 +311,8 @@ def main() -> int:
     if args.echo_server:
         echo_server_main()
         return 0
-    global BASELINE_CONFIG
-    BASELINE_CONFIG = NamespaceSpec.parse(namespace_spec(args.set)).corpus  # ValueError on a bad setting
+    # The served namespace's config, for the in-process baseline too (ValueError on a bad setting).
+    args.config = NamespaceSpec.parse(namespace_spec(args.set)).corpus
     traces = [t for f in default_trace_files() for t in load_traces(f)]
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
@@ -330,7 +327,7 @@ def main() -> int:
             for p in (corpus, echo):
                 p.terminate()
                 p.wait(30)
-    result["config"] = {k: v for k, v in vars(args).items() if k not in ("out", "echo_server")}
+    result["config"] = {k: v for k, v in vars(args).items() if k not in ("out", "echo_server", "config")}
     result["machine"] = {"cpus": os.cpu_count(), "loadavg_before": [round(x, 2) for x in load_before],
                          "loadavg_after": [round(x, 2) for x in os.getloadavg()]}
     args.out.parent.mkdir(parents=True, exist_ok=True)
