@@ -109,6 +109,8 @@ def test_bad_inputs_raise_value_error():
         kernels.decode_attention(torch.randn(1, 2, 4, 64), cache.data, 0, slots, cache.max_len, mask)
     with pytest.raises(ValueError, match="slots"):
         kernels.decode_attention(q, cache.data, 0, slots.int(), cache.max_len, mask)
+    with pytest.raises(ValueError, match="arrivals"):
+        kernels.decode_attention(q, cache.data, 0, slots, cache.max_len, mask, arrivals=torch.zeros(4))
     with pytest.raises(ValueError, match="qkv"):
         kernels.rope_store_kv(torch.randn(2, 10), torch.tensor([0, 1]), torch.zeros(8, 64), torch.zeros(8, 64),
                               cache.data, 0, torch.tensor([0, 1]), 3, 3)
@@ -135,6 +137,33 @@ def test_native_attention_matches_reference(dtype, H, Hkv, D, bs, T, L):
     got = kernels.decode_attention(q, cache.data, 1, slots, cache.max_len, mask)
     want = ref.decode_attention(q, cache.data, 1, slots, cache.max_len, mask, D ** -0.5)
     torch.testing.assert_close(got.float(), want.float(), rtol=TOL[dtype], atol=TOL[dtype])
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("H,Hkv,D", [(9, 3, 64), (32, 8, 128), (12, 2, 128), (8, 8, 64)])
+@pytest.mark.parametrize("bs,T,L", [(1, 1, 512), (3, 1, 2100), (3, 5, 300), (1, 64, 1024), (5, 2, 7), (4, 8, 90)])
+def test_native_attention_merged_in_one_kernel_is_identical(dtype, H, Hkv, D, bs, T, L):
+    """With arrival counters the split kernel merges its own partials (decode steps: at most 8
+    query rows per kv head; larger ones keep the merge kernel): bit for bit what the separate
+    merge kernel gives, over repeated calls, and the counters are left zeroed."""
+    # kv_len 2100: more than 32 spans (of 64 or 32 rows), so merges take two chunks of splits.
+    cache = make_cache(slots=6, max_len=2112, Hkv=Hkv, D=D, dtype=dtype, device="cuda", seed=bs + T)
+    q = torch.randn(bs, T, H, D, generator=torch.Generator().manual_seed(L)).to("cuda", dtype)
+    slots = torch.tensor([5, 1, 3, 0, 2][:bs], device="cuda")
+    mask = random_mask(bs, T, L, seed=H + L).cuda()
+    two_kernels = kernels.decode_attention(q, cache.data, 1, slots, cache.max_len, mask)
+    for _ in range(3):
+        one_kernel = kernels.decode_attention(q, cache.data, 1, slots, cache.max_len, mask, arrivals=cache.arrivals)
+        assert torch.equal(one_kernel, two_kernels)
+    assert not cache.arrivals.any()
+    # Too few counters for the grid: the two-kernel path, same result, counters untouched.
+    few = torch.zeros(1, dtype=torch.int32, device="cuda")
+    if bs * Hkv > 1:
+        assert torch.equal(kernels.decode_attention(q, cache.data, 1, slots, cache.max_len, mask, arrivals=few),
+                           two_kernels)
+        assert not few.any()
 
 
 @pytest.mark.gpu

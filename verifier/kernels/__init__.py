@@ -173,21 +173,28 @@ def rope_store_kv(qkv: Tensor, positions: Tensor, cos: Tensor, sin: Tensor, kv_c
 
 
 def decode_attention(q: Tensor, kv_cache: Tensor, layer: int, slots: Tensor, max_len: int, mask: Tensor,
-                     scale: float | None = None, *, allow_reference: bool | None = None, check: bool = True) -> Tensor:
+                     scale: float | None = None, *, arrivals: Tensor | None = None, allow_reference: bool | None = None,
+                     check: bool = True) -> Tensor:
     """Decode/tree-verify attention straight from the KV cache (no gather of K/V).
 
     q: [bs, T, H, D] (T <= 64; D 64 or 128 on the GPU); kv_cache: [2 * layers, slots * max_len,
     Hkv, D]; slots: [bs] int64 cache slots; mask: [bs, T, L] bool over cache rows 0 .. L-1 of
     each slot (True = attend; kernels.tree_attention_mask). scale defaults to 1/sqrt(D).
     Returns [bs, T, H, D]. Slots must be in range (not checked: that would synchronise).
-    ``check=False`` skips the validation, as for ``rope_store_kv``.
+    ``arrivals``: zeroed int32 counters on q's device (``KVCache.arrivals``), which the GPU kernel
+    leaves zeroed; with them it merges its partial results in one kernel instead of two (the same
+    arithmetic). Calls that may run at the same time must not share them. ``check=False`` skips the
+    validation, as for ``rope_store_kv``.
     """
     if check:
         checks.check_decode_attention(q, kv_cache, layer, slots, max_len, mask)
+        if arrivals is not None:
+            checks.check_tensor("arrivals", arrivals, ndim=1, dtypes=torch.int32, device=q.device)
+            checks.require(arrivals.is_contiguous(), "arrivals: expected a contiguous tensor")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if _use_native(q.device, "decode_attention", allow_reference):
         checks.require(q.shape[-1] in (64, 128), f"decode_attention on the GPU: head_dim 64 or 128, got {q.shape[-1]}")
-        return _ops().decode_attention(q, kv_cache, layer, slots, max_len, mask, scale)
+        return _ops().decode_attention(q, kv_cache, layer, slots, max_len, mask, scale, arrivals)
     return reference.decode_attention(q, kv_cache, layer, slots, max_len, mask, scale)
 
 

@@ -97,7 +97,7 @@ class Attention(nn.Module):
             cache.write_kv(self.layer, ctx.flat_rows, kv)
         if ctx.native_attention:  # straight from the cache rows: no gather, no mask expansion
             out = kernels.decode_attention(q, cache.data, self.layer, fb.slots, cache.max_len, fb.mask,
-                                           check=self.layer == 0)
+                                           arrivals=cache.arrivals, check=self.layer == 0)
             return out.view(bs, T, H * D)
         keys, values = cache.read(self.layer, fb.slots, fb.kv_len, fb.slot_range)  # [bs, Hkv, L, D]
         if ctx.bias is None:  # causal prefill: flash attention handles the shared kv heads itself

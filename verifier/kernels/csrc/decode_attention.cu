@@ -27,6 +27,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+
 #include "common.cuh"
 
 namespace {
@@ -80,17 +82,23 @@ __global__ void __launch_bounds__(256)
   const T* c = cos + positions[n] * D;
   const T* s = sin + positions[n] * D;
   const int64_t row = rows[n];
-  // Rotated: the H query heads, then the Hkv key heads; element j pairs with j + D/2.
-  for (int i = threadIdx.x; i < (H + Hkv) * half; i += blockDim.x) {
-    const int h = i / half, j = i % half;
-    const float x1 = to_f(src[h * D + j]), x2 = to_f(src[h * D + j + half]);
-    T* dst = h < H ? q_out + (n * H + h) * D : k_cache + (row * Hkv + (h - H)) * D;
-    dst[j] = from_f<T>(x1 * to_f(c[j]) - x2 * to_f(s[j]));
-    dst[j + half] = from_f<T>(x2 * to_f(c[j + half]) + x1 * to_f(s[j + half]));
+  // A token's items: the rotated pairs (the H query heads, then the Hkv key heads; element j pairs
+  // with j + D/2), then the Hkv * D values copied. blockIdx.y splits them, so a thread has about
+  // one item: a loop of dependent load -> store trips, one memory latency each, made this kernel
+  // 5.6 us of a 8B-shaped decode layer (40 heads of 64 pairs on one block).
+  const int rot = (H + Hkv) * half, items = rot + Hkv * D;
+  for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < items; i += gridDim.y * blockDim.x) {
+    if (i < rot) {
+      const int h = i / half, j = i % half;
+      const float x1 = to_f(src[h * D + j]), x2 = to_f(src[h * D + j + half]);
+      T* dst = h < H ? q_out + (n * H + h) * D : k_cache + (row * Hkv + (h - H)) * D;
+      dst[j] = from_f<T>(x1 * to_f(c[j]) - x2 * to_f(s[j]));
+      dst[j + half] = from_f<T>(x2 * to_f(c[j + half]) + x1 * to_f(s[j + half]));
+    } else {
+      const int v = i - rot;
+      v_cache[row * Hkv * D + v] = src[(H + Hkv) * D + v];
+    }
   }
-  const T* v = src + (H + Hkv) * D;
-  T* vdst = v_cache + row * Hkv * D;
-  for (int i = threadIdx.x; i < Hkv * D; i += blockDim.x) vdst[i] = v[i];
 }
 
 // ------------------------------------------------------------------------------ attention
@@ -110,11 +118,61 @@ struct Shape {
 // (64 + 2 lane, 64 + 2 lane + 1).
 template <int D> __device__ __forceinline__ int lane_dim(int lane, int k) { return (k / 2) * 64 + 2 * lane + (k % 2); }
 
+// One query row's output from its nsplit partials [nsplit, D + 2] (written by other blocks: read
+// past L1), merged in split order; a warp per row. Each lane loads the max and sum of one split of
+// a chunk of 32 (shuffled to the others), and the value loads of 8 splits are issued before any
+// is used: one memory latency per 8 splits, not one per split (6.3 of 14.7 us of a layer's
+// attention in a 8B-shaped decode step, 16 splits, before). The arithmetic is a fixed chain in
+// split order, an empty partial (max -inf: its other fields were never written) left out.
+template <typename T, int D>
+__device__ __forceinline__ void combine_row(const float* __restrict__ p, T* __restrict__ o, int nsplit, int lane) {
+  constexpr int DPL = D / 32, U = 8;
+  constexpr unsigned kAll = 0xffffffffu;
+  auto max_of = [&](int s) { return s < nsplit ? __ldcg(p + s * (D + 2) + D) : -INFINITY; };
+  auto sum_of = [&](int s) { return s < nsplit ? __ldcg(p + s * (D + 2) + D + 1) : 0.f; };
+  float m_lane = max_of(lane), l_lane = sum_of(lane);  // the first chunk's
+  float M = m_lane;
+  for (int s = lane + 32; s < nsplit; s += 32) M = fmaxf(M, max_of(s));
+  M = warp_max(M);
+  float acc[DPL];
+#pragma unroll
+  for (int k = 0; k < DPL; ++k) acc[k] = 0.f;
+  float l = 0.f;
+  if (M != -INFINITY) {
+    for (int c = 0; c < nsplit; c += 32) {
+      if (c > 0) m_lane = max_of(c + lane), l_lane = sum_of(c + lane);
+      const int n = min(32, nsplit - c);
+      for (int j0 = 0; j0 < n; j0 += U) {
+        float v[U][DPL];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int k = 0; k < DPL; ++k)
+            v[u][k] = j0 + u < n ? __ldcg(p + (c + j0 + u) * (D + 2) + lane_dim<D>(lane, k)) : 0.f;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          if (j0 + u >= n) break;  // the same for every lane
+          const float m = __shfl_sync(kAll, m_lane, j0 + u), ls = __shfl_sync(kAll, l_lane, j0 + u);
+          if (m == -INFINITY) continue;
+          const float w = exp2f(m - M);
+          l = fmaf(w, ls, l);
+#pragma unroll
+          for (int k = 0; k < DPL; ++k) acc[k] = fmaf(w, v[u][k], acc[k]);
+        }
+      }
+    }
+  }
+  const float inv = l > 0.f ? 1.f / l : 0.f;  // a row that sees nothing gets zeros
+#pragma unroll
+  for (int k = 0; k < DPL; ++k) o[lane_dim<D>(lane, k)] = from_f<T>(acc[k] * inv);
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(kWarps * 32)
     attn_split_kernel(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                       const int64_t* __restrict__ slots, int64_t max_len, const uint8_t* __restrict__ mask,
-                      float* __restrict__ part, int T_, int H, int Hkv, int L, int nsplit, float qscale) {
+                      float* __restrict__ part, T* __restrict__ out, int* __restrict__ arrivals, int T_, int H,
+                      int Hkv, int L, int nsplit, float qscale) {
   using Sh = Shape<T, D>;
   constexpr int S = Sh::S, KS = Sh::KS, TR = Sh::TR;
   __shared__ __align__(16) T ks[S * KS];
@@ -204,149 +262,145 @@ __global__ void __launch_bounds__(kWarps * 32)
   };
   if (!any_visible) {  // the whole span is masked for these rows: an empty partial
     for (int i = threadIdx.x; i < nr; i += blockDim.x) partial(r0 + i)[D] = -INFINITY;
-    return;
-  }
-
+  } else {
 #pragma unroll
-  for (int k = 0; k < KV_ITERS; ++k) {
-    const int i = threadIdx.x + k * kThreads;
-    const int c = i / PPR, w = i % PPR;
-    uint32_t* kd = reinterpret_cast<uint32_t*>(ks + c * KS) + w * 4;
-    uint32_t* vd = reinterpret_cast<uint32_t*>(vs + c * KS) + w * 4;
-    if constexpr (sizeof(T) == 4) {  // rows of an odd number of words: 4-byte aligned only
-      kd = reinterpret_cast<uint32_t*>(ks) + c * KS + w * 4;
-      vd = reinterpret_cast<uint32_t*>(vs) + c * KS + w * 4;
-    }
-    kd[0] = kreg[k].x, kd[1] = kreg[k].y, kd[2] = kreg[k].z, kd[3] = kreg[k].w;
-    vd[0] = vreg[k].x, vd[1] = vreg[k].y, vd[2] = vreg[k].z, vd[3] = vreg[k].w;
-  }
-#pragma unroll
-  for (int k = 0; k < Q_ITERS; ++k) qs[threadIdx.x + k * kThreads] = qreg[k];
-  __syncthreads();
-
-  // Each warp takes RPW query rows at a time: every key/value element read from shared memory
-  // serves RPW rows, and the rows' arithmetic chains are independent (latency, not work, bounds
-  // a block this small).
-  float* pw = ps + warp * RPW * S;  // this warp's probabilities [RPW][S]
-  for (int i0 = warp * RPW; i0 < nr; i0 += kWarps * RPW) {
-    const uint8_t* mrow[RPW];
-    bool valid[RPW];
-#pragma unroll
-    for (int rr = 0; rr < RPW; ++rr) {
-      valid[rr] = i0 + rr < nr;
-      mrow[rr] = ms + (valid[rr] ? (r0 + i0 + rr) / G - t_lo : 0) * S;
-    }
-    // Scores: lane handles keys lane + 32 kk.
-    float sc[RPW][Sh::KPL];
-#pragma unroll
-    for (int kk = 0; kk < Sh::KPL; ++kk) {
-      const int j = lane + 32 * kk;
-      const T* krow = ks + j * KS;
-      float a[RPW];
-#pragma unroll
-      for (int rr = 0; rr < RPW; ++rr) a[rr] = 0.f;
-#pragma unroll 8
-      for (int d = 0; d < D; d += 2) {
-        const float2 kv = load2(krow + d);
-#pragma unroll
-        for (int rr = 0; rr < RPW; ++rr) {
-          const float2 qv = *reinterpret_cast<const float2*>(qs + (i0 + rr) * D + d);
-          a[rr] = fmaf(qv.x, kv.x, a[rr]);
-          a[rr] = fmaf(qv.y, kv.y, a[rr]);
-        }
+    for (int k = 0; k < KV_ITERS; ++k) {
+      const int i = threadIdx.x + k * kThreads;
+      const int c = i / PPR, w = i % PPR;
+      uint32_t* kd = reinterpret_cast<uint32_t*>(ks + c * KS) + w * 4;
+      uint32_t* vd = reinterpret_cast<uint32_t*>(vs + c * KS) + w * 4;
+      if constexpr (sizeof(T) == 4) {  // rows of an odd number of words: 4-byte aligned only
+        kd = reinterpret_cast<uint32_t*>(ks) + c * KS + w * 4;
+        vd = reinterpret_cast<uint32_t*>(vs) + c * KS + w * 4;
       }
-#pragma unroll
-      for (int rr = 0; rr < RPW; ++rr) sc[rr][kk] = (valid[rr] && mrow[rr][j]) ? a[rr] : -INFINITY;
+      kd[0] = kreg[k].x, kd[1] = kreg[k].y, kd[2] = kreg[k].z, kd[3] = kreg[k].w;
+      vd[0] = vreg[k].x, vd[1] = vreg[k].y, vd[2] = vreg[k].z, vd[3] = vreg[k].w;
     }
-    float mx[RPW], l[RPW];
 #pragma unroll
-    for (int rr = 0; rr < RPW; ++rr) {
-      float m = -INFINITY;
-#pragma unroll
-      for (int kk = 0; kk < Sh::KPL; ++kk) m = fmaxf(m, sc[rr][kk]);
-      mx[rr] = warp_max(m);
-      float sum = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < Sh::KPL; ++kk) {
-        const float p = mx[rr] == -INFINITY ? 0.f : exp2f(sc[rr][kk] - mx[rr]);  // exp2(-inf) = 0: masked
-        pw[rr * S + lane + 32 * kk] = p;
-        sum += p;
-      }
-      l[rr] = warp_sum(sum);
-    }
-    __syncwarp();
-    // Values: lane owns output dims lane_dim(lane, k). A key whose probability is 0 (masked) is
-    // skipped rather than multiplied, so a NaN in a masked row stays out.
-    float acc[RPW][Sh::DPL];
-#pragma unroll
-    for (int rr = 0; rr < RPW; ++rr)
-#pragma unroll
-      for (int k = 0; k < Sh::DPL; ++k) acc[rr][k] = 0.f;
-#pragma unroll 4
-    for (int j = 0; j < S; ++j) {
-      const T* vrow = vs + j * KS;
-      float2 vv[Sh::DPL / 2];
-#pragma unroll
-      for (int k = 0; k < Sh::DPL; k += 2) vv[k / 2] = load2(vrow + lane_dim<D>(lane, k));
+    for (int k = 0; k < Q_ITERS; ++k) qs[threadIdx.x + k * kThreads] = qreg[k];
+    __syncthreads();
+
+    // Each warp takes RPW query rows at a time: every key/value element read from shared memory
+    // serves RPW rows, and the rows' arithmetic chains are independent (latency, not work, bounds
+    // a block this small).
+    float* pw = ps + warp * RPW * S;  // this warp's probabilities [RPW][S]
+    for (int i0 = warp * RPW; i0 < nr; i0 += kWarps * RPW) {
+      const uint8_t* mrow[RPW];
+      bool valid[RPW];
 #pragma unroll
       for (int rr = 0; rr < RPW; ++rr) {
-        const float pj = pw[rr * S + j];
+        valid[rr] = i0 + rr < nr;
+        mrow[rr] = ms + (valid[rr] ? (r0 + i0 + rr) / G - t_lo : 0) * S;
+      }
+      // Scores: lane handles keys lane + 32 kk.
+      float sc[RPW][Sh::KPL];
 #pragma unroll
-        for (int k = 0; k < Sh::DPL; k += 2) {
-          acc[rr][k] = pj != 0.f ? fmaf(pj, vv[k / 2].x, acc[rr][k]) : acc[rr][k];
-          acc[rr][k + 1] = pj != 0.f ? fmaf(pj, vv[k / 2].y, acc[rr][k + 1]) : acc[rr][k + 1];
+      for (int kk = 0; kk < Sh::KPL; ++kk) {
+        const int j = lane + 32 * kk;
+        const T* krow = ks + j * KS;
+        float a[RPW];
+#pragma unroll
+        for (int rr = 0; rr < RPW; ++rr) a[rr] = 0.f;
+#pragma unroll 8
+        for (int d = 0; d < D; d += 2) {
+          const float2 kv = load2(krow + d);
+#pragma unroll
+          for (int rr = 0; rr < RPW; ++rr) {
+            const float2 qv = *reinterpret_cast<const float2*>(qs + (i0 + rr) * D + d);
+            a[rr] = fmaf(qv.x, kv.x, a[rr]);
+            a[rr] = fmaf(qv.y, kv.y, a[rr]);
+          }
+        }
+#pragma unroll
+        for (int rr = 0; rr < RPW; ++rr) sc[rr][kk] = (valid[rr] && mrow[rr][j]) ? a[rr] : -INFINITY;
+      }
+      float mx[RPW], l[RPW];
+#pragma unroll
+      for (int rr = 0; rr < RPW; ++rr) {
+        float m = -INFINITY;
+#pragma unroll
+        for (int kk = 0; kk < Sh::KPL; ++kk) m = fmaxf(m, sc[rr][kk]);
+        mx[rr] = warp_max(m);
+        float sum = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < Sh::KPL; ++kk) {
+          const float p = mx[rr] == -INFINITY ? 0.f : exp2f(sc[rr][kk] - mx[rr]);  // exp2(-inf) = 0: masked
+          pw[rr * S + lane + 32 * kk] = p;
+          sum += p;
+        }
+        l[rr] = warp_sum(sum);
+      }
+      __syncwarp();
+      // Values: lane owns output dims lane_dim(lane, k). A key whose probability is 0 (masked) is
+      // skipped rather than multiplied, so a NaN in a masked row stays out.
+      float acc[RPW][Sh::DPL];
+#pragma unroll
+      for (int rr = 0; rr < RPW; ++rr)
+#pragma unroll
+        for (int k = 0; k < Sh::DPL; ++k) acc[rr][k] = 0.f;
+#pragma unroll 4
+      for (int j = 0; j < S; ++j) {
+        const T* vrow = vs + j * KS;
+        float2 vv[Sh::DPL / 2];
+#pragma unroll
+        for (int k = 0; k < Sh::DPL; k += 2) vv[k / 2] = load2(vrow + lane_dim<D>(lane, k));
+#pragma unroll
+        for (int rr = 0; rr < RPW; ++rr) {
+          const float pj = pw[rr * S + j];
+#pragma unroll
+          for (int k = 0; k < Sh::DPL; k += 2) {
+            acc[rr][k] = pj != 0.f ? fmaf(pj, vv[k / 2].x, acc[rr][k]) : acc[rr][k];
+            acc[rr][k + 1] = pj != 0.f ? fmaf(pj, vv[k / 2].y, acc[rr][k + 1]) : acc[rr][k + 1];
+          }
+        }
+      }
+      __syncwarp();  // pw is rewritten by the next rows
+#pragma unroll
+      for (int rr = 0; rr < RPW; ++rr) {
+        if (!valid[rr]) continue;
+        float* out = partial(r0 + i0 + rr);
+        if (mx[rr] == -INFINITY) {  // this row sees nothing in the span
+          if (lane == 0) out[D] = -INFINITY;
+          continue;
+        }
+#pragma unroll
+        for (int k = 0; k < Sh::DPL; ++k) out[lane_dim<D>(lane, k)] = acc[rr][k];
+        if (lane == 0) {
+          out[D] = mx[rr];
+          out[D + 1] = l[rr];
         }
       }
     }
-    __syncwarp();  // pw is rewritten by the next rows
-#pragma unroll
-    for (int rr = 0; rr < RPW; ++rr) {
-      if (!valid[rr]) continue;
-      float* out = partial(r0 + i0 + rr);
-      if (mx[rr] == -INFINITY) {  // this row sees nothing in the span
-        if (lane == 0) out[D] = -INFINITY;
-        continue;
-      }
-#pragma unroll
-      for (int k = 0; k < Sh::DPL; ++k) out[lane_dim<D>(lane, k)] = acc[rr][k];
-      if (lane == 0) {
-        out[D] = mx[rr];
-        out[D + 1] = l[rr];
-      }
-    }
+  }
+  if (arrivals == nullptr) return;  // attn_combine_kernel merges the partials
+  // The last block of this (request, kv head, row tile) to finish merges its rows' partials, in
+  // split order as attn_combine_kernel does (the same arithmetic): one kernel less per layer. The
+  // fences make every block's partials visible before its arrival is counted, and the counter is
+  // reset by that last block, ready for the next launch on the stream.
+  __shared__ int last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* a = arrivals + (b * gridDim.y + blockIdx.y);
+    last = atomicAdd(a, 1) == static_cast<int>(gridDim.x) - 1;
+    if (last) *a = 0;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int i = warp; i < nr; i += kWarps) {
+    const int r = r0 + i, t = r / G, g = r % G;
+    const int64_t row = (b * T_ + t) * H + hkv * G + g;
+    combine_row<T, D>(part + row * nsplit * (D + 2), out + row * D, nsplit, lane);
   }
 }
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kWarps * 32)
     attn_combine_kernel(const float* __restrict__ part, T* __restrict__ out, int64_t nrows, int nsplit) {
-  constexpr int DPL = D / 32;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
   if (row >= nrows) return;
-  const float* p = part + row * nsplit * (D + 2);
-  float M = -INFINITY;
-  for (int s = lane; s < nsplit; s += 32) M = fmaxf(M, p[s * (D + 2) + D]);
-  M = warp_max(M);
-  float acc[DPL];
-#pragma unroll
-  for (int k = 0; k < DPL; ++k) acc[k] = 0.f;
-  float l = 0.f;
-  if (M != -INFINITY) {
-    for (int s = 0; s < nsplit; ++s) {
-      const float* ps = p + s * (D + 2);
-      const float m = ps[D];
-      if (m == -INFINITY) continue;  // an empty partial: its other fields were never written
-      const float w = exp2f(m - M);
-      l = fmaf(w, ps[D + 1], l);
-#pragma unroll
-      for (int k = 0; k < DPL; ++k) acc[k] = fmaf(w, ps[lane_dim<D>(lane, k)], acc[k]);
-    }
-  }
-  const float inv = l > 0.f ? 1.f / l : 0.f;  // a row that sees nothing gets zeros
-  T* o = out + row * D;
-#pragma unroll
-  for (int k = 0; k < DPL; ++k) o[lane_dim<D>(lane, k)] = from_f<T>(acc[k] * inv);
+  combine_row<T, D>(part + row * nsplit * (D + 2), out + row * D, nsplit, threadIdx.x % 32);
 }
 
 // dtype codes shared with verifier/kernels/ops.py
@@ -356,7 +410,9 @@ template <typename T>
 int launch_rope_store(const void* qkv, const int64_t* positions, const void* cos, const void* sin,
                       const int64_t* rows, void* q_out, void* k_cache, void* v_cache, int n, int H,
                       int Hkv, int D, cudaStream_t stream) {
-  rope_store_kernel<T><<<n, 256, 0, stream>>>(
+  const int items = (H + Hkv) * (D / 2) + Hkv * D;
+  const dim3 grid(n, static_cast<unsigned>(std::min(64, (items + 255) / 256)));
+  rope_store_kernel<T><<<grid, 256, 0, stream>>>(
       static_cast<const T*>(qkv), positions, static_cast<const T*>(cos), static_cast<const T*>(sin), rows,
       static_cast<T*>(q_out), static_cast<T*>(k_cache), static_cast<T*>(v_cache), H, Hkv, D);
   NGK_CHECK_LAUNCH();
@@ -365,18 +421,26 @@ int launch_rope_store(const void* qkv, const int64_t* positions, const void* cos
 
 template <typename T, int D>
 int launch_attention(const void* q, const void* k_cache, const void* v_cache, const int64_t* slots,
-                     int64_t max_len, const uint8_t* mask, float* part, void* out, int bs, int T_, int H,
-                     int Hkv, int L, float scale, cudaStream_t stream) {
+                     int64_t max_len, const uint8_t* mask, float* part, void* out, int* arrivals,
+                     int64_t arrivals_len, int bs, int T_, int H, int Hkv, int L, float scale,
+                     cudaStream_t stream) {
   using Sh = Shape<T, D>;
   const int nsplit = (L + Sh::S - 1) / Sh::S;
   const int tiles = (H / Hkv * T_ + Sh::TR - 1) / Sh::TR;
   NGK_REQUIRE(static_cast<int64_t>(Hkv) * tiles <= 65535);
   const dim3 grid(nsplit, Hkv * tiles, bs);
   const float qscale = scale * 1.4426950408889634f;  // scores in log2 units: exp2 in the kernels
+  // The split kernel merges the partials itself where the arrival counters cover the grid and a
+  // tile has at most 2 query rows per warp (a decode step: G heads of one token). With more, the
+  // last block's merge of its rows became a serial tail (SmolLM2 verify steps of 16 nodes: 13-16%
+  // slower on the H200), and the merge kernel spreads the rows over the GPU instead.
+  const bool fused = arrivals != nullptr && static_cast<int64_t>(bs) * Hkv * tiles <= arrivals_len &&
+                     H / Hkv * T_ <= 2 * kWarps;
   attn_split_kernel<T, D><<<grid, kWarps * 32, 0, stream>>>(
       static_cast<const T*>(q), static_cast<const T*>(k_cache), static_cast<const T*>(v_cache), slots, max_len,
-      mask, part, T_, H, Hkv, L, nsplit, qscale);
+      mask, part, static_cast<T*>(out), fused ? arrivals : nullptr, T_, H, Hkv, L, nsplit, qscale);
   NGK_CHECK_LAUNCH();
+  if (fused) return 0;
   const int64_t nrows = static_cast<int64_t>(bs) * T_ * H;
   attn_combine_kernel<T, D><<<static_cast<unsigned>((nrows + kWarps - 1) / kWarps), kWarps * 32, 0, stream>>>(
       part, static_cast<T*>(out), nrows, nsplit);
@@ -386,18 +450,19 @@ int launch_attention(const void* q, const void* k_cache, const void* v_cache, co
 
 template <int D>
 int dispatch_attention(int dtype, const void* q, const void* k_cache, const void* v_cache, const int64_t* slots,
-                       int64_t max_len, const uint8_t* mask, float* part, void* out, int bs, int T_, int H,
-                       int Hkv, int L, float scale, cudaStream_t stream) {
+                       int64_t max_len, const uint8_t* mask, float* part, void* out, int* arrivals,
+                       int64_t arrivals_len, int bs, int T_, int H, int Hkv, int L, float scale,
+                       cudaStream_t stream) {
   switch (dtype) {
     case kF32:
-      return launch_attention<float, D>(q, k_cache, v_cache, slots, max_len, mask, part, out, bs, T_, H, Hkv, L,
-                                        scale, stream);
+      return launch_attention<float, D>(q, k_cache, v_cache, slots, max_len, mask, part, out, arrivals,
+                                        arrivals_len, bs, T_, H, Hkv, L, scale, stream);
     case kF16:
-      return launch_attention<__half, D>(q, k_cache, v_cache, slots, max_len, mask, part, out, bs, T_, H, Hkv, L,
-                                         scale, stream);
+      return launch_attention<__half, D>(q, k_cache, v_cache, slots, max_len, mask, part, out, arrivals,
+                                         arrivals_len, bs, T_, H, Hkv, L, scale, stream);
     case kBF16:
-      return launch_attention<__nv_bfloat16, D>(q, k_cache, v_cache, slots, max_len, mask, part, out, bs, T_, H,
-                                                Hkv, L, scale, stream);
+      return launch_attention<__nv_bfloat16, D>(q, k_cache, v_cache, slots, max_len, mask, part, out, arrivals,
+                                                arrivals_len, bs, T_, H, Hkv, L, scale, stream);
   }
   return ngk::record_arg_error(__FILE__, __LINE__, "dtype must be 0 (float32), 1 (float16) or 2 (bfloat16)");
 }
@@ -427,10 +492,15 @@ extern "C" int ngk_rope_store_kv(int dtype, const void* qkv, const int64_t* posi
 
 // Splits of S cache rows (S = 64 for head_dim 64, 32 for 128): ``partials`` holds
 // bs * T * num_heads * ceil(kv_len / S) * (head_dim + 2) floats (verifier/kernels/ops.py sizes it).
+// ``arrivals``: arrivals_len zeroed int32 counters owned by the caller (the KV cache), left zeroed
+// by every call, never used by two calls at once; with enough of them (bs * num_kv_heads * row
+// tiles) and at most 8 query rows per kv head, the partials are merged by the split kernel itself,
+// else (or null) by a second kernel, with the same arithmetic.
 extern "C" int ngk_decode_attention(int dtype, const void* q, const void* k_cache, const void* v_cache,
                                     const int64_t* slots, int64_t max_len, const void* mask, float* partials,
-                                    void* out, int batch_size, int num_tokens, int num_heads, int num_kv_heads,
-                                    int head_dim, int kv_len, float scale, cudaStream_t stream) {
+                                    void* out, int* arrivals, int64_t arrivals_len, int batch_size,
+                                    int num_tokens, int num_heads, int num_kv_heads, int head_dim, int kv_len,
+                                    float scale, cudaStream_t stream) {
   NGK_REQUIRE(num_tokens >= 1 && num_tokens <= kMaxT);
   NGK_REQUIRE(num_kv_heads >= 1 && num_heads % num_kv_heads == 0);
   NGK_REQUIRE(head_dim == 64 || head_dim == 128);
@@ -439,9 +509,11 @@ extern "C" int ngk_decode_attention(int dtype, const void* q, const void* k_cach
   if (batch_size == 0) return 0;
   const auto* m = static_cast<const uint8_t*>(mask);
   if (head_dim == 64) {
-    return dispatch_attention<64>(dtype, q, k_cache, v_cache, slots, max_len, m, partials, out, batch_size,
-                                  num_tokens, num_heads, num_kv_heads, kv_len, scale, stream);
+    return dispatch_attention<64>(dtype, q, k_cache, v_cache, slots, max_len, m, partials, out, arrivals,
+                                  arrivals_len, batch_size, num_tokens, num_heads, num_kv_heads, kv_len, scale,
+                                  stream);
   }
-  return dispatch_attention<128>(dtype, q, k_cache, v_cache, slots, max_len, m, partials, out, batch_size,
-                                 num_tokens, num_heads, num_kv_heads, kv_len, scale, stream);
+  return dispatch_attention<128>(dtype, q, k_cache, v_cache, slots, max_len, m, partials, out, arrivals,
+                                 arrivals_len, batch_size, num_tokens, num_heads, num_kv_heads, kv_len, scale,
+                                 stream);
 }
