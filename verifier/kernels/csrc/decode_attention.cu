@@ -1,4 +1,4 @@
-// The attention half of a decode/verify layer in three kernels instead of eight.
+// The attention half of a decode/verify layer in two or three kernels instead of eight.
 //
 // A decode or tree-verify step of a small model is bound by the number of kernels, not by their
 // work (SmolLM2-135M, batch 1: 30 layers of a few microseconds each). In plain torch the attention
@@ -12,7 +12,8 @@
 //                 slot, no gather): each block takes one kv head, a tile of the query rows that
 //                 share it (grouped-query attention: G heads x T tree nodes) and a fixed span of
 //                 S cache rows, and writes a partial (unnormalised output, max, sum);
-//   attn_combine: the partials of each query row merged into the output [bs, T, H, D].
+//   attn_combine: the partials of each query row merged into the output [bs, T, H, D]; in a
+//                 decode step the last split block of a row tile does this itself instead.
 //
 // The span S is fixed per head size, so a query row's arithmetic does not depend on the batch
 // size or on the number of tree nodes: a token computes the same in a plain decode step and in a
