@@ -44,6 +44,9 @@ def build(traces, threads: int) -> tuple[NgramCorpus, list[str]]:
         c.start_request(f"r{i}", t.prompt_ids)
         c.extend(f"r{i}", t.output_ids[: len(t.output_ids) // 2])
         ids.append(f"r{i}")
+    # The live requests' prompts and tokens reach the learned corpus on its insert thread: without
+    # this, the first drafts of the two corpora could see different amounts of it.
+    c.synchronize()
     return c, ids
 
 
