@@ -1,11 +1,14 @@
 """kill -9 of the corpus while a verifier serves several requests (real SmolLM2 on the CPU, remote
 corpus): no request fails and each produces the tokens of plain decoding; the corpus restarts while
 the verifier keeps serving, and speculation from the remote corpus resumes within 2 s of the corpus
-being ready (time from its ports file appearing to the first draft that came from it; drafts are
-attempted once per engine step, so the wait for the first attempt after ready is allowed on top)."""
+being ready (time from its ports file appearing to the first draft that came from it). Drafts are
+attempted once per engine step and a pipelined remote tree is asked for at one step and used at the
+next, so the wait for the first attempt after ready and two engine steps are allowed on top: on a
+loaded 2-core machine a step of this test takes 0.3-0.7 s."""
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 
@@ -69,10 +72,11 @@ def test_kill9_while_serving_then_fast_resume(smollm2, trace_rows, tmp_path):
         ready = ready_at[0]
         resume_s = max(0.0, calls[-1][1] - ready)
         idle_s = 0.0 if any(t0 <= ready <= t1 for t0, t1, _ in calls) else min(t0 for t0, _, _ in calls if t0 >= ready) - ready
-        attempts = sum(1 for t0, _, _ in calls if t0 >= ready)
-        print(f"remote drafting resumed {resume_s:.2f}s after the corpus was ready ({attempts} draft attempts "
-              f"since; the first came {idle_s:.2f}s after ready)")
-        assert resume_s < RESUME_S + idle_s, (resume_s, idle_s, drafter.stats)
+        starts = [t0 for t0, _, _ in calls if t0 >= ready]
+        step_s = statistics.median(b - a for a, b in zip(starts, starts[1:])) if len(starts) > 1 else 0.0
+        print(f"remote drafting resumed {resume_s:.2f}s after the corpus was ready ({len(starts)} draft attempts "
+              f"since, {step_s:.2f}s apart; the first came {idle_s:.2f}s after ready)")
+        assert resume_s < RESUME_S + idle_s + 2 * step_s, (resume_s, idle_s, step_s, drafter.stats)
         while eng.has_work():
             eng.step()
         assert all(r.finish_reason == "length" for r in running)
