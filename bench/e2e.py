@@ -175,6 +175,9 @@ def run_spec(mode: str, lm, B: int, prompts: list[list[int]], base: dict, target
     delivered = {k: round(v, 1) for k, v in spec.policy.delivered_rates().items()}
     if delivered:  # committed tok/s the policy saw, per batch bucket and mode
         out["delivered_tok_s"] = delivered
+    decisions = spec.policy.decision_counts()
+    if decisions:  # how the policy decided each step, per batch bucket
+        out["policy_decisions"] = decisions
     if spec.policy.cost is not None:
         c = spec.policy.cost
         out["cost_model_ms"] = {int(t): round(s * 1e3, 3) for t, s in zip(c.tokens, c.seconds)}

@@ -80,6 +80,8 @@ class BudgetPolicy:
         self._delivered: dict[tuple[int, bool], list[float]] = {}
         self._steps_at: dict[int, int] = {}  # steps seen per bucket: paces the exploration
         self._prefers: dict[int, bool] = {}  # per bucket: whether drafting is the preferred mode
+        # How each step was decided, per bucket (decision_counts): for the benchmark's record.
+        self._decisions: dict[tuple[int, str], int] = {}
 
     @property
     def node_bucket(self) -> Callable[[int], int]:
@@ -121,12 +123,27 @@ class BudgetPolicy:
         if spec is None or plain is None:
             # Start by drafting; measure plain steps on the exploration turns.
             self._prefers[b] = True
-            return spec is None or not explore
+            drafts = spec is None or not explore
+            self._count(b, "start_draft" if drafts else "start_plain")
+            return drafts
         # Drafting's gains come in bursts (a copied passage accepts 8 tokens, most steps accept
         # none), so it keeps the lead unless plain is ahead by more than 3%.
         prefers = spec >= 0.97 * plain
         self._prefers[b] = prefers
-        return prefers != explore
+        drafts = prefers != explore
+        self._count(b, ("explore_" if explore else "") + ("draft" if drafts else "plain"))
+        return drafts
+
+    def _count(self, bucket: int, kind: str) -> None:
+        key = (bucket, kind)
+        self._decisions[key] = self._decisions.get(key, 0) + 1
+
+    def decision_counts(self) -> dict[str, int]:
+        """Steps per "<bucket>_<how>": how the delivered-rate rule decided them (``start_draft`` /
+        ``start_plain``: the bucket lacked a figure; ``draft`` / ``plain``: the leading mode;
+        ``explore_draft`` / ``explore_plain``: an exploration step), and ``nodes0``: drafting steps
+        whose node choice verified no draft node (the drafts did not pay for their cost)."""
+        return {f"{b}_{k}": n for (b, k), n in sorted(self._decisions.items())}
 
     @property
     def calibration(self) -> float:
@@ -194,6 +211,8 @@ class BudgetPolicy:
             rate = (bs + c * gains[k]) / (costs[k] * spec)
             if rate > best_rate:  # the first of equal rates, as argmax
                 best, best_rate = k, rate
+        if best == 0:
+            self._count(self.batch_bucket(bs), "nodes0")
         return best
 
     def observe_step(self, speculative: bool, seconds: float, tokens: int) -> None:

@@ -82,6 +82,10 @@ def test_drafting_that_delivers_less_than_plain_turns_itself_off_and_back_on():
         pol.observe_delivered(64, drafted, 5e-3 if drafted else 4.7e-3, 110 if drafted else 64)
     assert pol.delivered(64, True) > pol.delivered(64, False)
     assert sum(modes[-32:]) >= 30  # drafting again, but for exploration steps
+    counts = pol.decision_counts()  # every decision of bucket 64 is counted once, by how it was made
+    assert sum(n for k, n in counts.items() if k.startswith("64_")) == 1 + 64 + 320
+    assert counts["64_start_draft"] >= 1 and counts["64_plain"] > 0 and counts["64_draft"] > 0
+    assert counts["64_explore_draft"] > 0 and counts["64_explore_plain"] > 0
 
 
 def test_fixed_budget_ignores_delivered_rates():
