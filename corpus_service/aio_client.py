@@ -17,7 +17,7 @@ from corpus_service.client_policy import CHANNEL_OPTIONS, RetryPolicy, channel_t
 from corpus_service.engine import DraftBatch
 from corpus_service.errors import (TRANSIENT, CorpusDeadlineExceeded, CorpusError, CorpusUnavailable,
                                    from_rpc_error)
-from corpus_service.request_log import RequestLog, group_key, req_id, token_array
+from corpus_service.request_log import RequestLog, group_key, req_id, token_array, token_runs
 from corpus_service.tls import ClientTLS, auth_metadata, open_channel, resolve_tls, resolve_token
 
 
@@ -115,6 +115,12 @@ class AsyncCorpusClient:
 
     def extend(self, req_id_: object, token_ids: Sequence[int] | np.ndarray) -> None:
         self._log.extend(req_id(req_id_), token_array(token_ids, "tokens"))
+
+    def extend_many(self, items: Sequence[tuple[object, Sequence[int] | np.ndarray]]) -> None:
+        """``extend`` for several requests (a verifier step's commits): one validation of all their
+        tokens, all or none (a per-request ``extend`` validates each run with numpy calls of its own)."""
+        if items:
+            self._log.extend_many(*token_runs(items))
 
     def finish(self, req_id_: object) -> None:
         self._log.finish(req_id(req_id_))

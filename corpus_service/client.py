@@ -31,7 +31,7 @@ from corpus_service.client_policy import CHANNEL_OPTIONS, RetryPolicy, channel_t
 from corpus_service.engine import DraftBatch
 from corpus_service.errors import (TRANSIENT, CorpusDeadlineExceeded, CorpusError, CorpusUnavailable,
                                    from_rpc_error)
-from corpus_service.request_log import RequestLog, group_key, req_id, token_array
+from corpus_service.request_log import RequestLog, group_key, req_id, token_array, token_runs
 from corpus_service.tls import ClientTLS, auth_metadata, open_channel, resolve_tls, resolve_token
 
 _CLOSE = object()
@@ -122,11 +122,7 @@ class CorpusClient:
         tokens and one buffer update, all or none."""
         if not items:
             return
-        rids = [req_id(r) for r, _ in items]
-        lengths = [len(t) for _, t in items]
-        flat = token_array(np.fromiter((int(x) for _, t in items for x in t), dtype=np.int64, count=sum(lengths)),
-                           "tokens")
-        runs = np.split(flat, np.cumsum(lengths)[:-1])
+        rids, runs = token_runs(items)
         with self._lock:
             self._log.extend_many(rids, runs)
             self._maybe_flush()

@@ -78,6 +78,29 @@ def test_extend_many_is_extend_for_several_requests_all_or_none(server):
         assert c.draft(["a"], 8).tree(0)[:2] == local.draft(["a"], 8).tree(0)[:2]
 
 
+def test_async_extend_many_is_extend_for_several_requests_all_or_none(server):
+    async def run():
+        local = NgramCorpus()
+        async with AsyncCorpusClient(server.target, "default") as c:
+            await c.reset()
+            for eng in (c, local):
+                eng.start_request("a", SENTENCE)
+                eng.start_request("b", SENTENCE[::-1])
+            c.extend_many([("a", SENTENCE[:3]), ("b", np.array(SENTENCE[:2]))])
+            for r, t in (("a", SENTENCE[:3]), ("b", SENTENCE[:2])):
+                local.extend(r, t)
+            assert (await c.draft(["a", "b"], 8)).tree(1)[:2] == local.draft(["a", "b"], 8).tree(1)[:2]
+            with pytest.raises(ValueError, match="unknown request id 'zz'"):
+                c.extend_many([("a", [1]), ("zz", [2])])
+            with pytest.raises(ValueError, match="token ids"):
+                c.extend_many([("a", [1]), ("b", [-3])])
+            c.extend_many([])
+            # Neither refused call changed anything.
+            assert (await c.draft(["a"], 8)).tree(0)[:2] == local.draft(["a"], 8).tree(0)[:2]
+
+    asyncio.run(run())
+
+
 def test_async_client_batches_and_session_end_finishes_requests(server):
     async def run():
         async with AsyncCorpusClient(server.target, "small") as c:
