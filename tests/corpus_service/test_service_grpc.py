@@ -59,16 +59,21 @@ def test_one_client_drafts_from_what_another_committed(server):
         assert tokens[:6] == story[10:16] and parents[:6] == [-1, 0, 1, 2, 3, 4]
 
 
+def _start_two_and_commit(client, local: NgramCorpus) -> None:
+    """Requests a and b started on both, one step's commits: extend_many on the client, extend locally."""
+    for eng in (client, local):
+        eng.start_request("a", SENTENCE)
+        eng.start_request("b", SENTENCE[::-1])
+    client.extend_many([("a", SENTENCE[:3]), ("b", np.array(SENTENCE[:2]))])
+    for r, t in (("a", SENTENCE[:3]), ("b", SENTENCE[:2])):
+        local.extend(r, t)
+
+
 def test_extend_many_is_extend_for_several_requests_all_or_none(server):
     local = NgramCorpus()
     with CorpusClient(server.target, "default") as c:
         c.reset()
-        for eng in (c, local):
-            eng.start_request("a", SENTENCE)
-            eng.start_request("b", SENTENCE[::-1])
-        c.extend_many([("a", SENTENCE[:3]), ("b", np.array(SENTENCE[:2]))])
-        for r, t in (("a", SENTENCE[:3]), ("b", SENTENCE[:2])):
-            local.extend(r, t)
+        _start_two_and_commit(c, local)
         assert c.draft(["a", "b"], 8).tree(1)[:2] == local.draft(["a", "b"], 8).tree(1)[:2]
         with pytest.raises(ValueError, match="unknown request id 'zz'"):
             c.extend_many([("a", [1]), ("zz", [2])])
@@ -83,12 +88,7 @@ def test_async_extend_many_is_extend_for_several_requests_all_or_none(server):
         local = NgramCorpus()
         async with AsyncCorpusClient(server.target, "default") as c:
             await c.reset()
-            for eng in (c, local):
-                eng.start_request("a", SENTENCE)
-                eng.start_request("b", SENTENCE[::-1])
-            c.extend_many([("a", SENTENCE[:3]), ("b", np.array(SENTENCE[:2]))])
-            for r, t in (("a", SENTENCE[:3]), ("b", SENTENCE[:2])):
-                local.extend(r, t)
+            _start_two_and_commit(c, local)
             assert (await c.draft(["a", "b"], 8)).tree(1)[:2] == local.draft(["a", "b"], 8).tree(1)[:2]
             with pytest.raises(ValueError, match="unknown request id 'zz'"):
                 c.extend_many([("a", [1]), ("zz", [2])])
