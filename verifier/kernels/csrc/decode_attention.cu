@@ -257,10 +257,11 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (visible) any_visible = 1;
   __syncthreads();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  auto partial = [&](int r) {
+  auto query_row = [&](int r) -> int64_t {  // tile row r (token t, head g of this kv head) in [bs * T * H]
     const int t = r / G, g = r % G;
-    return part + (((b * T_ + t) * H + hkv * G + g) * nsplit + split) * (D + 2);
+    return (b * T_ + t) * H + hkv * G + g;
   };
+  auto partial = [&](int r) { return part + (query_row(r) * nsplit + split) * (D + 2); };
   if (!any_visible) {  // the whole span is masked for these rows: an empty partial
     for (int i = threadIdx.x; i < nr; i += blockDim.x) partial(r0 + i)[D] = -INFINITY;
   } else {
@@ -390,8 +391,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (!last) return;
   __threadfence();
   for (int i = warp; i < nr; i += kWarps) {
-    const int r = r0 + i, t = r / G, g = r % G;
-    const int64_t row = (b * T_ + t) * H + hkv * G + g;
+    const int64_t row = query_row(r0 + i);
     combine_row<T, D>(part + row * nsplit * (D + 2), out + row * D, nsplit, lane);
   }
 }
