@@ -99,7 +99,7 @@ def mismatches(a: list[list[int]], b: list[list[int]]) -> tuple[int, list[int]]:
 
 
 def run_engine(engine: Engine, prompts: list[list[int]], max_new: int, params: SamplingParams | None = None,
-               reqs_out: list | None = None) -> dict:
+               reqs_out: list | None = None, step_log: bool = False) -> dict:
     """Runs the prompts through the engine (continuous batching, max_batch at a time): tok/s etc."""
     params = params or SamplingParams(max_tokens=max_new)
     sync(engine.device)
@@ -110,8 +110,28 @@ def run_engine(engine: Engine, prompts: list[list[int]], max_new: int, params: S
     def spent(field: str) -> float:  # seconds of this run in an EngineStats time field
         return round(getattr(st, field) - before[field], 4)
 
+    log: list[list[float]] = []
+    if step_log:
+        # Per engine step: [wall ms, requests running after admission, tokens committed, prefills,
+        # drafted (the policy asked the corpus)]: where a run's time went, step by step.
+        inner = engine.step
+
+        def logged_step():
+            n0, p0, ts = st.generated_tokens, st.prefills, time.perf_counter()
+            engine._drafted = False
+            out = inner()
+            log.append([round((time.perf_counter() - ts) * 1e3, 3), len(engine.scheduler.running) +
+                        sum(r.finished for r in out), st.generated_tokens - n0,
+                        st.prefills - p0, int(engine._drafted)])
+            return out
+
+        engine.step = logged_step
     t = time.perf_counter()
-    reqs = engine.generate(prompts, params)
+    try:
+        reqs = engine.generate(prompts, params)
+    finally:
+        if step_log:
+            del engine.step
     if reqs_out is not None:
         reqs_out.extend(reqs)
     sync(engine.device)
@@ -128,7 +148,7 @@ def run_engine(engine: Engine, prompts: list[list[int]], max_new: int, params: S
             "gpu_wait_s": round(wait() - before["wait"], 4),  # host blocked on step results (graph steps)
             # verify steps' host phases (EngineStats): packing (drafting included), forward call, commits
             "pack_s": spent("pack_seconds"), "forward_s": spent("forward_seconds"), "commit_s": spent("commit_seconds"),
-            "mat": round(tokens / max(steps, 1), 3), "outputs": outs}
+            "mat": round(tokens / max(steps, 1), 3), "outputs": outs, **({"step_log": log} if step_log else {})}
 
 
 def start_server(tmp: str):
@@ -162,7 +182,7 @@ def run_spec(mode: str, lm, B: int, prompts: list[list[int]], base: dict, target
                                overlap_spec_plain=args.overlap_spec_plain,
                                cost_probe_s=args.cost_probe_s, cuda_graphs=not args.eager, compile=not args.eager))
     try:
-        r = run_engine(spec, prompts, args.max_new)
+        r = run_engine(spec, prompts, args.max_new, step_log=args.step_log)
     finally:
         drafter.close()
     n_diff, first = mismatches(base["outputs"], r["outputs"])
@@ -232,7 +252,7 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
             # nothing ran before (torch.compile specialisations, cuBLAS/SDPA kernel choices); the
             # speculative runs after it would not pay that, so plain decoding must not either.
             run_engine(plain, prompts, 2)
-            base = run_engine(plain, prompts, args.max_new)
+            base = run_engine(plain, prompts, args.max_new, step_log=args.step_log)
             row["plain"] = {k: v for k, v in base.items() if k != "outputs"}
             del plain
             # Each corpus mode runs --rounds times, the modes interleaved (local, remote, local,
@@ -476,6 +496,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="speculative engines overlap their plain steps too (EngineConfig.overlap_spec_plain, the default)")
     p.add_argument("--refill-group", type=int, default=0,
                    help="EngineConfig.refill_group of the SmolLM2 engines (0 = max_batch // 8; 1 = refill at once)")
+    p.add_argument("--step-log", action="store_true",
+                   help="SmolLM2 runs record every engine step (wall ms, requests running, tokens committed, "
+                        "prefills, drafted) as step_log in the JSON")
     p.add_argument("--cost-probe-s", type=float, default=3.0)
     p.add_argument("--draft-timeout", type=float, default=0.05, help="remote_sync drafts: seconds waited per step")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs (eager forwards, as before them)")

@@ -9,6 +9,8 @@ import argparse
 import pytest
 import torch
 
+from tiny_lm import one_thread, tiny_lm  # noqa: F401 (a fixture)
+
 _PATH = Path(__file__).resolve().parents[2] / "bench" / "e2e.py"
 _spec = importlib.util.spec_from_file_location("bench_e2e", _PATH)
 e2e = importlib.util.module_from_spec(_spec)
@@ -50,3 +52,23 @@ def test_rounds_must_be_positive(capsys):
     with pytest.raises(SystemExit):
         e2e.main(["--rounds", "0", "--skip-8b", "--skip-structured", "--skip-penalties", "--skip-smol"])
     assert "--rounds: expected >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_step_log_accounts_for_every_step_and_token():
+    from verifier.drafter import Drafter
+    from verifier.engine import Engine, EngineConfig
+    from verifier.sampling import SamplingParams
+
+    lm = tiny_lm(vocab_size=16, seed=3)
+    eng = Engine(lm.model, lm.codec, Drafter("local", vocab_size=16),
+                 EngineConfig(max_batch=2, max_len=128, budget=3, max_budget=4))
+    prompts = [[1, 2, 3, 1, 2, 3], [4, 5, 4, 5, 4], [6, 7, 6, 7]]
+    r = e2e.run_engine(eng, prompts, 0, SamplingParams(max_tokens=9, ignore_eos=True), step_log=True)
+    log = r["step_log"]
+    assert len(log) == r["engine_steps"] and sum(x[2] for x in log) == r["tokens"] == 27
+    assert sum(x[3] for x in log) == r["prefills"]
+    assert max(x[1] for x in log) == 2 and min(x[1] for x in log) >= 1  # at most max_batch running
+    assert any(x[4] for x in log) and all(x[0] > 0 for x in log)  # budget 3: steps drafted
+    assert eng.step.__func__ is Engine.step  # the wrapper is gone after the run
+    assert "step_log" not in e2e.run_engine(eng, prompts[:1], 0, SamplingParams(max_tokens=2, ignore_eos=True))
