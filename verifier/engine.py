@@ -305,18 +305,16 @@ class Engine:
         running = [r for r in self.scheduler.running if not r.finished]
         if running and self._overlaps(running):
             t, self._committed_launched = time.perf_counter(), 0
+            steady = self._inflight is not None  # not the step that restarts the pipeline
             updated.extend(self._overlapped_step(running))
-            if self.drafter is not None:  # a plain step of a speculative engine: what it delivered
+            if self.drafter is not None and steady:  # a plain step of a speculative engine: what it delivered
                 self.policy.observe_delivered(len(running), False, time.perf_counter() - t, self._committed_launched)
         elif running:
             if self._inflight is not None:
-                # A drafting step after overlapped plain ones: the step in flight commits first. Its
-                # tokens and the wait for them count as plain decoding's (a lone plain step launched
-                # the step before delivered nothing yet: without this it would look worthless).
-                t, bs_inflight = time.perf_counter(), len(self._inflight.reqs)
+                # A drafting step after overlapped plain ones: the step in flight commits first. The
+                # policy sees neither this wait nor the step that restarted the pipeline: plain
+                # decoding's figure is its steady state (BudgetPolicy.explore_run).
                 updated.extend(self._drain())
-                if self.drafter is not None:
-                    self.policy.observe_delivered(bs_inflight, False, time.perf_counter() - t, self._committed_launched)
                 running = [r for r in running if not r.finished]
             if running:
                 self._verify_step(running)
