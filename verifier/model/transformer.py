@@ -226,13 +226,12 @@ class Transformer(nn.Module):
             return _Step(fb, flat_rows, cos_all[fb.positions][:, :, None], sin_all[fb.positions][:, :, None],  # [bs, T, 1, D]
                          None if fb.mask is None else self.attention_bias(fb.mask))
         fb = dataclasses.replace(fb, positions=fb.positions.contiguous(), slots=fb.slots.to(torch.int64))
-        # Every decode/verify step uses the native attention, even where SDPA would be faster (H200,
-        # SmolLM2-135M, bench/step_profile.py: native 0.76-0.92x of torch's step time up to batch
-        # 8 x 16 nodes, 1.07x at 64 x 16): a token then computes the same in a plain step as in a
-        # verify step where its keys sit at the same cache rows (fixed spans; the root and chain
-        # nodes; tests/verifier/test_decode_attention.py), so greedy speculative output nearly
-        # always matches plain decoding in bf16 (it did not, at batch 64, with SDPA above a size
-        # threshold).
+        # Every decode/verify step uses the native attention (H200, SmolLM2-135M,
+        # bench/step_profile.py: step replays 0.64-0.78x of torch SDPA's from batch 1 x 1 node to
+        # 64 x 16 nodes): a token then computes the same in a plain step as in a verify step where
+        # its keys sit at the same cache rows (fixed spans; the root and chain nodes;
+        # tests/verifier/test_decode_attention.py), so greedy speculative output nearly always
+        # matches plain decoding in bf16 (it did not, at batch 64, with SDPA above a size threshold).
         attend = fb.mask is not None and cfg.head_dim in (64, 128) and T <= kernels.MAX_NODES
         bias = None if fb.mask is None or attend else self.attention_bias(fb.mask)
         # Few rows: every projection is one norm_linear kernel, with a row's result independent of

@@ -11,7 +11,8 @@
 //   attn_split:   flash-decoding over the cache in place (cache rows read through the request's
 //                 slot, no gather): each block takes one kv head, a tile of the query rows that
 //                 share it (grouped-query attention: G heads x T tree nodes) and a fixed span of
-//                 S cache rows, and writes a partial (unnormalised output, max, sum);
+//                 S cache rows, and writes a partial (unnormalised output, max, sum); on tensor
+//                 cores for bf16/fp16 caches (attn_split_mma_kernel), on CUDA cores for float32;
 //   attn_combine: the partials of each query row merged into the output [bs, T, H, D]; in a
 //                 decode step the last split block of a row tile does this itself instead.
 //
@@ -19,8 +20,9 @@
 // size or on the number of tree nodes: a token computes the same in a plain decode step and in a
 // verify step as long as its keys sit at the same cache rows (the root; the nodes of a chain,
 // whose index is their depth; not a tree node whose index exceeds its depth, whose ancestors then
-// fall into other lanes of the spans). Spans the mask hides entirely are skipped, and a masked key's value is never
-// multiplied (a NaN left in a masked row cannot reach the output, unlike 0 * NaN in SDPA).
+// fall into other lanes of the spans). Spans the mask hides entirely are skipped, and a NaN left in
+// a masked cache row cannot reach the output (unlike 0 * NaN in SDPA): the CUDA-core kernel never
+// multiplies a masked key's value, the tensor-core one zeroes the keys no row of its tile sees.
 //
 // Cache layout (verifier.model.kv_cache): one layer's keys are rows [num_slots * max_len, Hkv, D]
 // (row r of slot s at s * max_len + r), its values the same. The mask is the dense [bs, T, L]
@@ -396,6 +398,299 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// ------------------------------------------------------------------ tensor-core split kernel
+
+// 16-bit caches (bf16, fp16): the same spans, partials and merge as attn_split_kernel, with the
+// two products on tensor cores (mma.sync m16n8k16, float32 accumulators). attn_split_kernel's
+// CUDA-core dot products were 56 us of a 64-request, 16-node SmolLM2 layer on the H200 against
+// 13 us for cuDNN's flash attention. A warp takes 16 query rows of a 64-row tile; the scores
+// stay in registers, and the probabilities, rounded to the cache's type, are the A operand of
+// the value product (their sum is taken of the rounded values, so the weights sum exactly to l).
+// A query row's arithmetic still does not depend on the other rows of its tile (each output
+// element is its own row's dot product), so plain and verify steps agree as before.
+template <typename T> struct Mma;
+template <> struct Mma<__nv_bfloat16> {
+  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  // Two probabilities rounded to bf16 (lo in the low half), and the rounded values back.
+  static __device__ __forceinline__ uint32_t pack(float& lo, float& hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    const float2 f = __bfloat1622float2(v);
+    lo = f.x, hi = f.y;
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+};
+template <> struct Mma<__half> {
+  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t pack(float& lo, float& hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    const float2 f = __half22float2(v);
+    lo = f.x, hi = f.y;
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+};
+
+// Four 8x8 matrices of 16-bit elements from shared memory (lane l gives the address of row l % 8
+// of matrix l / 8); .trans hands each lane the transposed elements.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+template <int D>
+struct MmaShape {
+  static constexpr int S = Shape<__nv_bfloat16, D>::S;  // the same spans as the CUDA-core kernel
+  static constexpr int TR = 16 * kWarps;                // query rows per block: 16 per warp
+  static constexpr int RS = D + 8;  // shared row stride in elements: 16-byte aligned rows, an odd
+                                    // number of 16-byte units (ldmatrix reads without bank conflicts)
+  static constexpr int NT = S / 8;  // key tiles of the score product
+};
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kWarps * 32)
+    attn_split_mma_kernel(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                          const int64_t* __restrict__ slots, int64_t max_len, const uint8_t* __restrict__ mask,
+                          float* __restrict__ part, T* __restrict__ out, int* __restrict__ arrivals, int T_, int H,
+                          int Hkv, int L, int nsplit, float qscale) {
+  using Sh = MmaShape<D>;
+  constexpr int S = Sh::S, TR = Sh::TR, RS = Sh::RS, NT = Sh::NT;
+  __shared__ __align__(16) T ks[S * RS];
+  __shared__ __align__(16) T vs[S * RS];
+  __shared__ __align__(16) T qs[TR * RS];
+  __shared__ __align__(16) uint8_t ms[TR * S];  // nt <= TR tokens' rows
+  __shared__ uint8_t seen[S];                   // whether any row of the tile sees key c
+  __shared__ int any_visible;
+
+  const int G = H / Hkv;
+  const int rows = G * T_;  // query rows of this kv head: r = t * G + g
+  const int tiles = (rows + TR - 1) / TR;
+  const int split = blockIdx.x;
+  const int hkv = blockIdx.y / tiles, r0 = (blockIdx.y % tiles) * TR;
+  const int64_t b = blockIdx.z;
+  const int nr = min(TR, rows - r0);
+  const int c0 = split * S, nc = min(S, L - c0);
+  const int t_lo = r0 / G, nt = (r0 + nr - 1) / G - t_lo + 1;
+  constexpr int kThreads = kWarps * 32;
+
+  // Loads first, all of them issued before any is waited for (see attn_split_kernel).
+  constexpr int MASK_WORDS = (TR * S / 4 + kThreads - 1) / kThreads;
+  uint32_t mreg[MASK_WORDS];
+  const bool aligned = L % 4 == 0 && (reinterpret_cast<uintptr_t>(mask) & 3) == 0;
+#pragma unroll
+  for (int k = 0; k < MASK_WORDS; ++k) {
+    const int i = 4 * (threadIdx.x + k * kThreads);
+    const int t = i / S, c = i % S;
+    const uint8_t* src = mask + (b * T_ + t_lo + t) * L + c0 + c;
+    mreg[k] = 0;
+    if (i < nt * S && c < nc) {
+      if (aligned && c + 4 <= nc) {
+        mreg[k] = *reinterpret_cast<const uint32_t*>(src);
+      } else {
+        for (int e = 0; e < 4 && c + e < nc; ++e) mreg[k] |= static_cast<uint32_t>(src[e]) << (8 * e);
+      }
+    }
+  }
+  const int64_t slot = slots[b];
+  constexpr int PPR = D * 2 / 16;  // 16-byte pieces per row
+  constexpr int KV_ITERS = S * PPR / kThreads;
+  static_assert(S * PPR % kThreads == 0, "K/V pieces must divide among the threads");
+  const int64_t base = ((slot * max_len + c0) * Hkv + hkv) * D;
+  const int64_t row_stride = static_cast<int64_t>(Hkv) * D;
+  uint4 kreg[KV_ITERS], vreg[KV_ITERS];
+#pragma unroll
+  for (int k = 0; k < KV_ITERS; ++k) {
+    const int i = threadIdx.x + k * kThreads;
+    const int c = i / PPR, w = i % PPR;
+    kreg[k] = vreg[k] = make_uint4(0, 0, 0, 0);
+    if (c < nc) {
+      kreg[k] = reinterpret_cast<const uint4*>(k_cache + base + c * row_stride)[w];
+      vreg[k] = reinterpret_cast<const uint4*>(v_cache + base + c * row_stride)[w];
+    }
+  }
+  constexpr int Q_ITERS = TR * PPR / kThreads;
+  uint4 qreg[Q_ITERS];
+#pragma unroll
+  for (int k = 0; k < Q_ITERS; ++k) {
+    const int i = threadIdx.x + k * kThreads;
+    const int r = i / PPR, w = i % PPR;
+    const int t = (r0 + r) / G, g = (r0 + r) % G;
+    qreg[k] = r < nr ? reinterpret_cast<const uint4*>(q + ((b * T_ + t) * H + hkv * G + g) * D)[w]
+                     : make_uint4(0, 0, 0, 0);  // padding rows: zeros for the products
+  }
+  int visible = 0;
+  if (threadIdx.x == 0) any_visible = 0;
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < MASK_WORDS; ++k) {
+    const int i = 4 * (threadIdx.x + k * kThreads);
+    if (i < nt * S) *reinterpret_cast<uint32_t*>(ms + i) = mreg[k];
+    visible |= mreg[k] != 0;
+  }
+  if (visible) any_visible = 1;
+  __syncthreads();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  auto query_row = [&](int r) -> int64_t {  // tile row r (token t, head g of this kv head) in [bs * T * H]
+    const int t = r / G, g = r % G;
+    return (b * T_ + t) * H + hkv * G + g;
+  };
+  auto partial = [&](int r) { return part + (query_row(r) * nsplit + split) * (D + 2); };
+  if (!any_visible) {  // the whole span is masked for these rows: an empty partial
+    for (int i = threadIdx.x; i < nr; i += blockDim.x) partial(r0 + i)[D] = -INFINITY;
+  } else {
+    // A key no row of the tile sees gets zero K and V: a product multiplies every key (0 * NaN
+    // is NaN, and a stale cache row may hold NaN), where the CUDA-core kernel skipped them.
+    for (int c = threadIdx.x; c < S; c += kThreads) {
+      int s = 0;
+      for (int t = 0; t < nt; ++t) s |= ms[t * S + c];
+      seen[c] = s != 0;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < KV_ITERS; ++k) {
+      const int i = threadIdx.x + k * kThreads;
+      const int c = i / PPR, w = i % PPR;
+      const bool keep = seen[c];
+      reinterpret_cast<uint4*>(ks + c * RS)[w] = keep ? kreg[k] : make_uint4(0, 0, 0, 0);
+      reinterpret_cast<uint4*>(vs + c * RS)[w] = keep ? vreg[k] : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int k = 0; k < Q_ITERS; ++k) {
+      const int i = threadIdx.x + k * kThreads;
+      reinterpret_cast<uint4*>(qs + (i / PPR) * RS)[i % PPR] = qreg[k];
+    }
+    __syncthreads();
+
+    const int w0 = warp * 16;  // this warp's first tile row
+    if (w0 < nr) {
+      const int g8 = lane / 4, t4 = lane % 4;  // fragment row group and column pair
+      // Scores [16 rows, S keys] = q [16, D] . k^T, in NT tiles of 8 keys.
+      float sc[NT][4];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; kk += 2) {
+        uint32_t qa0[4], qa1[4];
+        ldsm_x4(qa0, qs + (w0 + lane % 16) * RS + kk * 16 + (lane / 16) * 8);
+        ldsm_x4(qa1, qs + (w0 + lane % 16) * RS + (kk + 1) * 16 + (lane / 16) * 8);
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          uint32_t kb[4];  // keys j * 8 .. + 7, dims kk * 16 .. + 31
+          ldsm_x4(kb, ks + (j * 8 + lane % 8) * RS + kk * 16 + (lane / 8) * 8);
+          Mma<T>::run(sc[j], qa0, kb[0], kb[1]);
+          Mma<T>::run(sc[j], qa1, kb[2], kb[3]);
+        }
+      }
+      // Rows ra (elements 0, 1 of a tile) and ra + 8 (elements 2, 3); columns j * 8 + 2 t4 + e.
+      const int ra = w0 + g8, rb = ra + 8;
+      const uint8_t* ma = ms + (ra < nr ? (r0 + ra) / G - t_lo : 0) * S;
+      const uint8_t* mb = ms + (rb < nr ? (r0 + rb) / G - t_lo : 0) * S;
+      float mxa = -INFINITY, mxb = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int c = j * 8 + 2 * t4 + e;
+          sc[j][e] = ra < nr && ma[c] ? sc[j][e] * qscale : -INFINITY;
+          sc[j][2 + e] = rb < nr && mb[c] ? sc[j][2 + e] * qscale : -INFINITY;
+          mxa = fmaxf(mxa, sc[j][e]);
+          mxb = fmaxf(mxb, sc[j][2 + e]);
+        }
+      }
+#pragma unroll
+      for (int o = 1; o < 4; o <<= 1) {  // the 4 lanes of a row
+        mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, o));
+        mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, o));
+      }
+      // Probabilities (exp2(-inf) = 0: masked), rounded to T as the value product takes them.
+      uint32_t pa[NT][2];
+      float la = 0.f, lb = 0.f;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        float p0 = mxa == -INFINITY ? 0.f : exp2f(sc[j][0] - mxa);
+        float p1 = mxa == -INFINITY ? 0.f : exp2f(sc[j][1] - mxa);
+        float p2 = mxb == -INFINITY ? 0.f : exp2f(sc[j][2] - mxb);
+        float p3 = mxb == -INFINITY ? 0.f : exp2f(sc[j][3] - mxb);
+        pa[j][0] = Mma<T>::pack(p0, p1);
+        pa[j][1] = Mma<T>::pack(p2, p3);
+        la += p0 + p1;
+        lb += p2 + p3;
+      }
+#pragma unroll
+      for (int o = 1; o < 4; o <<= 1) {
+        la += __shfl_xor_sync(0xffffffffu, la, o);
+        lb += __shfl_xor_sync(0xffffffffu, lb, o);
+      }
+      // Values: out [16 rows, D] = p [16, S] . v [S, D]; the score tiles 2 kc, 2 kc + 1 are
+      // the A operand of keys kc * 16 .. + 15 as they lie in the registers.
+      float acc[D / 8][4];
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+#pragma unroll
+      for (int kc = 0; kc < S / 16; ++kc) {
+        const uint32_t a[4] = {pa[2 * kc][0], pa[2 * kc][1], pa[2 * kc + 1][0], pa[2 * kc + 1][1]};
+#pragma unroll
+        for (int n0 = 0; n0 < D; n0 += 16) {
+          uint32_t vb[4];  // keys kc * 16 .. + 15, dims n0 .. n0 + 15
+          ldsm_x4_trans(vb, vs + (kc * 16 + lane % 8 + ((lane / 8) % 2) * 8) * RS + n0 + (lane / 16) * 8);
+          Mma<T>::run(acc[n0 / 8], a, vb[0], vb[1]);
+          Mma<T>::run(acc[n0 / 8 + 1], a, vb[2], vb[3]);
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = h ? rb : ra;
+        const float m = h ? mxb : mxa, l = h ? lb : la;
+        if (r >= nr) continue;
+        float* o = partial(r0 + r);
+        if (m == -INFINITY) {  // this row sees nothing in the span
+          if (t4 == 0) o[D] = -INFINITY;
+          continue;
+        }
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n)
+          *reinterpret_cast<float2*>(o + n * 8 + 2 * t4) = make_float2(acc[n][2 * h], acc[n][2 * h + 1]);
+        if (t4 == 0) o[D] = m, o[D + 1] = l;
+      }
+    }
+  }
+  if (arrivals == nullptr) return;  // attn_combine_kernel merges the partials
+  // The last block of this (request, kv head, row tile) merges its rows (see attn_split_kernel).
+  __shared__ int last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* a = arrivals + (b * gridDim.y + blockIdx.y);
+    last = atomicAdd(a, 1) == static_cast<int>(gridDim.x) - 1;
+    if (last) *a = 0;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int i = warp; i < nr; i += kWarps) {
+    const int64_t row = query_row(r0 + i);
+    combine_row<T, D>(part + row * nsplit * (D + 2), out + row * D, nsplit, lane);
+  }
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(kWarps * 32)
     attn_combine_kernel(const float* __restrict__ part, T* __restrict__ out, int64_t nrows, int nsplit) {
@@ -426,8 +721,12 @@ int launch_attention(const void* q, const void* k_cache, const void* v_cache, co
                      int64_t arrivals_len, int bs, int T_, int H, int Hkv, int L, float scale,
                      cudaStream_t stream) {
   using Sh = Shape<T, D>;
+  // 16-bit caches take the tensor-core kernel (64-row tiles); float32 the CUDA-core one. Both
+  // write the same partials over the same spans.
+  constexpr bool kMma = sizeof(T) == 2;
+  constexpr int TR = kMma ? MmaShape<D>::TR : Sh::TR;
   const int nsplit = (L + Sh::S - 1) / Sh::S;
-  const int tiles = (H / Hkv * T_ + Sh::TR - 1) / Sh::TR;
+  const int tiles = (H / Hkv * T_ + TR - 1) / TR;
   NGK_REQUIRE(static_cast<int64_t>(Hkv) * tiles <= 65535);
   const dim3 grid(nsplit, Hkv * tiles, bs);
   const float qscale = scale * 1.4426950408889634f;  // scores in log2 units: exp2 in the kernels
@@ -437,9 +736,15 @@ int launch_attention(const void* q, const void* k_cache, const void* v_cache, co
   // slower on the H200), and the merge kernel spreads the rows over the GPU instead.
   const bool fused = arrivals != nullptr && static_cast<int64_t>(bs) * Hkv * tiles <= arrivals_len &&
                      H / Hkv * T_ <= 2 * kWarps;
-  attn_split_kernel<T, D><<<grid, kWarps * 32, 0, stream>>>(
-      static_cast<const T*>(q), static_cast<const T*>(k_cache), static_cast<const T*>(v_cache), slots, max_len,
-      mask, part, static_cast<T*>(out), fused ? arrivals : nullptr, T_, H, Hkv, L, nsplit, qscale);
+  if constexpr (kMma) {
+    attn_split_mma_kernel<T, D><<<grid, kWarps * 32, 0, stream>>>(
+        static_cast<const T*>(q), static_cast<const T*>(k_cache), static_cast<const T*>(v_cache), slots, max_len,
+        mask, part, static_cast<T*>(out), fused ? arrivals : nullptr, T_, H, Hkv, L, nsplit, qscale);
+  } else {
+    attn_split_kernel<T, D><<<grid, kWarps * 32, 0, stream>>>(
+        static_cast<const T*>(q), static_cast<const T*>(k_cache), static_cast<const T*>(v_cache), slots, max_len,
+        mask, part, static_cast<T*>(out), fused ? arrivals : nullptr, T_, H, Hkv, L, nsplit, qscale);
+  }
   NGK_CHECK_LAUNCH();
   if (fused) return 0;
   const int64_t nrows = static_cast<int64_t>(bs) * T_ * H;
