@@ -50,14 +50,8 @@ template <> __device__ __forceinline__ float from_f<float>(float x) { return x; 
 template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
-// Two consecutive elements as floats (p is 4-byte aligned for 16-bit types).
+// Two consecutive elements as floats.
 template <typename T> __device__ __forceinline__ float2 load2(const T* p) { return make_float2(to_f(p[0]), to_f(p[1])); }
-template <> __device__ __forceinline__ float2 load2<__half>(const __half* p) {
-  return __half22float2(*reinterpret_cast<const __half2*>(p));
-}
-template <> __device__ __forceinline__ float2 load2<__nv_bfloat16>(const __nv_bfloat16* p) {
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
-}
 
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
@@ -106,9 +100,13 @@ __global__ void __launch_bounds__(256)
 
 // ------------------------------------------------------------------------------ attention
 
+// Cache rows per split (both kernels: a query row's arithmetic depends on the spans only).
+template <int D>
+constexpr int kSpan = D == 64 ? 64 : 32;
+
 template <typename T, int D>
 struct Shape {
-  static constexpr int S = D == 64 ? 64 : 32;  // cache rows per split
+  static constexpr int S = kSpan<D>;  // cache rows per split
   static constexpr int KPL = S / 32;           // keys per lane in the score pass
   static constexpr int DPL = D / 32;           // output dims per lane in the value pass
   // Shared-memory row stride of K/V in elements: an odd number of 32-bit words, so that the 32
@@ -170,6 +168,71 @@ __device__ __forceinline__ void combine_row(const float* __restrict__ p, T* __re
   for (int k = 0; k < DPL; ++k) o[lane_dim<D>(lane, k)] = from_f<T>(acc[k] * inv);
 }
 
+// The mask rows of a tile's nt <= TR tokens over one span of S cache rows, 4 columns per load
+// where rows are 4-aligned: loaded into registers with the block's other loads (issued before any
+// is waited for), then stored to shared memory.
+template <int TR, int S>
+struct MaskTile {
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kWords = (TR * S / 4 + kThreads - 1) / kThreads;
+  uint32_t w[kWords];
+
+  // rows: the mask row of the tile's first token; the span is columns c0 .. c0 + nc - 1.
+  __device__ __forceinline__ void load(const uint8_t* rows, int L, int c0, int nc, int nt) {
+    const bool aligned = L % 4 == 0 && (reinterpret_cast<uintptr_t>(rows) & 3) == 0;
+#pragma unroll
+    for (int k = 0; k < kWords; ++k) {
+      const int i = 4 * (threadIdx.x + k * kThreads);  // first of 4 columns
+      const int t = i / S, c = i % S;
+      const uint8_t* src = rows + static_cast<int64_t>(t) * L + c0 + c;
+      w[k] = 0;
+      if (i < nt * S && c < nc) {
+        if (aligned && c + 4 <= nc) {
+          w[k] = *reinterpret_cast<const uint32_t*>(src);
+        } else {
+          for (int e = 0; e < 4 && c + e < nc; ++e) w[k] |= static_cast<uint32_t>(src[e]) << (8 * e);
+        }
+      }
+    }
+  }
+
+  // Into ms [nt, S]; whether this thread's part of the tile sees any key.
+  __device__ __forceinline__ bool store(uint8_t* ms, int nt) const {
+    bool visible = false;
+#pragma unroll
+    for (int k = 0; k < kWords; ++k) {
+      const int i = 4 * (threadIdx.x + k * kThreads);
+      if (i < nt * S) *reinterpret_cast<uint32_t*>(ms + i) = w[k];
+      visible |= w[k] != 0;
+    }
+    return visible;
+  }
+};
+
+// The last block of this (request, kv head, row tile) to finish merges its rows' partials, in
+// split order as attn_combine_kernel does (the same arithmetic): one kernel less per layer. The
+// fences make every block's partials visible before its arrival is counted, and the counter is
+// reset by that last block, ready for the next launch on the stream.
+template <typename T, int D, typename RowFn>
+__device__ __forceinline__ void merge_if_last(int* arrivals, const float* part, T* out, int nsplit, int r0, int nr,
+                                              RowFn query_row) {
+  __shared__ int last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* a = arrivals + (static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y);
+    last = atomicAdd(a, 1) == static_cast<int>(gridDim.x) - 1;
+    if (last) *a = 0;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int i = threadIdx.x / 32; i < nr; i += kWarps) {
+    const int64_t row = query_row(r0 + i);
+    combine_row<T, D>(part + row * nsplit * (D + 2), out + row * D, nsplit, threadIdx.x % 32);
+  }
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(kWarps * 32)
     attn_split_kernel(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
@@ -199,24 +262,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   // unrolled, predicated): a block's work is a few microseconds, so a loop of dependent loads,
   // one memory latency per iteration, would dominate it.
   constexpr int kThreads = kWarps * 32;
-  // The mask rows of this tile's nt <= TR tokens, 4 columns per load when rows are 4-aligned.
-  constexpr int MASK_WORDS = (TR * S / 4 + kThreads - 1) / kThreads;
-  uint32_t mreg[MASK_WORDS];
-  const bool aligned = L % 4 == 0 && (reinterpret_cast<uintptr_t>(mask) & 3) == 0;
-#pragma unroll
-  for (int k = 0; k < MASK_WORDS; ++k) {
-    const int i = 4 * (threadIdx.x + k * kThreads);  // first of 4 columns
-    const int t = i / S, c = i % S;
-    const uint8_t* src = mask + (b * T_ + t_lo + t) * L + c0 + c;
-    mreg[k] = 0;
-    if (i < nt * S && c < nc) {
-      if (aligned && c + 4 <= nc) {
-        mreg[k] = *reinterpret_cast<const uint32_t*>(src);
-      } else {
-        for (int e = 0; e < 4 && c + e < nc; ++e) mreg[k] |= static_cast<uint32_t>(src[e]) << (8 * e);
-      }
-    }
-  }
+  MaskTile<TR, S> mtile;  // the mask rows of this tile's nt <= TR tokens
+  mtile.load(mask + (b * T_ + t_lo) * L, L, c0, nc, nt);
   // K/V rows of the span (and q) are loaded before the mask is looked at, so that their latency
   // and the mask's overlap (a fully masked span wastes its loads; it is rare). K/V rows come in
   // 16-byte pieces (a row of D elements is 128 or 256 bytes, so pieces never straddle rows),
@@ -247,16 +294,9 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int t = r / G, g = r % G;
     qreg[k] = i < nr * D ? to_f(q[((b * T_ + t) * H + hkv * G + g) * D + d]) * qscale : 0.f;
   }
-  int visible = 0;
   if (threadIdx.x == 0) any_visible = 0;
   __syncthreads();
-#pragma unroll
-  for (int k = 0; k < MASK_WORDS; ++k) {
-    const int i = 4 * (threadIdx.x + k * kThreads);
-    if (i < nt * S) *reinterpret_cast<uint32_t*>(ms + i) = mreg[k];
-    visible |= mreg[k] != 0;
-  }
-  if (visible) any_visible = 1;
+  if (mtile.store(ms, nt)) any_visible = 1;
   __syncthreads();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   auto query_row = [&](int r) -> int64_t {  // tile row r (token t, head g of this kv head) in [bs * T * H]
@@ -376,26 +416,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
   }
-  if (arrivals == nullptr) return;  // attn_combine_kernel merges the partials
-  // The last block of this (request, kv head, row tile) to finish merges its rows' partials, in
-  // split order as attn_combine_kernel does (the same arithmetic): one kernel less per layer. The
-  // fences make every block's partials visible before its arrival is counted, and the counter is
-  // reset by that last block, ready for the next launch on the stream.
-  __shared__ int last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int* a = arrivals + (b * gridDim.y + blockIdx.y);
-    last = atomicAdd(a, 1) == static_cast<int>(gridDim.x) - 1;
-    if (last) *a = 0;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  for (int i = warp; i < nr; i += kWarps) {
-    const int64_t row = query_row(r0 + i);
-    combine_row<T, D>(part + row * nsplit * (D + 2), out + row * D, nsplit, lane);
-  }
+  if (arrivals != nullptr) merge_if_last<T, D>(arrivals, part, out, nsplit, r0, nr, query_row);
+  // (else attn_combine_kernel merges the partials)
 }
 
 // ------------------------------------------------------------------ tensor-core split kernel
@@ -458,7 +480,7 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
 
 template <int D>
 struct MmaShape {
-  static constexpr int S = Shape<__nv_bfloat16, D>::S;  // the same spans as the CUDA-core kernel
+  static constexpr int S = kSpan<D>;  // the same spans as the CUDA-core kernel
   static constexpr int TR = 16 * kWarps;                // query rows per block: 16 per warp
   static constexpr int RS = D + 8;  // shared row stride in elements: 16-byte aligned rows, an odd
                                     // number of 16-byte units (ldmatrix reads without bank conflicts)
@@ -492,23 +514,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   constexpr int kThreads = kWarps * 32;
 
   // Loads first, all of them issued before any is waited for (see attn_split_kernel).
-  constexpr int MASK_WORDS = (TR * S / 4 + kThreads - 1) / kThreads;
-  uint32_t mreg[MASK_WORDS];
-  const bool aligned = L % 4 == 0 && (reinterpret_cast<uintptr_t>(mask) & 3) == 0;
-#pragma unroll
-  for (int k = 0; k < MASK_WORDS; ++k) {
-    const int i = 4 * (threadIdx.x + k * kThreads);
-    const int t = i / S, c = i % S;
-    const uint8_t* src = mask + (b * T_ + t_lo + t) * L + c0 + c;
-    mreg[k] = 0;
-    if (i < nt * S && c < nc) {
-      if (aligned && c + 4 <= nc) {
-        mreg[k] = *reinterpret_cast<const uint32_t*>(src);
-      } else {
-        for (int e = 0; e < 4 && c + e < nc; ++e) mreg[k] |= static_cast<uint32_t>(src[e]) << (8 * e);
-      }
-    }
-  }
+  MaskTile<TR, S> mtile;  // the mask rows of this tile's nt <= TR tokens
+  mtile.load(mask + (b * T_ + t_lo) * L, L, c0, nc, nt);
   const int64_t slot = slots[b];
   constexpr int PPR = D * 2 / 16;  // 16-byte pieces per row
   constexpr int KV_ITERS = S * PPR / kThreads;
@@ -536,16 +543,9 @@ __global__ void __launch_bounds__(kWarps * 32)
     qreg[k] = r < nr ? reinterpret_cast<const uint4*>(q + ((b * T_ + t) * H + hkv * G + g) * D)[w]
                      : make_uint4(0, 0, 0, 0);  // padding rows: zeros for the products
   }
-  int visible = 0;
   if (threadIdx.x == 0) any_visible = 0;
   __syncthreads();
-#pragma unroll
-  for (int k = 0; k < MASK_WORDS; ++k) {
-    const int i = 4 * (threadIdx.x + k * kThreads);
-    if (i < nt * S) *reinterpret_cast<uint32_t*>(ms + i) = mreg[k];
-    visible |= mreg[k] != 0;
-  }
-  if (visible) any_visible = 1;
+  if (mtile.store(ms, nt)) any_visible = 1;
   __syncthreads();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   auto query_row = [&](int r) -> int64_t {  // tile row r (token t, head g of this kv head) in [bs * T * H]
@@ -672,23 +672,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
   }
-  if (arrivals == nullptr) return;  // attn_combine_kernel merges the partials
-  // The last block of this (request, kv head, row tile) merges its rows (see attn_split_kernel).
-  __shared__ int last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int* a = arrivals + (b * gridDim.y + blockIdx.y);
-    last = atomicAdd(a, 1) == static_cast<int>(gridDim.x) - 1;
-    if (last) *a = 0;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  for (int i = warp; i < nr; i += kWarps) {
-    const int64_t row = query_row(r0 + i);
-    combine_row<T, D>(part + row * nsplit * (D + 2), out + row * D, nsplit, lane);
-  }
+  if (arrivals != nullptr) merge_if_last<T, D>(arrivals, part, out, nsplit, r0, nr, query_row);
+  // (else attn_combine_kernel merges the partials)
 }
 
 template <typename T, int D>
@@ -720,12 +705,14 @@ int launch_attention(const void* q, const void* k_cache, const void* v_cache, co
                      int64_t max_len, const uint8_t* mask, float* part, void* out, int* arrivals,
                      int64_t arrivals_len, int bs, int T_, int H, int Hkv, int L, float scale,
                      cudaStream_t stream) {
-  using Sh = Shape<T, D>;
   // 16-bit caches take the tensor-core kernel (64-row tiles); float32 the CUDA-core one. Both
   // write the same partials over the same spans.
   constexpr bool kMma = sizeof(T) == 2;
-  constexpr int TR = kMma ? MmaShape<D>::TR : Sh::TR;
-  const int nsplit = (L + Sh::S - 1) / Sh::S;
+  constexpr int TR = [] {
+    if constexpr (kMma) return MmaShape<D>::TR;
+    else return Shape<T, D>::TR;
+  }();
+  const int nsplit = (L + kSpan<D> - 1) / kSpan<D>;
   const int tiles = (H / Hkv * T_ + TR - 1) / TR;
   NGK_REQUIRE(static_cast<int64_t>(Hkv) * tiles <= 65535);
   const dim3 grid(nsplit, Hkv * tiles, bs);
