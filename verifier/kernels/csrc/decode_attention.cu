@@ -209,6 +209,32 @@ struct MaskTile {
   }
 };
 
+// One span's K and V rows in 16-byte pieces (a row of D elements is 128 or 256 bytes, so pieces
+// never straddle rows), in registers until the block stores them to shared memory; rows past the
+// span's end are zeros.
+template <typename T, int D, int S>
+struct KvSpan {
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int PPR = D * static_cast<int>(sizeof(T)) / 16;  // pieces per row
+  static constexpr int kIters = S * PPR / kThreads;
+  static_assert(S * PPR % kThreads == 0, "K/V pieces must divide among the threads");
+  uint4 k[kIters], v[kIters];
+
+  // base: the span's first row's element in the layer's cache; stride: elements between rows.
+  __device__ __forceinline__ void load(const T* k_cache, const T* v_cache, int64_t base, int64_t stride, int nc) {
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int p = threadIdx.x + i * kThreads;
+      const int c = p / PPR, w = p % PPR;
+      k[i] = v[i] = make_uint4(0, 0, 0, 0);
+      if (c < nc) {
+        k[i] = reinterpret_cast<const uint4*>(k_cache + base + c * stride)[w];
+        v[i] = reinterpret_cast<const uint4*>(v_cache + base + c * stride)[w];
+      }
+    }
+  }
+};
+
 // The last block of this (request, kv head, row tile) to finish merges its rows' partials, in
 // split order as attn_combine_kernel does (the same arithmetic): one kernel less per layer. The
 // fences make every block's partials visible before its arrival is counted, and the counter is
@@ -265,26 +291,12 @@ __global__ void __launch_bounds__(kWarps * 32)
   MaskTile<TR, S> mtile;  // the mask rows of this tile's nt <= TR tokens
   mtile.load(mask + (b * T_ + t_lo) * L, L, c0, nc, nt);
   // K/V rows of the span (and q) are loaded before the mask is looked at, so that their latency
-  // and the mask's overlap (a fully masked span wastes its loads; it is rare). K/V rows come in
-  // 16-byte pieces (a row of D elements is 128 or 256 bytes, so pieces never straddle rows),
-  // stored to shared memory as 32-bit words (its rows are padded).
-  const int64_t slot = slots[b];
-  constexpr int PPR = D * static_cast<int>(sizeof(T)) / 16;  // pieces per row
-  constexpr int KV_ITERS = S * PPR / kThreads;
-  static_assert(S * PPR % kThreads == 0, "K/V pieces must divide among the threads");
-  const int64_t base = ((slot * max_len + c0) * Hkv + hkv) * D;
-  const int64_t row_stride = static_cast<int64_t>(Hkv) * D;
-  uint4 kreg[KV_ITERS], vreg[KV_ITERS];
-#pragma unroll
-  for (int k = 0; k < KV_ITERS; ++k) {
-    const int i = threadIdx.x + k * kThreads;
-    const int c = i / PPR, w = i % PPR;
-    kreg[k] = vreg[k] = make_uint4(0, 0, 0, 0);
-    if (c < nc) {
-      kreg[k] = reinterpret_cast<const uint4*>(k_cache + base + c * row_stride)[w];
-      vreg[k] = reinterpret_cast<const uint4*>(v_cache + base + c * row_stride)[w];
-    }
-  }
+  // and the mask's overlap (a fully masked span wastes its loads; it is rare). Shared memory
+  // takes them as 32-bit words (its rows are padded).
+  KvSpan<T, D, S> span;  // this span's K/V rows
+  span.load(k_cache, v_cache, ((slots[b] * max_len + c0) * Hkv + hkv) * D, static_cast<int64_t>(Hkv) * D, nc);
+  constexpr int PPR = KvSpan<T, D, S>::PPR;
+  constexpr int KV_ITERS = KvSpan<T, D, S>::kIters;
   constexpr int Q_ITERS = TR * D / kThreads;
   float qreg[Q_ITERS];
 #pragma unroll
@@ -317,8 +329,8 @@ __global__ void __launch_bounds__(kWarps * 32)
         kd = reinterpret_cast<uint32_t*>(ks) + c * KS + w * 4;
         vd = reinterpret_cast<uint32_t*>(vs) + c * KS + w * 4;
       }
-      kd[0] = kreg[k].x, kd[1] = kreg[k].y, kd[2] = kreg[k].z, kd[3] = kreg[k].w;
-      vd[0] = vreg[k].x, vd[1] = vreg[k].y, vd[2] = vreg[k].z, vd[3] = vreg[k].w;
+      kd[0] = span.k[k].x, kd[1] = span.k[k].y, kd[2] = span.k[k].z, kd[3] = span.k[k].w;
+      vd[0] = span.v[k].x, vd[1] = span.v[k].y, vd[2] = span.v[k].z, vd[3] = span.v[k].w;
     }
 #pragma unroll
     for (int k = 0; k < Q_ITERS; ++k) qs[threadIdx.x + k * kThreads] = qreg[k];
@@ -516,23 +528,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   // Loads first, all of them issued before any is waited for (see attn_split_kernel).
   MaskTile<TR, S> mtile;  // the mask rows of this tile's nt <= TR tokens
   mtile.load(mask + (b * T_ + t_lo) * L, L, c0, nc, nt);
-  const int64_t slot = slots[b];
-  constexpr int PPR = D * 2 / 16;  // 16-byte pieces per row
-  constexpr int KV_ITERS = S * PPR / kThreads;
-  static_assert(S * PPR % kThreads == 0, "K/V pieces must divide among the threads");
-  const int64_t base = ((slot * max_len + c0) * Hkv + hkv) * D;
-  const int64_t row_stride = static_cast<int64_t>(Hkv) * D;
-  uint4 kreg[KV_ITERS], vreg[KV_ITERS];
-#pragma unroll
-  for (int k = 0; k < KV_ITERS; ++k) {
-    const int i = threadIdx.x + k * kThreads;
-    const int c = i / PPR, w = i % PPR;
-    kreg[k] = vreg[k] = make_uint4(0, 0, 0, 0);
-    if (c < nc) {
-      kreg[k] = reinterpret_cast<const uint4*>(k_cache + base + c * row_stride)[w];
-      vreg[k] = reinterpret_cast<const uint4*>(v_cache + base + c * row_stride)[w];
-    }
-  }
+  KvSpan<T, D, S> span;  // this span's K/V rows
+  span.load(k_cache, v_cache, ((slots[b] * max_len + c0) * Hkv + hkv) * D, static_cast<int64_t>(Hkv) * D, nc);
+  constexpr int PPR = KvSpan<T, D, S>::PPR;
+  constexpr int KV_ITERS = KvSpan<T, D, S>::kIters;
   constexpr int Q_ITERS = TR * PPR / kThreads;
   uint4 qreg[Q_ITERS];
 #pragma unroll
@@ -569,8 +568,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       const int i = threadIdx.x + k * kThreads;
       const int c = i / PPR, w = i % PPR;
       const bool keep = seen[c];
-      reinterpret_cast<uint4*>(ks + c * RS)[w] = keep ? kreg[k] : make_uint4(0, 0, 0, 0);
-      reinterpret_cast<uint4*>(vs + c * RS)[w] = keep ? vreg[k] : make_uint4(0, 0, 0, 0);
+      reinterpret_cast<uint4*>(ks + c * RS)[w] = keep ? span.k[k] : make_uint4(0, 0, 0, 0);
+      reinterpret_cast<uint4*>(vs + c * RS)[w] = keep ? span.v[k] : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int k = 0; k < Q_ITERS; ++k) {
