@@ -168,6 +168,26 @@ __device__ __forceinline__ void combine_row(const float* __restrict__ p, T* __re
   for (int k = 0; k < DPL; ++k) o[lane_dim<D>(lane, k)] = from_f<T>(acc[k] * inv);
 }
 
+// What a split block works on (grid: spans x (kv heads x row tiles) x requests): request b, kv
+// head hkv, query rows r0 .. r0 + nr - 1 of that head (row r = t * G + g: token t, head g of the G
+// sharing it), which belong to tokens t_lo .. t_lo + nt - 1, over cache rows c0 .. c0 + nc - 1.
+template <int TR, int S>
+struct BlockTile {
+  int G, split, hkv, r0, nr, c0, nc, t_lo, nt;
+  int64_t b;
+  __device__ __forceinline__ BlockTile(int H, int Hkv, int T_, int L) {
+    G = H / Hkv;
+    const int rows = G * T_;
+    const int tiles = (rows + TR - 1) / TR;
+    split = blockIdx.x;
+    hkv = blockIdx.y / tiles, r0 = (blockIdx.y % tiles) * TR;
+    b = blockIdx.z;
+    nr = min(TR, rows - r0);
+    c0 = split * S, nc = min(S, L - c0);
+    t_lo = r0 / G, nt = (r0 + nr - 1) / G - t_lo + 1;
+  }
+};
+
 // The mask rows of a tile's nt <= TR tokens over one span of S cache rows, 4 columns per load
 // where rows are 4-aligned: loaded into registers with the block's other loads (issued before any
 // is waited for), then stored to shared memory.
@@ -274,15 +294,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   __shared__ float ps[kWarps * RPW * S];
   __shared__ int any_visible;
 
-  const int G = H / Hkv;
-  const int rows = G * T_;  // query rows of this kv head: r = t * G + g
-  const int tiles = (rows + TR - 1) / TR;
-  const int split = blockIdx.x;
-  const int hkv = blockIdx.y / tiles, r0 = (blockIdx.y % tiles) * TR;
-  const int64_t b = blockIdx.z;
-  const int nr = min(TR, rows - r0);
-  const int c0 = split * S, nc = min(S, L - c0);
-  const int t_lo = r0 / G, nt = (r0 + nr - 1) / G - t_lo + 1;
+  const BlockTile<TR, S> tile(H, Hkv, T_, L);
+  const int G = tile.G, split = tile.split, hkv = tile.hkv, r0 = tile.r0, nr = tile.nr, c0 = tile.c0, nc = tile.nc;
+  const int t_lo = tile.t_lo, nt = tile.nt;
+  const int64_t b = tile.b;
 
   // Every load of this block is issued before any of them is waited for (fixed trip counts,
   // unrolled, predicated): a block's work is a few microseconds, so a loop of dependent loads,
@@ -514,15 +529,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   __shared__ uint8_t seen[S];                   // whether any row of the tile sees key c
   __shared__ int any_visible;
 
-  const int G = H / Hkv;
-  const int rows = G * T_;  // query rows of this kv head: r = t * G + g
-  const int tiles = (rows + TR - 1) / TR;
-  const int split = blockIdx.x;
-  const int hkv = blockIdx.y / tiles, r0 = (blockIdx.y % tiles) * TR;
-  const int64_t b = blockIdx.z;
-  const int nr = min(TR, rows - r0);
-  const int c0 = split * S, nc = min(S, L - c0);
-  const int t_lo = r0 / G, nt = (r0 + nr - 1) / G - t_lo + 1;
+  const BlockTile<TR, S> tile(H, Hkv, T_, L);
+  const int G = tile.G, split = tile.split, hkv = tile.hkv, r0 = tile.r0, nr = tile.nr, c0 = tile.c0, nc = tile.nc;
+  const int t_lo = tile.t_lo, nt = tile.nt;
+  const int64_t b = tile.b;
   constexpr int kThreads = kWarps * 32;
 
   // Loads first, all of them issued before any is waited for (see attn_split_kernel).
