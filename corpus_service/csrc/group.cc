@@ -42,6 +42,7 @@ void group_chunks(const RequestGroup& g, const std::unordered_map<uint64_t, Posi
     auto it = live_chunks.find(m->serial);
     if (it != live_chunks.end()) out->insert(out->end(), it->second.begin(), it->second.end());
   }
+  std::sort(out->begin(), out->end());  // members' chunks interleave: TokenIndex::find wants them sorted
 }
 
 size_t GroupRegistry::shared_prefix(const std::string& key, const int32_t* prompt, size_t n) const {

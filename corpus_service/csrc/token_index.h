@@ -59,8 +59,12 @@ inline uint64_t ngram_hash(const int32_t* last, int k) {
   return h;
 }
 
-// Inclusive position ranges a lookup must skip.
+// Inclusive position ranges a lookup must skip, sorted by their first position, not overlapping.
 using PositionRanges = std::vector<std::pair<uint64_t, uint64_t>>;
+
+// A lookup walks at most this many skipped positions per step of its chain budget (max_chain), per
+// order: beyond that, a chain's head is all the asking request's own positions (TokenIndex::find).
+constexpr int kSkippedPerStep = 16;
 
 // Bounds of one lookup. Once `enough` candidates are found, orders below `enough_order` are not
 // searched: short matches weigh little next to them and cost the longest chain walks.
@@ -91,8 +95,9 @@ class TokenIndex {
   void reset();
 
   // Finds up to max_candidates distinct positions p < exclude_from whose preceding tokens match
-  // the tail of ctx[0..ctx_len), longest orders first, each chain walked at most max_chain steps.
-  // Returns how many were written to out.
+  // the tail of ctx[0..ctx_len), longest orders first, each chain walked at most max_chain steps
+  // (positions in `skip` not counted, up to kSkippedPerStep * max_chain of them). Returns how
+  // many were written to out.
   int find(const int32_t* ctx, int ctx_len, const FindLimits& limits, uint64_t exclude_from,
            Candidate* out, const PositionRanges* skip = nullptr) const;
   // Copies up to n tokens that follow pos in its document into out; returns how many.

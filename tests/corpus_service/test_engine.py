@@ -345,3 +345,24 @@ def test_draft_compact_is_draft_without_padding():
     c.extend_batch(ids[:3], flat[:6], [1, 2, 3])
     with pytest.raises(ValueError, match="add up to"):
         c.extend_batch(ids[:3], flat[:6], [1, 2, 2])
+
+
+@pytest.mark.parametrize("reps,finds_other", [(20, True), (200, False)])
+def test_a_looping_requests_own_chunks_are_skipped_within_a_bound(reps, finds_other):
+    """A request's own chunks in the learned corpus are skipped without using up the chain budget
+    (max_chain), so another request's occurrence behind them is still found; but a request caught
+    in a generation loop puts its own positions by the hundred at the head of the loop's chains,
+    and the walk stops after kSkippedPerStep (16) per step of the budget (here 2 * 16 = 32), where
+    walking them all made its drafts cost milliseconds."""
+    c = NgramCorpus(learn_prompts=False, flush_tokens=3, overlap=0, max_chain=2)
+    c.start_request("other", [1])
+    c.extend("other", [3, 4, 5, 99, 98])
+    c.finish("other")
+    c.start_request("loop", [7])
+    for _ in range(reps):
+        c.extend("loop", [3, 4, 5])
+    c.synchronize()
+    toks, parents, _ = c.draft(["loop"], 8).tree(0)
+    first = [t for t, p in zip(toks, parents) if p == -1]
+    assert first[0] == 3  # the loop itself, from the request's own context
+    assert (99 in first) == finds_other
