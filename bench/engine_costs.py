@@ -1,8 +1,9 @@
 """Engine cost benchmark: the per-request costs a verifier pays, on real trace tokens.
 
 Measures (CPU time of the calling thread, medians over repeats): drafting at budget 15 for a batch of
-64 live requests and for one request per call, extending by 3 tokens, starting a request with a
-2,000-token prompt, bulk loading an external corpus, and bytes per learned token. Same-run baseline:
+64 live requests and for one request per call, and for a request caught in a 30,000-token generation
+loop, extending by 3 tokens, starting a request with a 2,000-token prompt, bulk loading an external
+corpus, and bytes per learned token. Same-run baseline:
 prompt lookup in pure Python (the cheapest drafting a verifier could do without this engine).
 
   python bench/engine_costs.py [--out bench/results/engine_costs.json] [--set FIELD=VALUE ...]
@@ -134,6 +135,15 @@ def main(argv: list[str] | None = None) -> dict:
     res["bulk_load_mtok_s"] = len(big) / timed(load, 3) / 1e6
     corpus.synchronize()
     res["bytes_per_learned_token"] = corpus.stats()["learned_bytes_per_token"]
+    # A request caught in a generation loop (a 3-token cycle, 30,000 tokens): its own chunks crowd
+    # the learned corpus's chains for the loop's n-grams (TokenIndex::find bounds their walk).
+    corpus.start_request("loop", [7])
+    for _ in range(10_000):
+        corpus.extend("loop", [3, 4, 5])
+    corpus.synchronize()
+    res["draft_loop_30k"] = 1e6 * timed(lambda: corpus.draft(["loop"], 15), 200)
+    res["ratio_draft_loop_vs_single"] = res["draft_loop_30k"] / res["draft_b15_single"]
+    corpus.finish("loop")
 
     # Baseline: pure-Python prompt lookup for one request (what a verifier does without an engine).
     half = len(traces) // 2
@@ -154,7 +164,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(
         f"SUMMARY engine_costs: draft B=15 {res['draft_b15_batched']:.2f} us/request batched "
         f"({res['draft_b15_engine']:.2f} in engine, {res['draft_b15_single']:.2f} single call; "
-        f"{res['ratio_draft_single_vs_prompt_lookup']:.2f}x python prompt lookup), extend {res['extend']:.2f} us, "
+        f"{res['ratio_draft_single_vs_prompt_lookup']:.2f}x python prompt lookup; a 30k-token loop "
+        f"{res['draft_loop_30k']:.1f} us, {res['ratio_draft_loop_vs_single']:.1f}x), extend {res['extend']:.2f} us, "
         f"start 2000 tokens {res['start_2000']:.1f} us, bulk load {res['bulk_load_mtok_s']:.2f} M tok/s, "
         f"{res['bytes_per_learned_token']:.1f} B/learned token -> {out}"
     )
