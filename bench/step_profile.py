@@ -10,7 +10,8 @@ at most 32 tokens) and the layers' other elementwise ops compiled (verifier.mode
 same-run baselines, the same with torch's matmuls and compiled norms/SiLU instead of norm_linear
 (``torch_linear``), with torch attention too (SDPA over gathered K/V), and with eager elementwise
 ops too. Also the batched prefill of B prompts
-against prefilling them one by one.
+against prefilling them one by one. With --kernels, a kernel table per shape (torch profiler):
+where a step's device time goes, kernel by kernel.
 Prints one summary line, writes JSON.
 
     python3 bench/step_profile.py --out bench/results/step_profile.json
@@ -61,8 +62,28 @@ def timed_ms(fn, repeats: int, device: torch.device) -> float:
     return round(statistics.median(times), 3)
 
 
+def kernel_table(fn, steps: int, device: torch.device, top: int = 10) -> list[list]:
+    """The costliest kernels of ``steps`` calls of fn (torch profiler): [name, launches per call,
+    microseconds per call], by time; on the CPU (a smoke test), the costliest ops by CPU time."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    cuda = device.type == "cuda"
+    sync(device)
+    with torch_profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            fn()
+        sync(device)
+    rows = []
+    for e in prof.key_averages():
+        us = e.self_device_time_total if cuda else e.self_cpu_time_total
+        if us > 0:
+            rows.append([e.key[:90], round(e.count / steps, 2), round(us / steps, 1)])
+    rows.sort(key=lambda r: -r[2])
+    return rows[:top]
+
+
 def profile(model, codec, batches: list[int], ks: list[int], prefix: int, repeats: int, compiled: bool,
-            native: bool = True, linear: bool = True) -> dict:
+            native: bool = True, linear: bool = True, kernel_steps: int = 0) -> dict:
     fusion.disable_compile()
     model.native_kernels, model.native_linear = native, linear
     dev = model.device
@@ -86,9 +107,10 @@ def profile(model, codec, batches: list[int], ks: list[int], prefix: int, repeat
             packed = pack_trees([5] * B, [chain] * B, [prefix] * B, list(range(B)), K)
             for _ in range(3):
                 eng.graphs.greedy_step(packed.host, B, K, prefix + K)
-            out[f"B{B}_K{K}"] = {"replay_ms": timed_ms(replay, repeats, dev),
-                                 "step_ms": timed_ms(lambda: eng.graphs.greedy_step(packed.host, B, K, prefix + K),
-                                                     repeats, dev)}
+            step = lambda: eng.graphs.greedy_step(packed.host, B, K, prefix + K)  # noqa: E731
+            out[f"B{B}_K{K}"] = {"replay_ms": timed_ms(replay, repeats, dev), "step_ms": timed_ms(step, repeats, dev)}
+            if kernel_steps:
+                out[f"B{B}_K{K}"]["kernels"] = kernel_table(step, kernel_steps, dev)
     # Batched prefill vs one prompt at a time (the engine's _prefill on the same requests).
     prompts = [[(7 * i + j) % 1000 for j in range(prefix)] for i in range(max(batches))]
     params = SamplingParams(max_tokens=1, ignore_eos=True)
@@ -110,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="cuda (the measurement); cpu runs the same code eagerly, as a smoke test")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "step_profile.json"))
     p.add_argument("--skip-eager", action="store_true", help="skip the eager-ops baseline (the slowest)")
+    p.add_argument("--kernels", type=int, default=0, metavar="STEPS",
+                   help="also profile STEPS steps of each shape (native and torch attention) and record their "
+                        "costliest kernels per step under 'kernels' (0: off)")
     args = p.parse_args(argv)
     cfg = ModelConfig.from_name(args.model)
     torch.manual_seed(0)
@@ -118,9 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     codec = TextCodec(Tokenizer(models.WordLevel({"a": 0}, unk_token="a")), "", (cfg.vocab_size - 1,))
     res = {"model": args.model, "prefix": args.prefix,
            "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-           "torch_attention": profile(model, codec, args.batches, args.ks, args.prefix, args.repeats, True, False, False),
+           "torch_attention": profile(model, codec, args.batches, args.ks, args.prefix, args.repeats, True, False, False,
+                                      args.kernels),
            "torch_linear": profile(model, codec, args.batches, args.ks, args.prefix, args.repeats, True, True, False),
-           "native": profile(model, codec, args.batches, args.ks, args.prefix, args.repeats, True, True, True)}
+           "native": profile(model, codec, args.batches, args.ks, args.prefix, args.repeats, True, True, True,
+                             args.kernels)}
     if not args.skip_eager:
         res["eager_ops"] = profile(model, codec, args.batches, args.ks, args.prefix, args.repeats, False, False, False)
     b1 = f"B{args.batches[0]}_K{args.ks[0]}"

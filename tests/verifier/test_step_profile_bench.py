@@ -15,3 +15,15 @@ def test_step_profile_smoke(tmp_path, capsys):
         assert set(res[path]) >= {"B1_K1", "B1_K2", "prefill_ms"} and res[path]["B1_K1"]["step_ms"] > 0
     assert set(res["summary"]["native_vs_torch_linear"]) == {"B1_K1", "B1_K2"}
     assert "eager_ops" not in res and "SUMMARY" in capsys.readouterr().out
+
+
+def test_step_profile_kernel_table(tmp_path):
+    out = tmp_path / "sp.json"
+    assert step_profile.main(["--device", "cpu", "--batches", "1", "--ks", "2", "--repeats", "1", "--prefix", "16",
+                              "--skip-eager", "--kernels", "2", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    for path in ("native", "torch_attention"):
+        table = res[path]["B1_K2"]["kernels"]
+        assert 0 < len(table) <= 10 and all(len(r) == 3 and r[1] > 0 and r[2] > 0 for r in table)
+        assert [r[2] for r in table] == sorted((r[2] for r in table), reverse=True)
+    assert "kernels" not in res["torch_linear"]["B1_K2"]
