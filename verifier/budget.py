@@ -81,7 +81,10 @@ class BudgetPolicy:
         self.node_bucket = lambda k: k  # tree size the forward really runs
         # Realized committed tokens per second, by (batch-size bucket, drafted): decayed sums.
         self.explore_every = 16
-        self.explore_run = 3  # consecutive plain steps per exploration turn (drafting's: one)
+        # Consecutive plain steps per exploration turn (drafting's: one). An engine whose plain
+        # steps overlap the host raises it (their first step only restarts the pipeline); a plain
+        # step that does not overlap shows its cost alone.
+        self.explore_run = 1
         self._delivered: dict[tuple[int, bool], list[float]] = {}
         self._steps_at: dict[int, int] = {}  # steps seen per bucket: paces the exploration
         self._prefers: dict[int, bool] = {}  # per bucket: whether drafting is the preferred mode

@@ -210,6 +210,10 @@ class Engine:
         self.policy = BudgetPolicy(config.max_budget, fixed, cost)
         if self.graphs is not None:
             self.policy.node_bucket = lambda k: self.graphs.nodes_bucket(k, config.max_len)
+        if self.graphs is not None and config.overlap_plain and config.overlap_spec_plain:
+            # Plain steps run overlapped (one step ahead of the host): the policy explores them in
+            # runs, whose steady state it can see (BudgetPolicy.explore_run).
+            self.policy.explore_run = 3
         self.stats = EngineStats()
         self._inbox: deque[Request] = deque()
         self._aborts: deque[str] = deque()

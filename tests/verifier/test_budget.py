@@ -67,6 +67,7 @@ def test_drafting_that_delivers_less_than_plain_turns_itself_off_and_back_on():
     losing mode, so drafting comes back when it pays again."""
     grid = [1, 8, 64, 512, 1024]
     pol = BudgetPolicy(15, None, CostModel(grid, [1e-3, 1e-3, 1.2e-3, 2e-3, 3e-3]))
+    pol.explore_run = 3  # an engine whose plain steps overlap the host (Engine sets it)
     assert pol.draft_budget(64) > 0  # no figures yet: draft
     modes = []
     for _ in range(64):  # drafting steps: 64 * 1.6 tokens in 14 ms; plain steps: 64 in 4.7 ms

@@ -154,6 +154,7 @@ def test_plain_steps_are_credited_their_steady_state_not_the_switching():
         eng.generate(_prompts()[:2], params)
         plain, drafted = eng.policy.delivered(2, False), eng.policy.delivered(2, True)
         assert drafted is not None and (len(overlapped) > 0) == on  # overlapped steps only when asked for
+        assert eng.policy.explore_run == (3 if on else 1)  # runs of plain steps only where they overlap
         if on and pattern == [0, 4]:
             assert plain is None  # lone plain steps: all switching, no steady state to credit
             continue
