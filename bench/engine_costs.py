@@ -53,6 +53,9 @@ def build(config: CorpusConfig, traces: list, live: list[str]) -> NgramCorpus:
     corpus.synchronize()
     for rid, t in zip(live, traces[half:]):
         corpus.start_request(rid, t.prompt_ids + t.output_ids[: len(t.output_ids) // 2])
+    # The live requests' prompts are learned asynchronously: let that finish, so the timings below
+    # are of drafting and extending, not of waiting on the insert thread's exclusive lock.
+    corpus.synchronize()
     return corpus
 
 
