@@ -22,8 +22,9 @@ class KVCache:
         self.data = torch.zeros(2 * num_layers, num_slots * max_len, num_kv_heads, head_dim, device=device, dtype=dtype)
         self._view = self.data.view(2 * num_layers, num_slots, max_len, num_kv_heads, head_dim)
         # Arrival counters of kernels.decode_attention, which merges its partial results in one
-        # kernel with them: one per (request, kv head, tile of 16-32 query rows); 16 tiles cover
-        # 64 tree nodes of up to 4-8 query heads per kv head (more falls back to two kernels). The
+        # kernel with them: one per (request, kv head, tile of 16-64 query rows); 16 tiles cover
+        # 64 tree nodes of up to 4 (float32) to 16 (16-bit caches) query heads per kv head (more
+        # falls back to two kernels, as do steps of more than 8 query rows per kv head). The
         # cache owns them because only the steps that use this cache run its attention, one at a time.
         self.arrivals = torch.zeros(num_slots * num_kv_heads * 16, dtype=torch.int32, device=device)
 

@@ -173,9 +173,9 @@ __device__ __forceinline__ void combine_row(const float* __restrict__ p, T* __re
 // sharing it), which belong to tokens t_lo .. t_lo + nt - 1, over cache rows c0 .. c0 + nc - 1.
 template <int TR, int S>
 struct BlockTile {
-  int G, split, hkv, r0, nr, c0, nc, t_lo, nt;
+  int G, split, hkv, r0, nr, c0, nc, t_lo, nt, T_, H;
   int64_t b;
-  __device__ __forceinline__ BlockTile(int H, int Hkv, int T_, int L) {
+  __device__ __forceinline__ BlockTile(int H_, int Hkv, int T, int L) : T_(T), H(H_) {
     G = H / Hkv;
     const int rows = G * T_;
     const int tiles = (rows + TR - 1) / TR;
@@ -185,6 +185,16 @@ struct BlockTile {
     nr = min(TR, rows - r0);
     c0 = split * S, nc = min(S, L - c0);
     t_lo = r0 / G, nt = (r0 + nr - 1) / G - t_lo + 1;
+  }
+  // Tile row r (token t, head g of this kv head) as a row of q and out [bs * T * H].
+  __device__ __forceinline__ int64_t query_row(int r) const {
+    const int t = r / G, g = r % G;
+    return (b * T_ + t) * H + hkv * G + g;
+  }
+  // Row r's partial of this block's span in part [bs * T * H, nsplit, D + 2].
+  template <int D>
+  __device__ __forceinline__ float* partial(float* part, int nsplit, int r) const {
+    return part + (query_row(r) * nsplit + split) * (D + 2);
   }
 };
 
@@ -326,11 +336,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (mtile.store(ms, nt)) any_visible = 1;
   __syncthreads();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  auto query_row = [&](int r) -> int64_t {  // tile row r (token t, head g of this kv head) in [bs * T * H]
-    const int t = r / G, g = r % G;
-    return (b * T_ + t) * H + hkv * G + g;
-  };
-  auto partial = [&](int r) { return part + (query_row(r) * nsplit + split) * (D + 2); };
+  auto query_row = [&](int r) { return tile.query_row(r); };
+  auto partial = [&](int r) { return tile.template partial<D>(part, nsplit, r); };
   if (!any_visible) {  // the whole span is masked for these rows: an empty partial
     for (int i = threadIdx.x; i < nr; i += blockDim.x) partial(r0 + i)[D] = -INFINITY;
   } else {
@@ -557,11 +564,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (mtile.store(ms, nt)) any_visible = 1;
   __syncthreads();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  auto query_row = [&](int r) -> int64_t {  // tile row r (token t, head g of this kv head) in [bs * T * H]
-    const int t = r / G, g = r % G;
-    return (b * T_ + t) * H + hkv * G + g;
-  };
-  auto partial = [&](int r) { return part + (query_row(r) * nsplit + split) * (D + 2); };
+  auto query_row = [&](int r) { return tile.query_row(r); };
+  auto partial = [&](int r) { return tile.template partial<D>(part, nsplit, r); };
   if (!any_visible) {  // the whole span is masked for these rows: an empty partial
     for (int i = threadIdx.x; i < nr; i += blockDim.x) partial(r0 + i)[D] = -INFINITY;
   } else {
