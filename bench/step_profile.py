@@ -136,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="also profile STEPS steps of each shape (native and torch attention) and record their "
                         "costliest kernels per step under 'kernels' (0: off)")
     args = p.parse_args(argv)
+    if args.kernels < 0:
+        p.error(f"--kernels: expected 0 (off) or a number of steps, got {args.kernels}")
     cfg = ModelConfig.from_name(args.model)
     torch.manual_seed(0)
     dev = torch.device(args.device)

@@ -27,3 +27,11 @@ def test_step_profile_kernel_table(tmp_path):
         assert 0 < len(table) <= 10 and all(len(r) == 3 and r[1] > 0 and r[2] > 0 for r in table)
         assert [r[2] for r in table] == sorted((r[2] for r in table), reverse=True)
     assert "kernels" not in res["torch_linear"]["B1_K2"]
+
+
+def test_step_profile_refuses_a_negative_kernel_count(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        step_profile.main(["--device", "cpu", "--kernels", "-1"])
+    assert "--kernels: expected 0" in capsys.readouterr().err
