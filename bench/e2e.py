@@ -98,6 +98,11 @@ def mismatches(a: list[list[int]], b: list[list[int]]) -> tuple[int, list[int]]:
     return len(diff), first
 
 
+# The step log's phase columns (ms each, after the first five): EngineStats time fields, then the
+# host's wait for graph step results.
+STEP_PHASES = ("prefill_seconds", "corpus_seconds", "pack_seconds", "forward_seconds", "commit_seconds", "wait")
+
+
 def run_engine(engine: Engine, prompts: list[list[int]], max_new: int, params: SamplingParams | None = None,
                reqs_out: list | None = None, step_log: bool = False) -> dict:
     """Runs the prompts through the engine (continuous batching, max_batch at a time): tok/s etc."""
@@ -113,16 +118,20 @@ def run_engine(engine: Engine, prompts: list[list[int]], max_new: int, params: S
     log: list[list[float]] = []
     if step_log:
         # Per engine step: [wall ms, requests running after admission, tokens committed, prefills,
-        # drafted (the policy asked the corpus)]: where a run's time went, step by step.
+        # drafted (the policy asked the corpus), then ms of the step's host phases (STEP_PHASES)]:
+        # where a run's time went, step by step.
         inner = engine.step
 
         def logged_step():
             n0, p0, ts = st.generated_tokens, st.prefills, time.perf_counter()
+            t0 = [getattr(st, f) for f in STEP_PHASES[:-1]] + [wait()]
             engine._drafted = False
             out = inner()
+            t1 = [getattr(st, f) for f in STEP_PHASES[:-1]] + [wait()]
             log.append([round((time.perf_counter() - ts) * 1e3, 3), len(engine.scheduler.running) +
                         sum(r.finished for r in out), st.generated_tokens - n0,
-                        st.prefills - p0, int(engine._drafted)])
+                        st.prefills - p0, int(engine._drafted),
+                        *(round((b - a) * 1e3, 3) for a, b in zip(t0, t1))])
             return out
 
         engine.step = logged_step
@@ -498,7 +507,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="EngineConfig.refill_group of the SmolLM2 engines (0 = max_batch // 8; 1 = refill at once)")
     p.add_argument("--step-log", action="store_true",
                    help="SmolLM2 runs record every engine step (wall ms, requests running, tokens committed, "
-                        "prefills, drafted) as step_log in the JSON")
+                        "prefills, drafted, then ms of prefill, corpus, pack, forward, commit and the wait for "
+                        "graph results) as step_log in the JSON")
     p.add_argument("--cost-probe-s", type=float, default=3.0)
     p.add_argument("--draft-timeout", type=float, default=0.05, help="remote_sync drafts: seconds waited per step")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs (eager forwards, as before them)")

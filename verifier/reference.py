@@ -365,3 +365,9 @@ def argmax_rows(logits: Tensor) -> tuple[Tensor, Tensor]:
 
     bad = nonfinite_rows(logits)
     return logits.argmax(-1), bad
+
+
+def silu_mul(gate_up: Tensor) -> Tensor:
+    """silu(gate) * up of gate_up [..., 2 I] (gate first), in float32, rounded once to its dtype."""
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    return (torch.nn.functional.silu(gate) * up).to(gate_up.dtype)

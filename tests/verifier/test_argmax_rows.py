@@ -1,7 +1,7 @@
 """Greedy verification's row reductions in one kernel (verifier.kernels.argmax_rows): the argmax of
 each logits row, and rows with a NaN or an infinity zeroed and flagged (as numerics.nonfinite_rows
 followed by torch.argmax). CPU: the reference against those two; GPU (`pytest -m gpu`): the
-kernel against the reference, ties, and odd widths."""
+kernel against the reference, ties, odd widths, and 16-bit rows (what their float32 copy gives)."""
 
 import pytest
 import torch
@@ -37,8 +37,8 @@ def test_reference_is_nonfinite_rows_then_argmax():
 
 
 def test_bad_inputs_raise_value_error():
-    with pytest.raises(ValueError, match="logits"):
-        kernels.argmax_rows(torch.zeros(3, 4, dtype=torch.float16))
+    with pytest.raises(ValueError, match="logits: expected dtype"):
+        kernels.argmax_rows(torch.zeros(3, 4, dtype=torch.float64))
     with pytest.raises(ValueError, match="contiguous"):
         kernels.argmax_rows(torch.zeros(4, 3).t())
     with pytest.raises(ValueError, match="logits"):
@@ -57,3 +57,30 @@ def test_native_matches_reference(shape):
     assert torch.equal(bad, bad_want)
     assert torch.equal(idx, idx_want)
     assert torch.equal(x, y)  # bad rows zeroed the same way
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(6, 49152), (2, 8, 1001), (5, 3), (3, 7)])
+def test_native_16_bit_rows_match_their_float32_copy(dtype, shape):
+    rows = shape[0] if len(shape) == 2 else shape[0] * shape[1]
+    x = logits_with_trouble(rows, shape[-1], "cuda", seed=sum(shape)).to(dtype).view(*shape)
+    if rows > 5:  # ties created by the rounding itself: many equal 16-bit values
+        x.view(rows, shape[-1])[5] = torch.linspace(-1, 1, shape[-1], device="cuda").to(dtype).clamp(max=0.5)
+    y = x.float()
+    idx, bad = kernels.argmax_rows(x)
+    idx_want, bad_want = ref.argmax_rows(y)
+    assert torch.equal(bad, bad_want)
+    assert torch.equal(idx, idx_want)
+    assert torch.equal(x.float(), y)  # bad rows zeroed, the rest untouched
+
+
+@pytest.mark.gpu
+@cuda
+def test_misaligned_16_bit_rows_take_the_scalar_path():
+    base = logits_with_trouble(4, 1001 * 4 + 1, "cuda", seed=9).to(torch.bfloat16).view(-1)
+    x = base[1:1 + 4 * 1000].view(4, 1000)  # rows start 2 bytes past a 16-byte boundary
+    idx, bad = kernels.argmax_rows(x)
+    idx_want, bad_want = ref.argmax_rows(x.float())
+    assert torch.equal(idx, idx_want) and torch.equal(bad, bad_want)

@@ -70,5 +70,10 @@ def test_step_log_accounts_for_every_step_and_token():
     assert sum(x[3] for x in log) == r["prefills"]
     assert max(x[1] for x in log) == 2 and min(x[1] for x in log) >= 1  # at most max_batch running
     assert any(x[4] for x in log) and all(x[0] > 0 for x in log)  # budget 3: steps drafted
+    # The phase columns add up to the run's own phase totals, and no phase outlasts its step.
+    assert all(len(x) == 5 + len(e2e.STEP_PHASES) for x in log)
+    for j, name in enumerate(("prefill_s", "corpus_s", "pack_s", "forward_s", "commit_s")):
+        assert sum(x[5 + j] for x in log) == pytest.approx(r[name] * 1e3, abs=0.1)  # totals: 0.1 ms steps
+    assert all(0 <= p <= x[0] + 1e-3 for x in log for p in x[5:])
     assert eng.step.__func__ is Engine.step  # the wrapper is gone after the run
     assert "step_log" not in e2e.run_engine(eng, prompts[:1], 0, SamplingParams(max_tokens=2, ignore_eos=True))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from verifier import kernels, reference as ref
-from verifier.kernels import build
+from verifier.kernels import build, native
 
 I64 = dict(dtype=torch.int64)
 
@@ -82,7 +82,7 @@ def test_cuda_sources_compile_for_sm90(tmp_path):
     lib_path = build.build(build.BuildConfig(archs=("90",), cache_root=tmp_path))
     lib = ctypes.CDLL(str(lib_path))
     lib.ngk_abi_version.restype = ctypes.c_int
-    assert lib.ngk_abi_version() == 1
+    assert lib.ngk_abi_version() == native.ABI_VERSION
     lib.ngk_last_error.restype = ctypes.c_char_p
     rc = lib.ngk_verify_tree_greedy(*([None] * 8), 1, 65, 4, None)  # K = 65 is refused before any launch
     assert rc == -1

@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 __all__ = [
     "MAX_NODES", "NORM_LINEAR_MAX_ROWS", "NativeKernelError", "TreeIndices", "VerifyResult", "argmax_rows",
     "compact_kv_cache",
-    "decode_attention", "flatten_draft_tree", "native_available", "norm_linear", "rope_store_kv", "tree_attention_mask", "tree_attention_mask_flat",
+    "decode_attention", "flatten_draft_tree", "native_available", "norm_linear", "rope_store_kv", "silu_mul",
+    "tree_attention_mask", "tree_attention_mask_flat",
     "tree_indices_from_mask", "tree_indices_from_parents", "tree_speculative_sampling",
     "verify_tree_greedy",
 ]
@@ -227,12 +228,26 @@ def norm_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual:
 
 def argmax_rows(logits: Tensor, *, allow_reference: bool | None = None) -> tuple[Tensor, Tensor]:
     """Greedy verification's row reductions in one kernel: (argmax [...] int64, bad [...] bool) of
-    float32 logits [..., V] (contiguous). A row holding a NaN or an infinity is zeroed in place
-    and flagged, and its argmax is 0; ties go to the lowest index (as torch.argmax)."""
+    logits [..., V] (contiguous; float32, bfloat16 or float16: a 16-bit row gives what its float32
+    copy would). A row holding a NaN or an infinity is zeroed in place and flagged, and its argmax
+    is 0; ties go to the lowest index (as torch.argmax)."""
     checks.check_argmax_rows(logits)
     if _use_native(logits.device, "argmax_rows", allow_reference):
         return _ops().argmax_rows(logits)
     return reference.argmax_rows(logits)
+
+
+def silu_mul(gate_up: Tensor, *, allow_reference: bool | None = None, check: bool = True) -> Tensor:
+    """SwiGLU's activation on a fused gate/up projection: gate_up [..., 2 I] (contiguous; the I gate
+    values, then the I up values) -> silu(gate) * up [..., I], computed in float32 and rounded once
+    (as the compiled ``verifier.model.fusion.silu_mul``; the eager one rounds silu(gate) first).
+    One native kernel on CUDA, the reference (``verifier.reference.silu_mul``) elsewhere.
+    ``check=False`` skips the validation (the model's own shapes)."""
+    if check:
+        checks.check_silu_mul(gate_up)
+    if _use_native(gate_up.device, "silu_mul", allow_reference):
+        return _ops().silu_mul(gate_up)
+    return reference.silu_mul(gate_up)
 
 
 def native_available() -> bool:

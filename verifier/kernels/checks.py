@@ -204,6 +204,12 @@ def norm_linear_native_ok(x, weight, silu: bool, norm: bool = False) -> str | No
 
 
 def check_argmax_rows(logits) -> None:
-    check_tensor("logits", logits, dtypes=torch.float32)
+    check_tensor("logits", logits, dtypes=(torch.float32, torch.bfloat16, torch.float16))
     require(logits.dim() >= 1 and logits.shape[-1] >= 1, f"logits: expected [..., V >= 1], got {tuple(logits.shape)}")
     require(logits.is_contiguous(), "logits: expected a contiguous tensor")
+
+
+def check_silu_mul(gate_up) -> None:
+    check_tensor("gate_up", gate_up, dtypes=(torch.float32, torch.bfloat16, torch.float16))
+    require(gate_up.dim() >= 1 and gate_up.shape[-1] >= 2 and gate_up.shape[-1] % 2 == 0,
+            f"gate_up: expected [..., 2 I] with I >= 1 (gate, then up), got {tuple(gate_up.shape)}")

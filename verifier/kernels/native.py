@@ -10,7 +10,7 @@ import ctypes
 import threading
 from ctypes import c_float, c_int, c_int64, c_void_p
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 _P = c_void_p  # every pointer argument, passed as an int from tensor.data_ptr()
 _SIGNATURES = {
@@ -24,7 +24,8 @@ _SIGNATURES = {
     "ngk_compact_kv_cache": [_P, _P, _P, _P, c_int, c_int, c_int, c_int, c_int64, c_int64, _P],
     "ngk_rope_store_kv": [c_int] + [_P] * 8 + [c_int] * 4 + [_P],
     "ngk_decode_attention": [c_int, _P, _P, _P, _P, c_int64, _P, _P, _P, _P, c_int64] + [c_int] * 6 + [c_float, _P],
-    "ngk_argmax_rows": [_P, c_int64, c_int64, _P, _P, _P],
+    "ngk_argmax_rows": [c_int, _P, c_int64, c_int64, _P, _P, _P],
+    "ngk_silu_mul": [c_int, _P, _P, c_int64, c_int64, _P],
     "ngk_norm_linear": [c_int, c_int, c_int, _P, _P, _P, _P, c_float, _P, _P, _P, c_int, c_int, c_int, _P],
 }
 

@@ -234,7 +234,8 @@ def argmax_rows(logits: Tensor) -> tuple[Tensor, Tensor]:
     idx = torch.empty(logits.shape[:-1], dtype=torch.int64, device=logits.device)
     bad = torch.empty(logits.shape[:-1], dtype=torch.bool, device=logits.device)
     with torch.cuda.device(logits.device):
-        library().call("ngk_argmax_rows", _ptr(logits), rows, V, _ptr(idx), _ptr(bad), _stream(logits))
+        library().call("ngk_argmax_rows", _DTYPE_CODES[logits.dtype], _ptr(logits), rows, V, _ptr(idx), _ptr(bad),
+                       _stream(logits))
     return idx, bad
 
 
@@ -242,3 +243,18 @@ def argmax_rows(logits: Tensor) -> tuple[Tensor, Tensor]:
 def _(logits):
     shape = logits.shape[:-1]
     return logits.new_empty(shape, dtype=torch.int64), logits.new_empty(shape, dtype=torch.bool)
+
+
+@torch.library.custom_op(f"{_NS}::silu_mul", mutates_args=())
+def silu_mul(gate_up: Tensor) -> Tensor:
+    I = gate_up.shape[-1] // 2
+    out = gate_up.new_empty(*gate_up.shape[:-1], I)
+    with torch.cuda.device(gate_up.device):
+        library().call("ngk_silu_mul", _DTYPE_CODES[gate_up.dtype], _ptr(gate_up), _ptr(out), gate_up.numel() // (2 * I),
+                       I, _stream(gate_up))
+    return out
+
+
+@silu_mul.register_fake
+def _(gate_up):
+    return gate_up.new_empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2)

@@ -106,7 +106,7 @@ class _StepGraph:
     # from the other one may still be queued.
     staging: list[Tensor]
     out: Tensor | None = None  # [3 B K + B] int64: accept_index, accept_token_num, predicts, bad
-    logits: Tensor | None = None  # [B, K, V] float32
+    logits: Tensor | None = None  # [B, K, V] in the model's dtype
     host_out: list[Tensor] | None = None  # CUDA: two pinned copies of ``out``, used in turn
 
 
@@ -141,7 +141,7 @@ class GreedyStepResult:
     accept_token_num: np.ndarray  # [bs] accepted draft tokens
     predicts: np.ndarray  # [bs * K] the target's token after each node
     bad: np.ndarray  # [bs, K] bool: that node's logits had a NaN or inf (zeroed)
-    logits: Tensor  # [bs, K, V] float32, valid until the next forward
+    logits: Tensor  # [bs, K, V] float32 (a greedy step graph's: the model's dtype), valid until the next forward
 
     @staticmethod
     def pack(accept_index: Tensor, accept_token_num: Tensor, predicts: Tensor, bad: Tensor) -> Tensor:
@@ -380,7 +380,9 @@ class GraphRunner:
         tree_mask, idx = kernels.tree_indices_from_parents(parents, prefix)
         write_rows = prefix[:, None] + torch.arange(K, device=prefix.device)
         fb = ForwardBatch(idx.positions.view(B, K), write_rows, slots, L, kernels.tree_attention_mask(tree_mask, prefix, L))
-        logits = self.model(tokens, self.cache, fb)
+        # Logits in the model's dtype: the argmax kernel reads them as they are (a float32 copy is
+        # exact, so it would change nothing but the step's time); logprobs convert the rows they use.
+        logits = self.model(tokens, self.cache, fb, float_logits=False)
         # argmax + non-finite check: one kernel on CUDA (the reference on the CPU, or without the library)
         native = not logits.is_cuda or kernels.native_available()
         predict, bad = kernels.argmax_rows(logits) if native else reference.argmax_rows(logits)
