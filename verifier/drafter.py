@@ -41,6 +41,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
@@ -174,18 +175,18 @@ class Drafter:
         items = [(r, t) for r, t in items if t]
         if not items:
             return
-        ids = [r for r, _ in items]
-        flat = np.fromiter((tok for _, t in items for tok in t), dtype=np.int32)
-        self.local.extend_batch(ids, flat, np.fromiter((len(t) for _, t in items), dtype=np.int64, count=len(items)))
-        if self._since:
-            for r, t in items:
-                if r in self._since:
-                    self._since[r].extend(t)
-        if self._proc is not None:
-            live = self._live
-            for r, t in items:
-                if r in live:
-                    live[r][2].extend(t)
+        ids, runs = zip(*items)
+        # chain() and map(len) keep the per-token and per-run loops in C (a generator expression
+        # over every token cost as much as the native extend at batch 64).
+        flat = np.fromiter(chain.from_iterable(runs), dtype=np.int32)
+        self.local.extend_batch(ids, flat, np.fromiter(map(len, runs), dtype=np.int64, count=len(runs)))
+        if self.remote:
+            since, live = self._since, self._live if self._proc is not None else {}
+            for r, t in items:  # one pass for the re-rooting paths and the replay record
+                if (path := since.get(r)) is not None:
+                    path.extend(t)
+                if (rec := live.get(r)) is not None:
+                    rec[2].extend(t)
         self._remote_call("extend_many", items)
 
     def finish(self, req_id: str) -> None:
