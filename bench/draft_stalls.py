@@ -10,8 +10,9 @@ benchmark measures those waits:
   feeds bursts of 48 finished trace requests (prompt and output) every ``--burst-gap-ms``, so the
   learned corpus grows to about 2M tokens;
 - ``idle``: the same drafts on the same corpus with nothing being learned (the same-run baseline);
-- ``apply``: the same bursts fed alone, each followed by ``synchronize()``, so the time the insert
-  thread takes per burst (what a draft may wait for) is seen with the learned corpus' size.
+- ``apply``: the same bursts fed alone, each followed by ``synchronize()``: how long the insert
+  thread takes per burst, with the learned corpus' size. Since the head tables are rebuilt under the
+  shared lock (``Corpus::grow_learned_heads``), a draft waits only for part of a long one.
 Prints one summary line (draft p50 / p99 / max with learning, and p99 against idle), writes JSON.
 
     python3 bench/draft_stalls.py --out bench/results/draft_stalls.json

@@ -543,6 +543,11 @@ void Corpus::worker() {
     std::deque<Item> batch;
     batch.swap(queue_);
     lk.unlock();
+    try {
+      grow_learned_heads(batch);
+    } catch (const std::exception&) {
+      // e.g. std::bad_alloc for the new table: applying the batch grows it in place, as before
+    }
     {
       std::lock_guard<std::mutex> turn(turnstile_);
       std::unique_lock<std::shared_mutex> wl(learned_mu_);
@@ -567,6 +572,45 @@ void Corpus::worker() {
     lk.lock();
     applied_ += batch.size();
     done_cv_.notify_all();
+  }
+}
+
+void Corpus::grow_learned_heads(const std::deque<Item>& batch) {
+  // A batch that takes the learned index past its head tables' load would rehash every stored
+  // position under the exclusive lock (TokenIndex::maybe_grow_heads): 41-75 ms at 1M tokens, and
+  // twice as long at each doubling (bench/draft_stalls.py), with every draft waiting. The tables
+  // are rebuilt here under the shared lock instead (drafts go on; this thread is the learned
+  // index's only writer), and only swapped in under the exclusive one.
+  size_t more = 0;
+  for (const Item& it : batch) {
+    if (it.is_put) {
+      for (const auto& seq : it.seqs) more += seq.size();
+    } else if (it.chunk.tokens.size() > it.chunk.context) {
+      more += it.chunk.tokens.size() - it.chunk.context;
+    }
+  }
+  std::vector<std::pair<int, int>> grow;
+  uint64_t epoch;
+  {
+    std::shared_lock<std::shared_mutex> lg(learned_mu_);
+    size_t expected = learned_.indexed_tokens() + more;
+    // Under a memory bound the batch's evictions keep the index at the bound: never size the
+    // tables past it (applying the batch still grows them in place if it has to).
+    if (cfg_.learned_max_tokens) expected = std::min(expected, cfg_.learned_max_tokens);
+    grow = learned_.heads_to_grow(expected);
+    epoch = learned_epoch_;
+  }
+  for (const auto& [oi, bits] : grow) {
+    TokenIndex::PreparedHeads prepared;
+    {
+      std::shared_lock<std::shared_mutex> lg(learned_mu_);
+      if (learned_epoch_ != epoch) return;  // reset or loaded meanwhile
+      prepared = learned_.prepare_heads(oi, bits);
+    }
+    std::lock_guard<std::mutex> turn(turnstile_);
+    std::unique_lock<std::shared_mutex> wl(learned_mu_);
+    if (learned_epoch_ != epoch) return;
+    learned_.install_heads(std::move(prepared));  // false if the index changed: nothing installed
   }
 }
 
@@ -689,6 +733,7 @@ void Corpus::reset() {
   }
   std::unique_lock<std::shared_mutex> wl(learned_mu_);
   learned_.clear();
+  ++learned_epoch_;
   acceptance_.clear();
   open_docs_.clear();
   open_by_tail_.clear();
@@ -814,6 +859,7 @@ void Corpus::load(const std::string& path) {
   {
     std::unique_lock<std::shared_mutex> wl(learned_mu_);
     learned_ = std::move(learned);
+    ++learned_epoch_;
     open_docs_.clear();
     open_by_tail_.clear();
     live_chunks_.clear();

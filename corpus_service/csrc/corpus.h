@@ -153,6 +153,7 @@ class Corpus {
   // while it waits for and holds the exclusive lock, so new drafts queue behind it.
   std::mutex turnstile_;
   TokenIndex learned_;
+  uint64_t learned_epoch_ = 0;  // bumped (under learned_mu_ exclusive) when learned_ is cleared or replaced
   AcceptanceModel acceptance_;  // calibration of node acceptance, learned from every request's commits
 
   mutable std::mutex req_mu_;
@@ -172,6 +173,8 @@ class Corpus {
     LearnChunk chunk;
     std::vector<std::vector<int32_t>> seqs;
   };
+  // Rebuilds the head tables a batch will outgrow under the shared lock, before applying it.
+  void grow_learned_heads(const std::deque<Item>& batch);
   std::mutex q_mu_;
   std::condition_variable q_cv_, done_cv_;
   std::deque<Item> queue_;

@@ -161,28 +161,48 @@ void TokenIndex::extend_last(const int32_t* tokens, size_t n) {
   index_range(first, end());
 }
 
-void TokenIndex::maybe_grow_heads(size_t expected) {
+std::vector<std::pair<int, int>> TokenIndex::heads_to_grow(size_t expected) const {
+  std::vector<std::pair<int, int>> out;
   for (size_t oi = 0; oi < orders_.size(); ++oi) {
     if (expected <= kLoad << bits_[oi] || bits_[oi] >= kMaxHeadBits) continue;
     int bits = bits_[oi];
     while (expected > kLoad << bits && bits < kMaxHeadBits) ++bits;
-    rebuild_heads(static_cast<int>(oi), bits);
+    out.emplace_back(static_cast<int>(oi), bits);
   }
+  return out;
 }
 
-void TokenIndex::rebuild_heads(int oi, int bits) {
-  bits_[oi] = bits;
-  heads_[oi].assign(size_t{1} << bits, 0);
-  for (uint64_t pos = base_; pos < end(); ++pos) {
-    prev(pos, oi) = 0;
+void TokenIndex::maybe_grow_heads(size_t expected) {
+  for (auto [oi, bits] : heads_to_grow(expected)) rebuild_heads(oi, bits);
+}
+
+void TokenIndex::rebuild_heads(int oi, int bits) { install_heads(prepare_heads(oi, bits)); }
+
+TokenIndex::PreparedHeads TokenIndex::prepare_heads(int oi, int bits) const {
+  PreparedHeads r;
+  r.oi = oi, r.bits = bits, r.from = base_, r.to = end();
+  r.heads.assign(size_t{1} << bits, 0);
+  r.prev.assign(static_cast<size_t>(r.to - r.from), 0);
+  for (uint64_t pos = r.from; pos < r.to; ++pos) {
     uint64_t h;
     if (at(pos) < 0 || !key_at(pos, orders_[oi], &h)) continue;
-    uint32_t& head = heads_[oi][slot(h, oi)];
+    uint32_t& head = r.heads[slot_at(h, bits)];
     uint64_t p = decode_head(head);
     // decode_head measures from end(), which is fine: every stored pos is < end().
-    prev(pos, oi) = (p == UINT64_MAX || pos - p > UINT32_MAX) ? 0 : static_cast<uint32_t>(pos - p);
+    r.prev[pos - r.from] = (p == UINT64_MAX || pos - p > UINT32_MAX) ? 0 : static_cast<uint32_t>(pos - p);
     head = static_cast<uint32_t>(pos + 1);
   }
+  return r;
+}
+
+bool TokenIndex::install_heads(PreparedHeads&& r) {
+  if (r.oi < 0 || r.oi >= static_cast<int>(orders_.size()) || r.from != base_ || r.to != end() ||
+      r.heads.size() != size_t{1} << r.bits || r.prev.size() != r.to - r.from)
+    return false;
+  bits_[r.oi] = r.bits;
+  heads_[r.oi].swap(r.heads);
+  for (uint64_t pos = r.from; pos < r.to; ++pos) prev(pos, r.oi) = r.prev[pos - r.from];
+  return true;
 }
 
 void TokenIndex::evict_to(size_t max_live) {

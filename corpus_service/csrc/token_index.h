@@ -115,6 +115,20 @@ class TokenIndex {
   // Copies the live tokens (decoded, documents separated by kSep) for inspection.
   std::vector<int32_t> dump_tokens() const;
 
+  // Growing the head tables without holding lookups off for the whole rehash (Corpus::worker):
+  // the orders whose tables are too small for `expected` indexed positions, with the bits each needs;
+  std::vector<std::pair<int, int>> heads_to_grow(size_t expected) const;
+  // one order's table rebuilt at `bits` with its chain column, computed without changing the index
+  // (lookups may run meanwhile; nothing may write the index);
+  struct PreparedHeads {
+    int oi = -1, bits = 0;
+    uint64_t from = 0, to = 0;  // the positions covered: [begin(), end()) when prepared
+    std::vector<uint32_t> heads, prev;
+  };
+  PreparedHeads prepare_heads(int oi, int bits) const;
+  // and installed: false (nothing changed) if the positions are not those it was prepared for.
+  bool install_heads(PreparedHeads&& p);
+
   // Verifies every structural invariant; throws std::logic_error naming the first violation.
   void check_integrity() const;
 
@@ -130,9 +144,10 @@ class TokenIndex {
   void index_range(uint64_t a, uint64_t b);  // indexes positions [a, b) (all real tokens)
   void link(uint64_t pos, int oi, uint64_t hash);
   bool key_at(uint64_t pos, int k, uint64_t* hash) const;
-  size_t slot(uint64_t hash, int oi) const {
+  size_t slot(uint64_t hash, int oi) const { return slot_at(hash, bits_[oi]); }
+  static size_t slot_at(uint64_t hash, int bits) {
     hash ^= hash >> 29;
-    return static_cast<size_t>((hash * 0x9E3779B97F4A7C15ull) >> (64 - bits_[oi]));
+    return static_cast<size_t>((hash * 0x9E3779B97F4A7C15ull) >> (64 - bits));
   }
   uint64_t decode_head(uint32_t stored) const;
   void maybe_grow_heads(size_t expected);

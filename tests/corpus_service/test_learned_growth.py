@@ -1,0 +1,75 @@
+"""The learned corpus outgrowing its hash-head tables while drafts run: the insert thread rebuilds
+the larger tables under the shared lock and swaps them in (Corpus::grow_learned_heads), so drafts
+never wait for the rehash. The index must stay intact and keep finding what it learned, across many
+doublings, with drafts, resets and snapshot loads racing the growth."""
+
+import threading
+
+import numpy as np
+
+from corpus_service import CorpusConfig, NgramCorpus
+
+
+def documents(n_docs: int, length: int, seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 5000, length).tolist() for _ in range(n_docs)]
+
+
+def feed(c: NgramCorpus, docs: list[list[int]], prefix: str) -> None:
+    for i, d in enumerate(docs):
+        c.start_request(f"{prefix}{i}", d[:20])
+        c.extend(f"{prefix}{i}", d[20:])
+        c.finish(f"{prefix}{i}")
+
+
+def test_growth_across_many_doublings_with_drafts_running():
+    c = NgramCorpus(CorpusConfig())
+    c.start_request("live", [1, 2, 3, 4, 5, 6, 7, 8])
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def drafter() -> None:
+        try:
+            while not stop.is_set():
+                c.draft(["live"], 15)
+        except BaseException as e:  # reported by the test thread
+            errors.append(e)
+
+    th = threading.Thread(target=drafter)
+    th.start()
+    try:
+        docs = documents(600, 400, seed=1)  # 240k tokens: the head tables double 9 times
+        for k in range(0, len(docs), 50):
+            feed(c, docs[k:k + 50], f"d{k}_")
+    finally:
+        c.synchronize()
+        stop.set()
+        th.join()
+    assert not errors
+    c.check_integrity()
+    assert c.stats()["learned_tokens"] >= 600 * 400
+    # What was learned early (before every rebuild) and late is found: a context ending in a
+    # document's 12 tokens drafts the token that followed them.
+    for d in (docs[0], docs[300], docs[-1]):
+        c.start_request("probe", d[100:112])
+        tokens, parents, _ = c.draft(["probe"], 4).tree(0)
+        assert tokens and tokens[0] == d[112] and parents[0] == -1
+        c.finish("probe")
+
+
+def test_reset_and_load_racing_the_growth_leave_a_sound_index(tmp_path):
+    c = NgramCorpus(CorpusConfig())
+    docs = documents(300, 400, seed=2)
+    feed(c, docs[:100], "a")
+    c.synchronize()
+    snap = tmp_path / "learned.ngc"
+    c.save(snap)
+    feed(c, docs[100:200], "b")  # queued: the insert thread may be growing the tables now
+    c.reset()
+    c.check_integrity()
+    feed(c, docs[200:], "c")
+    c.load(snap)  # replaces the learned index while the "c" requests may still be applied
+    c.synchronize()
+    c.check_integrity()
+    c.start_request("probe", docs[5][200:212])
+    assert c.draft(["probe"], 4).tree(0)[0][:1] == [docs[5][212]]
