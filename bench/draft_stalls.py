@@ -56,8 +56,8 @@ def feed_burst(c: NgramCorpus, traces, k: int) -> int:
     return k + BURST
 
 
-def live_corpus(traces) -> tuple[NgramCorpus, list[str]]:
-    c = NgramCorpus(CorpusConfig())
+def live_corpus(traces, config: CorpusConfig) -> tuple[NgramCorpus, list[str]]:
+    c = NgramCorpus(config)
     ids = [f"r{i}" for i in range(BATCH)]
     for i, r in enumerate(ids):
         t = traces[i % len(traces)]
@@ -67,8 +67,8 @@ def live_corpus(traces) -> tuple[NgramCorpus, list[str]]:
     return c, ids
 
 
-def run_learning(traces, seconds: float, gap_s: float) -> tuple[list[float], int]:
-    c, ids = live_corpus(traces)
+def run_learning(traces, seconds: float, gap_s: float, config: CorpusConfig) -> tuple[list[float], int]:
+    c, ids = live_corpus(traces, config)
     stop = threading.Event()
 
     def writer() -> None:
@@ -93,8 +93,8 @@ def run_learning(traces, seconds: float, gap_s: float) -> tuple[list[float], int
     return lat, int(c.stats()["learned_tokens"])
 
 
-def run_idle(traces, bursts: int, drafts: int) -> list[float]:
-    c, ids = live_corpus(traces)
+def run_idle(traces, bursts: int, drafts: int, config: CorpusConfig) -> list[float]:
+    c, ids = live_corpus(traces, config)
     k = BATCH
     for _ in range(bursts):
         k = feed_burst(c, traces, k)
@@ -107,8 +107,8 @@ def run_idle(traces, bursts: int, drafts: int) -> list[float]:
     return lat
 
 
-def run_apply(traces, bursts: int) -> list[dict]:
-    c = NgramCorpus(CorpusConfig())
+def run_apply(traces, bursts: int, config: CorpusConfig) -> list[dict]:
+    c = NgramCorpus(config)
     out, k = [], 0
     for _ in range(bursts):
         k = feed_burst(c, traces, k)
@@ -123,17 +123,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=6.0, help="length of the learning run")
     p.add_argument("--burst-gap-ms", type=float, default=20.0, help="pause between bursts of finished requests")
     p.add_argument("--bursts", type=int, default=120, help="bursts of the apply run (and learned before the idle run)")
+    p.add_argument("--max-bytes", type=int, default=None,
+                   help="CorpusConfig.learned_max_bytes (default: the config's, 2 GiB); a small bound reaches "
+                        "the steady state of eviction and compaction within the run")
     p.add_argument("--trace", default=str(TRACE))
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "draft_stalls.json"))
     args = p.parse_args(argv)
     if args.seconds <= 0 or args.burst_gap_ms < 0 or args.bursts < 1:
         p.error("--seconds must be > 0, --burst-gap-ms >= 0, --bursts >= 1")
+    try:
+        config = CorpusConfig() if args.max_bytes is None else CorpusConfig(learned_max_bytes=args.max_bytes)
+    except ValueError as e:
+        p.error(str(e))
     traces = load_traces(args.trace)
-    learning, learned = run_learning(traces, args.seconds, args.burst_gap_ms / 1e3)
-    idle = run_idle(traces, args.bursts, min(len(learning), 5000))
-    apply = run_apply(traces, args.bursts)
+    learning, learned = run_learning(traces, args.seconds, args.burst_gap_ms / 1e3, config)
+    idle = run_idle(traces, args.bursts, min(len(learning), 5000), config)
+    apply = run_apply(traces, args.bursts, config)
     worst = sorted(apply, key=lambda r: -r["ms"])[:5]
     res = {"batch": BATCH, "budget": BUDGET, "burst": BURST, "burst_gap_ms": args.burst_gap_ms,
+           "learned_max_bytes": config.learned_max_bytes,
            "learning": {**percentiles(learning), "learned_tokens_at_end": learned}, "idle": percentiles(idle),
            "apply_largest": worst, "apply_median_ms": float(np.median([r["ms"] for r in apply]))}
     res["p99_learning_vs_idle"] = round(res["learning"]["p99_us"] / res["idle"]["p99_us"], 2)

@@ -22,8 +22,19 @@ def test_draft_stalls_bench_smoke(tmp_path, capsys):
     assert "draft_stalls:" in capsys.readouterr().out
 
 
+def test_a_memory_bound_is_passed_to_the_corpus(tmp_path):
+    out = tmp_path / "ds.json"
+    assert draft_stalls.main(["--seconds", "0.3", "--bursts", "2", "--max-bytes", "4000000", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["learned_max_bytes"] == 4000000
+    # 4 MB holds about 100k tokens (37-40 B each): the learning run's growth stops at the bound
+    assert 0 < res["learning"]["learned_tokens_at_end"] <= 4000000 // 30
+
+
 def test_bad_arguments_are_refused():
     with pytest.raises(SystemExit):
         draft_stalls.main(["--seconds", "0"])
+    with pytest.raises(SystemExit):
+        draft_stalls.main(["--max-bytes", "100"])  # too small for 1024 tokens: CorpusConfig refuses it
     with pytest.raises(SystemExit):
         draft_stalls.main(["--bursts", "0"])
