@@ -153,7 +153,7 @@ def _(kv_cache, draft_slots, accept_index, accept_token_num):
     return None
 
 
-# dtype codes of decode_attention.cu
+# dtype codes of csrc/dtypes.cuh
 _DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 

@@ -8,19 +8,16 @@
 // exactly, so the argmax, the ties and the non-finite rows are those of the float32 copy; the
 // greedy step graph reads the LM head's bf16 output directly instead of first writing a float32
 // copy of it (at 64 x 16 tree nodes that copy was 300 MB of traffic, 146 us of a 2.4 ms step).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <math.h>
 
 #include "common.cuh"
+#include "dtypes.cuh"
 
 namespace {
 
-constexpr int kThreads = 1024;
+using ngk::to_f;
 
-__device__ __forceinline__ float as_float(float x) { return x; }
-__device__ __forceinline__ float as_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float as_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+constexpr int kThreads = 1024;
 
 // The larger value wins; equal values keep the lower index (torch.argmax: the first maximum).
 __device__ __forceinline__ void better(float& v, int& i, float v2, int i2) {
@@ -47,14 +44,14 @@ __global__ void __launch_bounds__(kThreads)
       const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
-        const float x = as_float(e[k]);
+        const float x = to_f(e[k]);
         bad |= !isfinite(x);
         if (x > best) best = x, idx = static_cast<int>(kVec * j + k);  // increasing j: first max kept
       }
     }
   } else {
     for (int64_t j = threadIdx.x; j < V; j += kThreads) {
-      const float x = as_float(row[j]);
+      const float x = to_f(row[j]);
       bad |= !isfinite(x);
       if (x > best) best = x, idx = static_cast<int>(j);
     }
@@ -101,15 +98,15 @@ int launch(void* logits, int64_t rows, int64_t V, int64_t* out_idx, uint8_t* out
 
 }  // namespace
 
-// dtype: 0 float32, 1 float16, 2 bfloat16 (decode_attention.cu's codes). logits [rows, V],
+// dtype: 0 float32, 1 float16, 2 bfloat16 (dtypes.cuh). logits [rows, V],
 // contiguous (rows with a NaN or inf are zeroed in place); out_idx [rows] int64; out_bad [rows] bool.
 extern "C" int ngk_argmax_rows(int dtype, void* logits, int64_t rows, int64_t V, int64_t* out_idx, uint8_t* out_bad,
                                cudaStream_t stream) {
   NGK_REQUIRE(rows >= 0 && V >= 1 && V < 0x7fffffff);
   NGK_REQUIRE(rows <= 0x7fffffff);
-  NGK_REQUIRE(dtype >= 0 && dtype <= 2);
+  NGK_REQUIRE(dtype == ngk::kF32 || dtype == ngk::kF16 || dtype == ngk::kBF16);
   if (rows == 0) return 0;
-  if (dtype == 1) return launch<__half>(logits, rows, V, out_idx, out_bad, stream);
-  if (dtype == 2) return launch<__nv_bfloat16>(logits, rows, V, out_idx, out_bad, stream);
+  if (dtype == ngk::kF16) return launch<__half>(logits, rows, V, out_idx, out_bad, stream);
+  if (dtype == ngk::kBF16) return launch<__nv_bfloat16>(logits, rows, V, out_idx, out_bad, stream);
   return launch<float>(logits, rows, V, out_idx, out_bad, stream);
 }

@@ -33,22 +33,16 @@
 #include <algorithm>
 
 #include "common.cuh"
+#include "dtypes.cuh"
 
 namespace {
+
+using ngk::from_f;
+using ngk::to_f;
 
 constexpr int kWarps = 4;
 constexpr int kMaxT = 64;
 constexpr int RPW = 4;  // query rows a warp works on together  // query tokens per request (tree nodes): the mask tile is [kMaxT, S]
-
-template <typename T> __device__ __forceinline__ float to_f(T x);
-template <> __device__ __forceinline__ float to_f<float>(float x) { return x; }
-template <> __device__ __forceinline__ float to_f<__half>(__half x) { return __half2float(x); }
-template <> __device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T> __device__ __forceinline__ T from_f(float x);
-template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
 // Two consecutive elements as floats.
 template <typename T> __device__ __forceinline__ float2 load2(const T* p) { return make_float2(to_f(p[0]), to_f(p[1])); }
@@ -697,8 +691,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   combine_row<T, D>(part + row * nsplit * (D + 2), out + row * D, nsplit, threadIdx.x % 32);
 }
 
-// dtype codes shared with verifier/kernels/ops.py
-enum Dtype { kF32 = 0, kF16 = 1, kBF16 = 2 };
+using ngk::kBF16;
+using ngk::kF16;
+using ngk::kF32;
 
 template <typename T>
 int launch_rope_store(const void* qkv, const int64_t* positions, const void* cos, const void* sin,

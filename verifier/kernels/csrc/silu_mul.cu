@@ -6,22 +6,15 @@
 // dynamic shapes, moved about 1.1 TB/s on the H200: 8.6 us per layer at 64 x 16 tree nodes of
 // SmolLM2, 256 us of a 2.4 ms verify step. This one reads and writes 16 bytes per thread per
 // access: 101 us (3.4 us per layer, about 2.8 TB/s).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include "common.cuh"
+#include "dtypes.cuh"
 
 namespace {
 
-constexpr int kThreads = 256;
+using ngk::from_f;
+using ngk::to_f;
 
-__device__ __forceinline__ float as_float(float x) { return x; }
-__device__ __forceinline__ float as_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float as_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T> __device__ __forceinline__ T from_float(float x);
-template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+constexpr int kThreads = 256;
 
 __device__ __forceinline__ float silu_times(float g, float u) { return g / (1.f + expf(-g)) * u; }
 
@@ -40,7 +33,7 @@ __global__ void __launch_bounds__(kThreads)
   uint4 oraw;
   T* o = reinterpret_cast<T*>(&oraw);
 #pragma unroll
-  for (int k = 0; k < kVec; ++k) o[k] = from_float<T>(silu_times(as_float(g[k]), as_float(u[k])));
+  for (int k = 0; k < kVec; ++k) o[k] = from_f<T>(silu_times(to_f(g[k]), to_f(u[k])));
   *reinterpret_cast<uint4*>(out + r * I + c) = oraw;
 }
 
@@ -51,7 +44,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t e = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (e >= n) return;
   const int64_t r = e / I, c = e - r * I;
-  out[e] = from_float<T>(silu_times(as_float(in[r * 2 * I + c]), as_float(in[r * 2 * I + I + c])));
+  out[e] = from_f<T>(silu_times(to_f(in[r * 2 * I + c]), to_f(in[r * 2 * I + I + c])));
 }
 
 template <typename T>
@@ -78,9 +71,9 @@ int launch(const void* in_, void* out_, int64_t rows, int64_t I, cudaStream_t st
 // dtype: 0 float32, 1 float16, 2 bfloat16. in [rows, 2 I] contiguous (gate, then up); out [rows, I].
 extern "C" int ngk_silu_mul(int dtype, const void* in, void* out, int64_t rows, int64_t I, cudaStream_t stream) {
   NGK_REQUIRE(rows >= 0 && I >= 1);
-  NGK_REQUIRE(dtype >= 0 && dtype <= 2);
+  NGK_REQUIRE(dtype == ngk::kF32 || dtype == ngk::kF16 || dtype == ngk::kBF16);
   if (rows == 0) return 0;
-  if (dtype == 1) return launch<__half>(in, out, rows, I, stream);
-  if (dtype == 2) return launch<__nv_bfloat16>(in, out, rows, I, stream);
+  if (dtype == ngk::kF16) return launch<__half>(in, out, rows, I, stream);
+  if (dtype == ngk::kBF16) return launch<__nv_bfloat16>(in, out, rows, I, stream);
   return launch<float>(in, out, rows, I, stream);
 }
