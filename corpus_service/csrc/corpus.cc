@@ -416,8 +416,10 @@ void Corpus::draft_batch(const std::vector<std::string>& ids, int budget, bool p
     out->tokens.clear(), out->parents.clear(), out->probs.clear();
   }
   const int64_t t0 = now_ns();
+  drafts_entering_.fetch_add(1, std::memory_order_relaxed);
   { std::lock_guard<std::mutex> turn(turnstile_); }  // a waiting writer goes first (see corpus.h)
   std::shared_lock<std::shared_mutex> lg(learned_mu_);
+  drafts_entering_.fetch_sub(1, std::memory_order_relaxed);
   const size_t n = ids.size(), b = static_cast<size_t>(budget);
   // Request i drafted into row i of `rows` (padded), on the calling thread's tree.
   auto draft_row = [&](size_t i, DraftOutput& rows) {
@@ -535,6 +537,20 @@ void Corpus::put(std::vector<std::vector<int32_t>> sequences) {
   q_cv_.notify_one();
 }
 
+size_t Corpus::stored_estimate(const Item& it) const {
+  if (!it.is_put) return it.chunk.tokens.size() + 1;
+  size_t n = 0;  // an open document's kept tail comes back as context: overlap more per sequence
+  for (const auto& seq : it.seqs) n += seq.size() + cfg_.overlap + 1;
+  return n;
+}
+
+size_t Corpus::indexed_estimate(const Item& it) {
+  if (!it.is_put) return it.chunk.tokens.size() > it.chunk.context ? it.chunk.tokens.size() - it.chunk.context : 0;
+  size_t n = 0;
+  for (const auto& seq : it.seqs) n += seq.size();
+  return n;
+}
+
 void Corpus::worker() {
   std::unique_lock<std::mutex> lk(q_mu_);
   for (;;) {
@@ -543,16 +559,31 @@ void Corpus::worker() {
     std::deque<Item> batch;
     batch.swap(queue_);
     lk.unlock();
-    try {
-      grow_learned_heads(batch);
-    } catch (const std::exception&) {
-      // e.g. std::bad_alloc for the new table: applying the batch grows it in place, as before
-    }
-    {
+    // The batch is applied in groups of bounded size, each under its own hold of the exclusive
+    // lock: drafts wait for one group at most, and under a memory bound a group's evictions stay
+    // below the dead prefix that calls for a compaction (a quarter of the bound), which the
+    // prepared copy before it has already done (grow_learned).
+    const size_t bound = cfg_.learned_max_tokens;
+    const size_t group_tokens = bound ? std::min(kApplyGroupTokens, std::max<size_t>(bound / 8, 1024)) : kApplyGroupTokens;
+    bool failed = false;
+    for (size_t i = 0; i < batch.size() && !failed;) {
+      if (i > 0) let_drafts_in();
+      size_t j = i, more = 0, indexed = 0;
+      do {
+        more += stored_estimate(batch[j]);
+        indexed += indexed_estimate(batch[j]);
+        ++j;
+      } while (j < batch.size() && more + stored_estimate(batch[j]) <= group_tokens);
+      try {
+        grow_learned(more, indexed);
+      } catch (const std::exception&) {
+        // e.g. std::bad_alloc for the copy: applying the group grows the index in place, as before
+      }
       std::lock_guard<std::mutex> turn(turnstile_);
       std::unique_lock<std::shared_mutex> wl(learned_mu_);
       try {
-        for (auto& it : batch) {
+        for (; i < j; ++i) {
+          Item& it = batch[i];
           if (it.is_put) {
             ++put_calls_;
             for (auto& s : it.seqs) apply_put(s);
@@ -560,13 +591,14 @@ void Corpus::worker() {
           } else {
             apply_chunk(it.chunk);
           }
-          // Evict after every item, not once per batch: a long queue must not grow the store (and
+          // Evict after every item, not once per group: a long queue must not grow the store (and
           // its allocations) past the bound first.
-          if (cfg_.learned_max_tokens) learned_.evict_to(cfg_.learned_max_tokens);
+          if (bound) learned_.evict_to(bound);
         }
       } catch (const std::exception& e) {  // e.g. std::bad_alloc: report at synchronize()
         std::lock_guard<std::mutex> g(q_mu_);
         worker_error_ = e.what();
+        failed = true;
       }
     }
     lk.lock();
@@ -575,43 +607,40 @@ void Corpus::worker() {
   }
 }
 
-void Corpus::grow_learned_heads(const std::deque<Item>& batch) {
-  // A batch that takes the learned index past its head tables' load would rehash every stored
-  // position under the exclusive lock (TokenIndex::maybe_grow_heads): 41-75 ms at 1M tokens, and
-  // twice as long at each doubling (bench/draft_stalls.py), with every draft waiting. The tables
-  // are rebuilt here under the shared lock instead (drafts go on; this thread is the learned
-  // index's only writer), and only swapped in under the exclusive one.
-  size_t more = 0;
-  for (const Item& it : batch) {
-    if (it.is_put) {
-      for (const auto& seq : it.seqs) more += seq.size();
-    } else if (it.chunk.tokens.size() > it.chunk.context) {
-      more += it.chunk.tokens.size() - it.chunk.context;
-    }
-  }
-  std::vector<std::pair<int, int>> grow;
-  uint64_t epoch;
+void Corpus::let_drafts_in() {
+  // Bounded: a steady stream of drafts must not hold the insert thread off either (the turnstile
+  // lets it in once it stops waiting here).
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
+  while (drafts_entering_.load(std::memory_order_relaxed) > 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::yield();
+}
+
+void Corpus::grow_learned(size_t more, size_t indexed) {
+  // Applying a group under the exclusive lock may grow the learned index: rehash every stored
+  // position into larger head tables (41-75 ms at 1M tokens, twice as long at each doubling),
+  // reallocate and copy its storage (tens of ms at millions of tokens), or compact it once
+  // evictions under a memory bound leave a dead prefix (44 ms at 2.5M tokens), with every draft
+  // waiting (bench/draft_stalls.py). This thread is the learned index's only writer, so the grown
+  // copy is built here under the shared lock (drafts go on) and only swapped in under the
+  // exclusive one.
+  const size_t bound = cfg_.learned_max_tokens;
+  TokenIndex::Growth grown;
   {
     std::shared_lock<std::shared_mutex> lg(learned_mu_);
-    size_t expected = learned_.indexed_tokens() + more;
-    // Under a memory bound the batch's evictions keep the index at the bound: never size the
-    // tables past it (applying the batch still grows them in place if it has to).
-    if (cfg_.learned_max_tokens) expected = std::min(expected, cfg_.learned_max_tokens);
-    grow = learned_.heads_to_grow(expected);
-    epoch = learned_epoch_;
-  }
-  for (const auto& [oi, bits] : grow) {
-    TokenIndex::PreparedHeads prepared;
-    {
-      std::shared_lock<std::shared_mutex> lg(learned_mu_);
-      if (learned_epoch_ != epoch) return;  // reset or loaded meanwhile
-      prepared = learned_.prepare_heads(oi, bits);
-    }
+    size_t expected = learned_.indexed_tokens() + indexed;
+    // Under a memory bound the evictions keep the index at the bound: never size the tables past
+    // it (applying the group still grows them in place if it has to).
+    if (bound) expected = std::min(expected, bound);
+    if (!learned_.needs_growth(more, expected, bound)) return;
+    const uint64_t epoch = learned_epoch_;
+    grown = learned_.prepare_growth(more, expected, bound);
+    lg.unlock();
     std::lock_guard<std::mutex> turn(turnstile_);
     std::unique_lock<std::shared_mutex> wl(learned_mu_);
-    if (learned_epoch_ != epoch) return;
-    learned_.install_heads(std::move(prepared));  // false if the index changed: nothing installed
+    if (learned_epoch_ != epoch) return;      // reset or loaded meanwhile
+    learned_.install_growth(std::move(grown));  // false if the index changed: nothing installed
   }
+  // `grown` now holds the old storage: freed here, outside both locks.
 }
 
 void Corpus::apply_chunk(const LearnChunk& c) {

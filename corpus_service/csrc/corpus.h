@@ -152,6 +152,10 @@ class Corpus {
   // could wait forever. Drafts pass through this turnstile first, and the insert thread holds it
   // while it waits for and holds the exclusive lock, so new drafts queue behind it.
   std::mutex turnstile_;
+  // Drafts between the turnstile and the shared lock. Mutexes are not fair: the insert thread,
+  // applying a long queue in groups, would take the turnstile again the moment it let go, and a
+  // draft could wait behind many groups in a row; so between groups it lets these in first.
+  std::atomic<int> drafts_entering_{0};
   TokenIndex learned_;
   uint64_t learned_epoch_ = 0;  // bumped (under learned_mu_ exclusive) when learned_ is cleared or replaced
   AcceptanceModel acceptance_;  // calibration of node acceptance, learned from every request's commits
@@ -173,8 +177,16 @@ class Corpus {
     LearnChunk chunk;
     std::vector<std::vector<int32_t>> seqs;
   };
-  // Rebuilds the head tables a batch will outgrow under the shared lock, before applying it.
-  void grow_learned_heads(const std::deque<Item>& batch);
+  // Stored tokens an item adds to the learned index (an upper estimate), and indexed ones.
+  size_t stored_estimate(const Item& it) const;
+  static size_t indexed_estimate(const Item& it);
+  // Grows the learned index for a group of `more` stored (`indexed` indexed) tokens under the
+  // shared lock, before the group is applied (see corpus.cc).
+  void grow_learned(size_t more, size_t indexed);
+  // Between two groups of a batch: waits (up to 2 ms) until the drafts queued at the turnstile hold the shared lock.
+  void let_drafts_in();
+  // Stored tokens per exclusive hold of the learned lock when applying a batch, without a bound.
+  static constexpr size_t kApplyGroupTokens = size_t{1} << 14;
   std::mutex q_mu_;
   std::condition_variable q_cv_, done_cv_;
   std::deque<Item> queue_;

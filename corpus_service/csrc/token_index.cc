@@ -176,33 +176,76 @@ void TokenIndex::maybe_grow_heads(size_t expected) {
   for (auto [oi, bits] : heads_to_grow(expected)) rebuild_heads(oi, bits);
 }
 
-void TokenIndex::rebuild_heads(int oi, int bits) { install_heads(prepare_heads(oi, bits)); }
-
-TokenIndex::PreparedHeads TokenIndex::prepare_heads(int oi, int bits) const {
-  PreparedHeads r;
-  r.oi = oi, r.bits = bits, r.from = base_, r.to = end();
-  r.heads.assign(size_t{1} << bits, 0);
-  r.prev.assign(static_cast<size_t>(r.to - r.from), 0);
-  for (uint64_t pos = r.from; pos < r.to; ++pos) {
+template <class SetPrev>
+std::vector<uint32_t> TokenIndex::build_heads(int oi, int bits, SetPrev&& set_prev) const {
+  std::vector<uint32_t> heads(size_t{1} << bits, 0);
+  const uint64_t e = end();
+  for (uint64_t pos = base_; pos < e; ++pos) {
     uint64_t h;
-    if (at(pos) < 0 || !key_at(pos, orders_[oi], &h)) continue;
-    uint32_t& head = r.heads[slot_at(h, bits)];
-    uint64_t p = decode_head(head);
-    // decode_head measures from end(), which is fine: every stored pos is < end().
-    r.prev[pos - r.from] = (p == UINT64_MAX || pos - p > UINT32_MAX) ? 0 : static_cast<uint32_t>(pos - p);
+    if (at(pos) < 0 || !key_at(pos, orders_[oi], &h)) {
+      set_prev(pos, 0u);
+      continue;
+    }
+    uint32_t& head = heads[slot_at(h, bits)];
+    uint64_t p = decode_head(head);  // measured from end(): every stored pos is < end()
+    set_prev(pos, (p == UINT64_MAX || pos - p > UINT32_MAX) ? 0u : static_cast<uint32_t>(pos - p));
     head = static_cast<uint32_t>(pos + 1);
   }
-  return r;
+  return heads;
 }
 
-bool TokenIndex::install_heads(PreparedHeads&& r) {
-  if (r.oi < 0 || r.oi >= static_cast<int>(orders_.size()) || r.from != base_ || r.to != end() ||
-      r.heads.size() != size_t{1} << r.bits || r.prev.size() != r.to - r.from)
+void TokenIndex::rebuild_heads(int oi, int bits) {
+  heads_[oi] = build_heads(oi, bits, [&](uint64_t pos, uint32_t d) { prev(pos, oi) = d; });
+  bits_[oi] = bits;
+}
+
+bool TokenIndex::needs_growth(size_t more, size_t expected, size_t max_live) const {
+  if (tokens_.size() + more + 1 > tokens_.capacity()) return true;  // push would reallocate
+  // evict_to would compact: the dead prefix past a quarter of the live part.
+  const size_t dead = first_ + evictions(more, max_live);
+  if (dead >= 64 && dead > std::min(live() + more, max_live ? max_live : SIZE_MAX) / 4) return true;
+  return !heads_to_grow(expected).empty();
+}
+
+TokenIndex::Growth TokenIndex::prepare_growth(size_t more, size_t expected, size_t max_live) const {
+  Growth g;
+  g.from = base_, g.to = end();
+  const size_t n = live(), n_orders = orders_.size();
+  // The copy holds only live positions (compacted); room to grow by 1.25x as push() would, and at
+  // least for `more`. Under a bound the storage stays within ~1.25x of it, as evict_to keeps it.
+  size_t cap = std::max(n + more + 1, n + n / 4 + 64);
+  if (max_live) cap = std::max(n + more + 1, std::min(cap, max_live + max_live / 4 + 64));
+  g.tokens.reserve(cap);
+  g.prev.reserve(cap * n_orders);
+  g.tokens.assign(tokens_.begin() + static_cast<std::ptrdiff_t>(first_), tokens_.end());
+  g.prev.assign(prev_.begin() + static_cast<std::ptrdiff_t>(first_ * n_orders), prev_.end());
+  g.grown = heads_to_grow(expected);
+  for (const auto& [oi, bits] : g.grown) {
+    uint32_t* col = g.prev.data() + oi;
+    g.heads.push_back(build_heads(oi, bits, [&](uint64_t pos, uint32_t d) { col[(pos - g.from) * n_orders] = d; }));
+  }
+  return g;
+}
+
+bool TokenIndex::install_growth(Growth&& g) {
+  const size_t n_orders = orders_.size();
+  if (g.from != base_ || g.to != end() || g.tokens.size() != g.to - g.from ||
+      g.prev.size() != g.tokens.size() * n_orders || g.heads.size() != g.grown.size())
     return false;
-  bits_[r.oi] = r.bits;
-  heads_[r.oi].swap(r.heads);
-  for (uint64_t pos = r.from; pos < r.to; ++pos) prev(pos, r.oi) = r.prev[pos - r.from];
-  return true;
+  for (size_t i = 0; i < g.grown.size(); ++i) {
+    const auto [oi, bits] = g.grown[i];
+    if (oi < 0 || oi >= static_cast<int>(n_orders) || g.heads[i].size() != size_t{1} << bits) return false;
+  }
+  tokens_.swap(g.tokens);
+  prev_.swap(g.prev);
+  first_ = 0;
+  shift_ = base_;
+  for (size_t i = 0; i < g.grown.size(); ++i) {
+    const auto [oi, bits] = g.grown[i];
+    heads_[oi].swap(g.heads[i]);
+    bits_[oi] = bits;
+  }
+  return true;  // the old storage leaves with g (freed by the caller, outside any lock)
 }
 
 void TokenIndex::evict_to(size_t max_live) {

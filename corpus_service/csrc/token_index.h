@@ -115,19 +115,23 @@ class TokenIndex {
   // Copies the live tokens (decoded, documents separated by kSep) for inspection.
   std::vector<int32_t> dump_tokens() const;
 
-  // Growing the head tables without holding lookups off for the whole rehash (Corpus::worker):
-  // the orders whose tables are too small for `expected` indexed positions, with the bits each needs;
-  std::vector<std::pair<int, int>> heads_to_grow(size_t expected) const;
-  // one order's table rebuilt at `bits` with its chain column, computed without changing the index
-  // (lookups may run meanwhile; nothing may write the index);
-  struct PreparedHeads {
-    int oi = -1, bits = 0;
-    uint64_t from = 0, to = 0;  // the positions covered: [begin(), end()) when prepared
-    std::vector<uint32_t> heads, prev;
+  // Growing the learned index without holding lookups off (Corpus::worker, its only writer). What
+  // applying about `more` stored tokens would otherwise do under the exclusive lock: reallocate and
+  // copy the storage, compact it after evictions (under the bound `max_live`, 0 = none), or rehash
+  // every position into a larger head table for `expected` indexed positions. A Growth is a copy of
+  // the live storage with room for those tokens and the outgrown head tables rebuilt, prepared
+  // while lookups run (nothing may write the index meanwhile) and then swapped in, O(1).
+  struct Growth {
+    uint64_t from = 0, to = 0;  // the live positions [begin(), end()) when prepared
+    std::vector<int32_t> tokens;
+    std::vector<uint32_t> prev;
+    std::vector<std::pair<int, int>> grown;    // (order index, bits) of the rebuilt head tables
+    std::vector<std::vector<uint32_t>> heads;  // their tables, in the same order
   };
-  PreparedHeads prepare_heads(int oi, int bits) const;
-  // and installed: false (nothing changed) if the positions are not those it was prepared for.
-  bool install_heads(PreparedHeads&& p);
+  bool needs_growth(size_t more, size_t expected, size_t max_live = 0) const;
+  Growth prepare_growth(size_t more, size_t expected, size_t max_live = 0) const;
+  // false (nothing changed) if the positions are not those it was prepared for.
+  bool install_growth(Growth&& g);
 
   // Verifies every structural invariant; throws std::logic_error naming the first violation.
   void check_integrity() const;
@@ -150,9 +154,18 @@ class TokenIndex {
     return static_cast<size_t>((hash * 0x9E3779B97F4A7C15ull) >> (64 - bits));
   }
   uint64_t decode_head(uint32_t stored) const;
+  // The orders whose head tables are too small for `expected` indexed positions, with the bits each needs.
+  std::vector<std::pair<int, int>> heads_to_grow(size_t expected) const;
   void maybe_grow_heads(size_t expected);
   void reserve_more(size_t n);
   void rebuild_heads(int oi, int bits);
+  // Order oi's head table at `bits` over the live positions; each position's chain delta goes to
+  // set_prev(pos, delta). Reads the tokens only.
+  template <class SetPrev>
+  std::vector<uint32_t> build_heads(int oi, int bits, SetPrev&& set_prev) const;
+  size_t evictions(size_t more, size_t max_live) const {
+    return max_live && live() + more > max_live ? live() + more - max_live : 0;
+  }
   int match_backwards(uint64_t pos, const int32_t* ctx, int ctx_len, int max_match) const;
 
   std::vector<int> orders_;

@@ -1,7 +1,8 @@
-"""The learned corpus outgrowing its hash-head tables while drafts run: the insert thread rebuilds
-the larger tables under the shared lock and swaps them in (Corpus::grow_learned_heads), so drafts
-never wait for the rehash. The index must stay intact and keep finding what it learned, across many
-doublings, with drafts, resets and snapshot loads racing the growth."""
+"""The learned corpus growing while drafts run: the insert thread builds a grown copy of the index
+(larger hash-head tables, more storage, storage compacted after evictions) under the shared lock
+and swaps it in (Corpus::grow_learned), so drafts never wait for the rehash or the copy. The index
+must stay intact and keep finding what it learned, across many doublings and under a memory bound,
+with drafts, resets and snapshot loads racing the growth."""
 
 import threading
 
@@ -73,3 +74,46 @@ def test_reset_and_load_racing_the_growth_leave_a_sound_index(tmp_path):
     c.check_integrity()
     c.start_request("probe", docs[5][200:212])
     assert c.draft(["probe"], 4).tree(0)[0][:1] == [docs[5][212]]
+
+
+def test_growth_under_a_memory_bound_with_drafts_running():
+    """Evictions keep the store at its bound; the compactions they call for happen in prepared
+    copies. The newest documents stay findable, the storage within ~1.25x of the bound."""
+    cfg = CorpusConfig(learned_max_bytes=int(CorpusConfig().bytes_per_token() * 20_000))
+    c = NgramCorpus(cfg)
+    c.start_request("live", [1, 2, 3, 4, 5, 6, 7, 8])
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def drafter() -> None:
+        try:
+            while not stop.is_set():
+                c.draft(["live"], 15)
+        except BaseException as e:  # reported by the test thread
+            errors.append(e)
+
+    th = threading.Thread(target=drafter)
+    th.start()
+    docs = documents(400, 300, seed=3)  # 120k tokens through a 20k-token bound: six turnovers
+    try:
+        for k in range(0, len(docs), 20):
+            feed(c, docs[k:k + 20], f"m{k}_")
+            if k % 100 == 0:
+                c.synchronize()
+                c.check_integrity()
+    finally:
+        c.synchronize()
+        stop.set()
+        th.join()
+    assert not errors
+    c.check_integrity()
+    st = c.stats()
+    bound = cfg.to_native().learned_max_tokens
+    assert 0.9 * bound <= st["learned_stored_tokens"] <= bound
+    assert st["learned_bytes"] <= 1.3 * cfg.learned_max_bytes + (1 << 20)
+    d = docs[-1]
+    c.start_request("probe", d[100:112])
+    assert c.draft(["probe"], 4).tree(0)[0][:1] == [d[112]]
+    c.finish("probe")
+    c.start_request("old", docs[0][100:112])  # evicted long ago
+    assert c.draft(["old"], 4).tree(0)[0][:1] != [docs[0][112]]
