@@ -11,7 +11,9 @@ same-run baselines, the same with torch's matmuls and compiled norms/SiLU instea
 (``torch_linear``), with torch attention too (SDPA over gathered K/V), and with eager elementwise
 ops too. Also the batched prefill of B prompts
 against prefilling them one by one. With --kernels, a kernel table per shape (torch profiler):
-where a step's device time goes, kernel by kernel.
+where a step's device time goes, kernel by kernel. With --first-launch, only the host time of a
+step graph's first launch after capture against its later launches, with the graph uploaded at
+capture (the default) and without.
 Prints one summary line, writes JSON.
 
     python3 bench/step_profile.py --out bench/results/step_profile.json
@@ -121,6 +123,35 @@ def profile(model, codec, batches: list[int], ks: list[int], prefix: int, repeat
     return out
 
 
+def first_launch(model, codec, batches: list[int], ks: list[int], prefix: int) -> dict:
+    """Host milliseconds of a step graph's first launch after its capture, against its later launches
+    (medians over the shapes), with the upload at capture (GraphRunner.upload_at_capture) off and on."""
+    fusion.disable_compile()
+    model.native_kernels = model.native_linear = True
+    dev = model.device
+    out: dict = {}
+    for upload in (False, True):
+        eng = Engine(model, codec, None, EngineConfig(max_batch=max(batches), max_len=prefix + max(ks) + 64, budget=0,
+                                                      capture_at_start=False, emulate_graphs=dev.type != "cuda"))
+        eng.graphs.upload_at_capture = upload
+        L = eng.graphs.kv_bucket(prefix + max(ks))
+        first, later = [], []
+        for B in batches:
+            for K in ks:
+                chain = (np.arange(K - 1), np.arange(K - 1) - 1, np.ones(K - 1, np.float32))
+                packed = pack_trees([5] * B, [chain] * B, [prefix] * B, list(range(B)), K)
+                eng.graphs._steps[(B, K, L)] = eng.graphs._build_step(B, K, L)  # captured, not launched
+                for times in (first, later, later, later):
+                    sync(dev)
+                    t = time.perf_counter()
+                    launch = eng.graphs.launch_greedy_step(packed.host, B, K, prefix + K)
+                    times.append((time.perf_counter() - t) * 1e3)
+                    eng.graphs.collect(launch)
+        out["upload_at_capture" if upload else "upload_at_first_launch"] = {
+            "first_launch_host_ms": round(statistics.median(first), 3), "later_launch_host_ms": round(statistics.median(later), 3)}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m", help="a ModelConfig preset name")
@@ -135,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kernels", type=int, default=0, metavar="STEPS",
                    help="also profile STEPS steps of each shape (native and torch attention) and record their "
                         "costliest kernels per step under 'kernels' (0: off)")
+    p.add_argument("--first-launch", action="store_true",
+                   help="only measure the host time of step graphs' first launches (upload at capture off and on)")
     args = p.parse_args(argv)
     if args.kernels < 0:
         p.error(f"--kernels: expected 0 (off) or a number of steps, got {args.kernels}")
@@ -143,6 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     dev = torch.device(args.device)
     model = build_model(cfg, None, dev, torch.bfloat16 if dev.type == "cuda" else torch.float32)
     codec = TextCodec(Tokenizer(models.WordLevel({"a": 0}, unk_token="a")), "", (cfg.vocab_size - 1,))
+    if args.first_launch:
+        res = {"model": args.model, "prefix": args.prefix, "first_launch": first_launch(model, codec, args.batches, args.ks,
+                                                                                      args.prefix)}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+        print("SUMMARY " + json.dumps(res["first_launch"]), flush=True)
+        return 0
     res = {"model": args.model, "prefix": args.prefix,
            "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
            "torch_attention": profile(model, codec, args.batches, args.ks, args.prefix, args.repeats, True, False, False,

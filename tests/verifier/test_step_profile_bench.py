@@ -35,3 +35,12 @@ def test_step_profile_refuses_a_negative_kernel_count(capsys):
     with pytest.raises(SystemExit):
         step_profile.main(["--device", "cpu", "--kernels", "-1"])
     assert "--kernels: expected 0" in capsys.readouterr().err
+
+
+def test_step_profile_first_launch(tmp_path):
+    out = tmp_path / "sp.json"
+    assert step_profile.main(["--device", "cpu", "--batches", "1", "--ks", "1,2", "--prefix", "16", "--first-launch",
+                              "--out", str(out)]) == 0
+    res = json.loads(out.read_text())["first_launch"]
+    assert set(res) == {"upload_at_first_launch", "upload_at_capture"}
+    assert all(v["first_launch_host_ms"] > 0 and v["later_launch_host_ms"] > 0 for v in res.values())
