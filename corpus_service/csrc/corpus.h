@@ -2,7 +2,9 @@
 // shared learned corpus of committed tokens, named external corpora) merged into one draft tree.
 //
 // Threads: lookups take the learned corpus' shared lock and run in parallel; inserts are queued and
-// applied by one background thread under the exclusive lock; synchronize() waits for the queue.
+// applied by one background thread under the exclusive lock, in groups of bounded size with waiting
+// lookups let in between, after any growth the group needs was prepared under the shared lock
+// (Corpus::grow_learned); synchronize() waits for the queue.
 // External corpora are immutable once committed and handed to readers as shared_ptrs, so loading
 // and removing never block lookups.
 #pragma once
