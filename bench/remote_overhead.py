@@ -4,10 +4,13 @@ emulated by a wait that releases the GIL (as a CUDA synchronisation does), so th
 the engine thread's own work plus whatever the corpus client's thread takes from it.
 
 For each batch size, the same replay of trace requests (draft with the step's budget, wait
-``--gpu-ms``, commit two tokens per request) runs with four drafters, in the same run:
+``--gpu-ms``, commit two tokens per request) runs with five drafters, in the same run:
 - ``local``: the in-process corpus (the baseline);
 - ``pipelined``: the corpus service, never waited for, its client in a child process
-  (``verifier.drafter``, the default);
+  (``verifier.drafter``, the default), the answer taken in while the GPU works
+  (``Drafter.await_ahead``, as the engine does);
+- ``pipelined_no_await``: the same, the answer read when the next step drafts (before the
+  engine awaited it);
 - ``pipelined_thread``: the same with the client on a thread of this process (``--remote-client thread``);
 - ``sync``: the corpus service, waited for every step (``--remote-drafts sync``).
 A real ``python -m corpus_service serve`` runs on 127.0.0.1. Prints one summary line (wall time
@@ -34,7 +37,19 @@ from corpus_service.client import CorpusClient  # noqa: E402
 from verifier.demo import _start_server  # noqa: E402
 from verifier.drafter import Drafter  # noqa: E402
 
-MODES = ("local", "pipelined", "pipelined_thread", "sync")
+MODES = ("local", "pipelined", "pipelined_no_await", "pipelined_thread", "sync")
+
+
+def gpu_step(d: Drafter, gpu_s: float, take_answer: bool) -> None:
+    """The emulated GPU step. Like the engine's wait for the GPU: the remote answer taken in
+    meanwhile (each call waits up to AWAIT_AHEAD_S, so the end may be noticed that late)."""
+    end = time.perf_counter() + gpu_s
+    if take_answer:
+        while time.perf_counter() < end and d.await_ahead():
+            pass
+    rest = end - time.perf_counter()
+    if rest > 0:
+        time.sleep(rest)
 
 
 def parse_ints(s: str) -> list[int]:
@@ -61,7 +76,7 @@ def run(target: str, mode: str, traces, B: int, steps: int, budget: int, gpu_s: 
             d.draft(ids, budget)
             d.dispatch()  # as the engine does once the GPU step is launched
             b = time.perf_counter()
-            time.sleep(gpu_s)  # the GPU step: the GIL is free meanwhile
+            gpu_step(d, gpu_s, mode in ("pipelined", "pipelined_thread"))  # the GIL is free meanwhile
             c = time.perf_counter()
             items = []
             for i, t in enumerate(trs):

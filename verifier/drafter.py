@@ -40,6 +40,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from itertools import chain
 
@@ -74,6 +75,9 @@ REMOTE_CLIENTS = ("process", "thread")
 # Pipelined remote trees are asked this many times deeper than a step's budget: a step that
 # accepts a path still finds tree below it.
 AHEAD_DEPTH_FACTOR = 2
+# Drafter.await_ahead's wait per call: the engine notices a finished GPU step up to this late
+# when the remote answer is not back yet.
+AWAIT_AHEAD_S = 5e-5
 
 
 @dataclass
@@ -149,6 +153,11 @@ class Drafter:
     @property
     def remote(self) -> bool:
         return self._client is not None or self._proc is not None
+
+    @property
+    def pipelined_remote(self) -> bool:
+        """Remote drafts asked a step ahead: there is an answer to take in while the GPU works."""
+        return self.pipelined and self.remote
 
     # Mirror every request operation into the local corpus (the draft source when local, the
     # fallback when remote) and queue it for the remote one.
@@ -348,6 +357,21 @@ class Drafter:
         else:
             self._ahead = (self._pool.submit(self._guarded, self._draft_ahead, ids, deep, budget), ids)
         self._since = {r: [] for r in ids}
+
+    def await_ahead(self, timeout_s: float = AWAIT_AHEAD_S) -> bool:
+        """Pipelined: waits up to ``timeout_s`` for the remote answer asked by the last dispatch()
+        and takes it in, so that the next step's draft finds it decoded. The engine calls it while
+        the GPU runs a step, in place of blocking on the GPU: reading and decoding the answer then
+        leave the host's critical path between steps. Returns whether an answer is still outstanding."""
+        if self._ahead is None:
+            return False
+        handle = self._ahead[0]
+        if handle.done():
+            return False
+        if isinstance(handle, Future):
+            wait_futures([handle], timeout=timeout_s)
+            return not handle.done()
+        return not handle.wait(timeout_s)
 
     def _draft_ahead(self, ids: list[str], deep: int, budget: int) -> DraftBatch:
         batch, capped = draft_capped(self._client, ids, deep, budget)

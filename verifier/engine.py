@@ -476,6 +476,11 @@ class Engine:
         finally:
             self.stats.corpus_seconds += time.perf_counter() - t
 
+    def _await_remote(self) -> bool:
+        """While the GPU runs a step: the remote corpus' answer for the next step taken in (see
+        Drafter.await_ahead). Its time is the GPU wait's, not the corpus': it only fills that wait."""
+        return self.drafter.await_ahead()
+
     def _dispatch(self) -> None:
         if self.drafter is not None:
             self._corpus_call(self.drafter.dispatch)
@@ -587,7 +592,8 @@ class Engine:
                 self._dispatch()
             bs, K = packed.bs, packed.K
             t1 = time.perf_counter()
-            r = self.graphs.greedy_step(packed.host, bs, K, max_prefix + K, while_busy=self._dispatch)
+            r = self.graphs.greedy_step(packed.host, bs, K, max_prefix + K, while_busy=self._dispatch,
+                                        idle=self._await_remote if self.drafter is not None and self.drafter.pipelined_remote else None)
             tokens, num_nodes, predicted = packed.tokens, packed.num_nodes, packed.predicted
         else:
             drafts = self._drafts(running)

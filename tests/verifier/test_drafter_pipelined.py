@@ -80,3 +80,36 @@ def test_a_thread_client_lowers_the_gil_switch_interval_and_never_raises_it(corp
         assert sys.getswitchinterval() == pytest.approx(1e-4)
     finally:
         sys.setswitchinterval(before)
+
+
+@pytest.mark.parametrize("client", ["process", "thread"])
+def test_await_ahead_takes_the_answer_in_while_the_gpu_would_run(corpus_server, client):
+    """The engine calls await_ahead while the GPU runs a step: it reports an outstanding answer
+    until the answer is in, and the next draft then merges it without waiting or polling."""
+    drafter = Drafter(corpus_server.target, client_timeout_s=5.0, remote_client=client)
+    try:
+        assert drafter.pipelined_remote
+        assert drafter.await_ahead() is False  # nothing asked yet
+        drafter.start_request("r", [5, 6, 7, 5, 6])
+        drafter.draft(["r"], 4)
+        drafter.dispatch()
+        calls = 0
+        while drafter.await_ahead(timeout_s=0.01):
+            calls += 1
+            assert calls < 1000, "the remote answer never came"
+        assert drafter._ahead[0].done()
+        assert drafter.await_ahead() is False  # answered: nothing to wait for
+        drafter.extend("r", [7])
+        drafter.draft(["r"], 4)
+        assert drafter.stats.remote_steps == 1 and drafter.stats.fallback_steps == 0
+        drafter.finish("r")
+    finally:
+        drafter.close()
+
+
+def test_a_local_drafter_has_nothing_to_await():
+    drafter = Drafter("local")
+    try:
+        assert not drafter.pipelined_remote and drafter.await_ahead() is False
+    finally:
+        drafter.close()

@@ -1,4 +1,4 @@
-"""CPU smoke of bench/remote_overhead.py: a real corpus server, the four drafters, the JSON."""
+"""CPU smoke of bench/remote_overhead.py: a real corpus server, the five drafters, the JSON."""
 
 import json
 
@@ -14,7 +14,7 @@ def test_remote_overhead_smoke(tmp_path, capsys, data_dir):
     for B in ("1", "2"):
         row = res["batches"][B]
         assert row["sync"]["remote_steps"] == 4 and row["local"]["remote_steps"] == 0
-        for m in ("pipelined", "pipelined_thread"):
+        for m in ("pipelined", "pipelined_no_await", "pipelined_thread"):
             assert row[m]["remote_steps"] + row[m]["fallback_steps"] >= 3 and row[m]["remote_errors"] == 0
-        assert row["pipelined_vs_local"] > 0 and row["sync_vs_local"] > 0
+        assert row["pipelined_vs_local"] > 0 and row["pipelined_no_await_vs_local"] > 0 and row["sync_vs_local"] > 0
     assert "SUMMARY" in capsys.readouterr().out

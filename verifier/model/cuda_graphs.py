@@ -309,16 +309,18 @@ class GraphRunner:
         return len(self._graphs) + len(self._steps) + len(self._prefills)
 
     @torch.inference_mode()
-    def greedy_step(self, host: np.ndarray, bs: int, K: int, kv_len: int, while_busy=None) -> GreedyStepResult:
+    def greedy_step(self, host: np.ndarray, bs: int, K: int, kv_len: int, while_busy=None,
+                    idle=None) -> GreedyStepResult:
         """A greedy verify step of ``bs`` requests with ``K`` nodes each (``host``: a
         ``tree_batch.PackedTrees.host``): tree indices, attention mask, forward, non-finite check,
         argmax, tree verification and KV compaction replay as one graph, between one copy in and
         one copy out. Per step, the host launches one graph instead of dozens of kernels.
-        ``while_busy()``, if given, runs after the launch while the GPU works (before the copy out waits)."""
+        ``while_busy()``, if given, runs after the launch while the GPU works (before the copy out
+        waits); ``idle``: see ``collect``."""
         launch = self.launch_greedy_step(host, bs, K, kv_len)
         if while_busy is not None:
             while_busy()
-        return self.collect(launch)
+        return self.collect(launch, idle)
 
     @torch.inference_mode()
     def launch_greedy_step(self, host: np.ndarray, bs: int, K: int, kv_len: int,
@@ -351,10 +353,15 @@ class GraphRunner:
         event.record()
         return StepLaunch(B, K, bs, host_out, event, g.logits, g.out)
 
-    def collect(self, launch: StepLaunch) -> GreedyStepResult:
-        """Waits for a launched step and returns its results (the host's own copy)."""
+    def collect(self, launch: StepLaunch, idle=None) -> GreedyStepResult:
+        """Waits for a launched step and returns its results (the host's own copy). ``idle()``, if
+        given, is host work done while the GPU still runs: called (each call waiting briefly for
+        something to do) until it returns False or the step is done."""
         if launch.event is not None:
             t = time.perf_counter()
+            if idle is not None:
+                while not launch.event.query() and idle():
+                    pass
             launch.event.synchronize()
             self.wait_seconds += time.perf_counter() - t
         return GreedyStepResult.unpack(launch.out.numpy().copy(), launch.B, launch.K, launch.bs, launch.logits)
