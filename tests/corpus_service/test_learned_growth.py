@@ -4,6 +4,7 @@ and swaps it in (Corpus::grow_learned), so drafts never wait for the rehash or t
 must stay intact and keep finding what it learned, across many doublings and under a memory bound,
 with drafts, resets and snapshot loads racing the growth."""
 
+import contextlib
 import threading
 
 import numpy as np
@@ -23,8 +24,10 @@ def feed(c: NgramCorpus, docs: list[list[int]], prefix: str) -> None:
         c.finish(f"{prefix}{i}")
 
 
-def test_growth_across_many_doublings_with_drafts_running():
-    c = NgramCorpus(CorpusConfig())
+@contextlib.contextmanager
+def drafting(c: NgramCorpus):
+    """A thread drafting for a live request in a closed loop until the block ends (the learned
+    corpus' queue applied first); the block must not leave errors in the yielded list."""
     c.start_request("live", [1, 2, 3, 4, 5, 6, 7, 8])
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -39,13 +42,19 @@ def test_growth_across_many_doublings_with_drafts_running():
     th = threading.Thread(target=drafter)
     th.start()
     try:
-        docs = documents(600, 400, seed=1)  # 240k tokens: the head tables double 9 times
-        for k in range(0, len(docs), 50):
-            feed(c, docs[k:k + 50], f"d{k}_")
+        yield errors
     finally:
         c.synchronize()
         stop.set()
         th.join()
+
+
+def test_growth_across_many_doublings_with_drafts_running():
+    c = NgramCorpus(CorpusConfig())
+    with drafting(c) as errors:
+        docs = documents(600, 400, seed=1)  # 240k tokens: the head tables double 9 times
+        for k in range(0, len(docs), 50):
+            feed(c, docs[k:k + 50], f"d{k}_")
     assert not errors
     c.check_integrity()
     assert c.stats()["learned_tokens"] >= 600 * 400
@@ -81,30 +90,13 @@ def test_growth_under_a_memory_bound_with_drafts_running():
     copies. The newest documents stay findable, the storage within ~1.25x of the bound."""
     cfg = CorpusConfig(learned_max_bytes=int(CorpusConfig().bytes_per_token() * 20_000))
     c = NgramCorpus(cfg)
-    c.start_request("live", [1, 2, 3, 4, 5, 6, 7, 8])
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def drafter() -> None:
-        try:
-            while not stop.is_set():
-                c.draft(["live"], 15)
-        except BaseException as e:  # reported by the test thread
-            errors.append(e)
-
-    th = threading.Thread(target=drafter)
-    th.start()
     docs = documents(400, 300, seed=3)  # 120k tokens through a 20k-token bound: six turnovers
-    try:
+    with drafting(c) as errors:
         for k in range(0, len(docs), 20):
             feed(c, docs[k:k + 20], f"m{k}_")
             if k % 100 == 0:
                 c.synchronize()
                 c.check_integrity()
-    finally:
-        c.synchronize()
-        stop.set()
-        th.join()
     assert not errors
     c.check_integrity()
     st = c.stats()

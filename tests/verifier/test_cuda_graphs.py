@@ -148,13 +148,9 @@ def test_graph_prefill_chunks_group_by_length_bucket():
     assert sorted(r.req_id for c in chunks for r in c) == sorted(r.req_id for r in reqs)
 
 
-@pytest.mark.gpu
-def test_greedy_step_logits_stay_in_the_model_dtype_cuda():
-    """The one-graph greedy step hands the LM head's bf16 logits to the argmax without a float32
-    copy: they are the forward graph's float32 logits exactly (same buckets, same kernels), and
-    the roots' predictions are their argmax."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
+def _two_runners_and_chains_cuda():
+    """Two graph runners over identical bf16 caches (random contents) and a packed greedy step of
+    three requests with chains of K nodes; returns (runners, packed, forward ids, its ForwardBatch, kv rows)."""
     import numpy as np
 
     from verifier.tree_batch import pack_rows
@@ -168,16 +164,27 @@ def test_greedy_step_logits_stay_in_the_model_dtype_cuda():
     slots, prefixes, K = [3, 0, 4], [20, 5, 9], 4
     kv_len = runners[0].kv_bucket(max(prefixes) + K)
     ids, fb = _step("cuda", slots, prefixes, K, kv_len)  # chains of K nodes
-    want = runners[0].forward(ids, fb)
     host_ids = ids.cpu().numpy()
     chain = np.tile(np.arange(-1, K - 2), (len(slots), 1))  # draft node i's parent: node i - 1 (-1: the root)
     packed = pack_rows(host_ids[:, 0].tolist(), host_ids[:, 1:], chain, np.ones((len(slots), K - 1), np.float32),
                        np.full(len(slots), K - 1), prefixes, slots)
-    r = runners[1].greedy_step(packed.host, packed.bs, packed.K, max(prefixes) + K)
+    return runners, packed, ids, fb, max(prefixes) + K
+
+
+@pytest.mark.gpu
+def test_greedy_step_logits_stay_in_the_model_dtype_cuda():
+    """The one-graph greedy step hands the LM head's bf16 logits to the argmax without a float32
+    copy: they are the forward graph's float32 logits exactly (same buckets, same kernels), and
+    the roots' predictions are their argmax."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    runners, packed, ids, fb, rows = _two_runners_and_chains_cuda()
+    want = runners[0].forward(ids, fb)
+    r = runners[1].greedy_step(packed.host, packed.bs, packed.K, rows)
     assert r.logits.dtype == torch.bfloat16 and want.dtype == torch.float32
     assert torch.equal(r.logits.float(), want)
     # each root's prediction is its row's argmax (the rest of predicts follows the accepted path)
-    assert r.predicts.reshape(len(slots), K)[:, 0].tolist() == want[:, 0].argmax(-1).tolist()
+    assert r.predicts.reshape(packed.bs, packed.K)[:, 0].tolist() == want[:, 0].argmax(-1).tolist()
 
 
 @pytest.mark.gpu
@@ -188,28 +195,15 @@ def test_greedy_step_idle_work_runs_while_the_gpu_works_cuda():
         pytest.skip("needs a CUDA device")
     import numpy as np
 
-    from verifier.tree_batch import pack_rows
-
-    torch.manual_seed(0)
-    model = build_model(CFG, None, "cuda", torch.bfloat16)
-    caches = [KVCache(2, MAX_BATCH + 1, MAX_LEN, 2, 8, "cuda", torch.bfloat16) for _ in range(2)]
-    for c in caches:
-        c.data.copy_(torch.randn(c.data.shape, generator=torch.Generator().manual_seed(1)).to("cuda", torch.bfloat16))
-    runners = [GraphRunner(model, c, MAX_BATCH, scratch_slot=MAX_BATCH, min_kv=16, capture=True) for c in caches]
-    slots, prefixes, K = [3, 0, 4], [20, 5, 9], 4
-    ids, _ = _step("cuda", slots, prefixes, K, runners[0].kv_bucket(max(prefixes) + K))
-    host_ids = ids.cpu().numpy()
-    chain = np.tile(np.arange(-1, K - 2), (len(slots), 1))
-    packed = pack_rows(host_ids[:, 0].tolist(), host_ids[:, 1:], chain, np.ones((len(slots), K - 1), np.float32),
-                       np.full(len(slots), K - 1), prefixes, slots)
+    runners, packed, _, _, rows = _two_runners_and_chains_cuda()
     calls = []
 
     def idle() -> bool:
         calls.append(1)
         return len(calls) < 3
 
-    plain = runners[0].greedy_step(packed.host, packed.bs, packed.K, max(prefixes) + K)
-    busy = runners[1].greedy_step(packed.host, packed.bs, packed.K, max(prefixes) + K, idle=idle)
+    plain = runners[0].greedy_step(packed.host, packed.bs, packed.K, rows)
+    busy = runners[1].greedy_step(packed.host, packed.bs, packed.K, rows, idle=idle)
     assert len(calls) <= 3  # stops asking once idle() returns False (or once the step is done)
     for a, b in zip((plain.accept_index, plain.accept_token_num, plain.predicts, plain.bad),
                     (busy.accept_index, busy.accept_token_num, busy.predicts, busy.bad)):
