@@ -127,14 +127,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-bytes", type=int, default=None,
                    help="CorpusConfig.learned_max_bytes (default: the config's, 2 GiB); a small bound reaches "
                         "the steady state of eviction and compaction within the run")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="CorpusConfig override, e.g. learned_copy_growth=false (grow in place under the lock)")
     p.add_argument("--trace", default=str(TRACE))
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "draft_stalls.json"))
     args = p.parse_args(argv)
     if args.seconds <= 0 or args.burst_gap_ms < 0 or args.bursts < 1:
         p.error("--seconds must be > 0, --burst-gap-ms >= 0, --bursts >= 1")
+    overrides = {} if args.max_bytes is None else {"learned_max_bytes": args.max_bytes}
+    for kv in args.set:
+        k, eq, v = kv.partition("=")
+        if not eq:
+            p.error(f"--set: expected FIELD=VALUE, got {kv!r}")
+        try:
+            overrides[k] = json.loads(v)
+        except json.JSONDecodeError:
+            overrides[k] = v
     try:
-        config = CorpusConfig() if args.max_bytes is None else CorpusConfig(learned_max_bytes=args.max_bytes)
-    except ValueError as e:
+        config = CorpusConfig(**overrides)
+    except (TypeError, ValueError) as e:
         p.error(str(e))
     traces = load_traces(args.trace)
     learning, learned = run_learning(traces, args.seconds, args.burst_gap_ms / 1e3, config)
@@ -142,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     apply = run_apply(traces, args.bursts, config)
     worst = sorted(apply, key=lambda r: -r["ms"])[:5]
     res = {"batch": BATCH, "budget": BUDGET, "burst": BURST, "burst_gap_ms": args.burst_gap_ms,
-           "learned_max_bytes": config.learned_max_bytes,
+           "learned_max_bytes": config.learned_max_bytes, "learned_copy_growth": config.learned_copy_growth,
            "learning": {**percentiles(learning), "learned_tokens_at_end": learned}, "idle": percentiles(idle),
            "apply_largest": worst, "apply_median_ms": float(np.median([r["ms"] for r in apply]))}
     res["p99_learning_vs_idle"] = round(res["learning"]["p99_us"] / res["idle"]["p99_us"], 2)

@@ -77,6 +77,12 @@ class CorpusConfig:
     group_weight: float = 0.5
     learn_prompts: bool = True  # prompts feed the learned corpus too (other requests reuse them)
     learned_max_bytes: int = 2 << 30  # memory bound of the learned corpus (0 = unbounded)
+    # How the learned corpus grows (larger hash tables, more storage, compaction after evictions):
+    # True builds the grown copy beside the live one while drafts go on, then swaps it in, so no
+    # draft waits for it, but the process briefly holds about twice the store's bytes. False grows
+    # in place under the lock: no extra memory, drafts wait (a compaction at the default bound
+    # moves about 2 GB). docs/benchmarks.md, "Draft stalls while the learned corpus grows".
+    learned_copy_growth: bool = True
     flush_tokens: int = 128  # committed tokens per learned-corpus chunk
     overlap: int = 16  # left context carried into a continuing chunk
     vocab_size: int = 0  # if > 0, token ids must be below it
@@ -115,8 +121,9 @@ class CorpusConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
                 raise ValueError(f"{name}: expected an int in [{lo}, {hi}], got {v!r}")
-        if not isinstance(self.feedback, bool):
-            raise ValueError(f"feedback: expected a bool, got {self.feedback!r}")
+        for name in ("feedback", "learned_copy_growth"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
         for name in ("feedback_prior", "feedback_token_prior", "alpha", "shared_alpha", "lambda_", "depth_gain", "weak_weight", "own_weight", "learned_weight", "external_weight", "group_weight", "request_ttl_s"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0 or v != v or v == float("inf"):
@@ -148,7 +155,7 @@ class CorpusConfig:
                      "enough_candidates", "enough_order",
                      "learned_weight", "external_weight", "group_weight", "learn_prompts", "flush_tokens", "overlap",
                      "vocab_size", "request_ttl_s", "max_requests", "max_request_tokens", "max_external_tokens",
-                     "draft_threads"):
+                     "draft_threads", "learned_copy_growth"):
             setattr(c, name, getattr(self, name))
         c.mode = MODES[self.mode]
         score = _native.ScoreParams()

@@ -128,6 +128,7 @@ PYBIND11_MODULE(_native, m) {
       .def_readwrite("enough_candidates", &CorpusConfig::enough_candidates)
       .def_readwrite("enough_order", &CorpusConfig::enough_order)
       .def_readwrite("draft_threads", &CorpusConfig::draft_threads)
+      .def_readwrite("learned_copy_growth", &CorpusConfig::learned_copy_growth)
       .def_readwrite("mode", &CorpusConfig::mode)
       .def_readwrite("score", &CorpusConfig::score)
       .def_readwrite("shared_alpha", &CorpusConfig::shared_alpha)

@@ -622,7 +622,9 @@ void Corpus::grow_learned(size_t more, size_t indexed) {
   // evictions under a memory bound leave a dead prefix (44 ms at 2.5M tokens), with every draft
   // waiting (bench/draft_stalls.py). This thread is the learned index's only writer, so the grown
   // copy is built here under the shared lock (drafts go on) and only swapped in under the
-  // exclusive one.
+  // exclusive one. Until then the process holds both: about twice the store's bytes, for a moment.
+  // learned_copy_growth off: everything grows in place under the exclusive lock (no extra memory).
+  if (!cfg_.learned_copy_growth) return;
   const size_t bound = cfg_.learned_max_tokens;
   TokenIndex::Growth grown;
   {

@@ -62,6 +62,7 @@ struct CorpusConfig {
   size_t max_request_tokens = 1 << 22;  // tokens of one request (prompt + output) at most
   size_t max_external_tokens = size_t{1} << 32;  // tokens in all external corpora together
   int draft_threads = 1;         // threads drafting one batch's requests (draft_pool.h); 1 = the caller alone
+  bool learned_copy_growth = true;  // grow the learned index in a copy prepared beside it (Corpus::grow_learned)
 };
 
 struct DraftOutput {

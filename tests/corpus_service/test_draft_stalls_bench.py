@@ -26,9 +26,16 @@ def test_a_memory_bound_is_passed_to_the_corpus(tmp_path):
     out = tmp_path / "ds.json"
     assert draft_stalls.main(["--seconds", "0.3", "--bursts", "2", "--max-bytes", "4000000", "--out", str(out)]) == 0
     res = json.loads(out.read_text())
-    assert res["learned_max_bytes"] == 4000000
+    assert res["learned_max_bytes"] == 4000000 and res["learned_copy_growth"] is True
     # 4 MB holds about 100k tokens (37-40 B each): the learning run's growth stops at the bound
     assert 0 < res["learning"]["learned_tokens_at_end"] <= 4000000 // 30
+
+
+def test_config_overrides_reach_the_corpus(tmp_path):
+    out = tmp_path / "ds.json"
+    assert draft_stalls.main(["--seconds", "0.3", "--bursts", "2", "--set", "learned_copy_growth=false",
+                              "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["learned_copy_growth"] is False
 
 
 def test_bad_arguments_are_refused():
@@ -38,3 +45,7 @@ def test_bad_arguments_are_refused():
         draft_stalls.main(["--max-bytes", "100"])  # too small for 1024 tokens: CorpusConfig refuses it
     with pytest.raises(SystemExit):
         draft_stalls.main(["--bursts", "0"])
+    with pytest.raises(SystemExit):
+        draft_stalls.main(["--set", "no_such_field=1"])
+    with pytest.raises(SystemExit):
+        draft_stalls.main(["--set", "learned_copy_growth"])

@@ -8,6 +8,7 @@ import contextlib
 import threading
 
 import numpy as np
+import pytest
 
 from corpus_service import CorpusConfig, NgramCorpus
 
@@ -85,10 +86,12 @@ def test_reset_and_load_racing_the_growth_leave_a_sound_index(tmp_path):
     assert c.draft(["probe"], 4).tree(0)[0][:1] == [docs[5][212]]
 
 
-def test_growth_under_a_memory_bound_with_drafts_running():
+@pytest.mark.parametrize("copy_growth", [True, False])
+def test_growth_under_a_memory_bound_with_drafts_running(copy_growth):
     """Evictions keep the store at its bound; the compactions they call for happen in prepared
-    copies. The newest documents stay findable, the storage within ~1.25x of the bound."""
-    cfg = CorpusConfig(learned_max_bytes=int(CorpusConfig().bytes_per_token() * 20_000))
+    copies (or in place, learned_copy_growth=False). The newest documents stay findable, the
+    storage within ~1.25x of the bound."""
+    cfg = CorpusConfig(learned_max_bytes=int(CorpusConfig().bytes_per_token() * 20_000), learned_copy_growth=copy_growth)
     c = NgramCorpus(cfg)
     docs = documents(400, 300, seed=3)  # 120k tokens through a 20k-token bound: six turnovers
     with drafting(c) as errors:
@@ -109,3 +112,10 @@ def test_growth_under_a_memory_bound_with_drafts_running():
     c.finish("probe")
     c.start_request("old", docs[0][100:112])  # evicted long ago
     assert c.draft(["old"], 4).tree(0)[0][:1] != [docs[0][112]]
+
+
+def test_copy_growth_setting_is_validated():
+    with pytest.raises(ValueError, match="learned_copy_growth: expected a bool"):
+        CorpusConfig(learned_copy_growth="yes")
+    assert CorpusConfig().to_native().learned_copy_growth is True
+    assert CorpusConfig(learned_copy_growth=False).to_native().learned_copy_growth is False
