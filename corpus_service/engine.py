@@ -171,6 +171,18 @@ class NgramCorpus:
         tokens, parents, probs, counts = self._native.draft([_rid(r) for r in req_ids], budget)
         return DraftBatch(tokens, parents, probs, counts)
 
+    def draft_merged(self, req_ids: Sequence[ReqId], budget: int, earlier: DraftBatch,
+                     since: Sequence[Sequence[int]]) -> DraftBatch:
+        """``merge_with_earlier(self.draft(req_ids, budget), earlier, since, budget)`` in one native
+        call: row i of ``earlier`` (drafted for request i from an older context, e.g. by a remote
+        corpus) re-rooted along ``since[i]`` and united with the fresh tree."""
+        budget = _check_budget(budget)
+        if len(earlier) != len(req_ids) or len(since) != len(req_ids):
+            raise ValueError(f"draft_merged: {len(req_ids)} request ids, {len(earlier)} earlier trees, {len(since)} since")
+        out = self._native.draft_merged(req_ids, budget, earlier.tokens, earlier.parents, earlier.probs, earlier.counts,
+                                        since)
+        return DraftBatch(*out)
+
     def draft_compact(
         self, req_ids: Sequence[ReqId], budget: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -263,6 +275,17 @@ class NgramCorpus:
             flat = np.concatenate(arrays).astype(np.int32) if arrays else np.zeros(0, np.int32)
         # One native call, all or nothing: unknown ids or bad tokens leave every request unchanged.
         self._native.extend_many([_rid(r) for r in req_ids], flat, np.asarray(lengths, dtype=np.int64))
+
+    def extend_runs(self, req_ids: Sequence[ReqId], runs: Sequence[Sequence[int]]) -> None:
+        """``extend_batch`` from one sequence of token ids per request (lists, tuples or 1-D integer
+        arrays), read natively: the cheapest form for a step's commits. All or nothing, as
+        ``extend_batch``."""
+        if len(runs) != len(req_ids):
+            raise ValueError(f"extend_runs: {len(req_ids)} request ids but {len(runs)} token sequences")
+        try:
+            self._native.extend_runs(req_ids, runs)
+        except ValueError as e:  # the binding reads runs like since: say which argument it was
+            raise ValueError(str(e).replace("since:", "extend_runs:")) from None
 
     def finish_batch(self, req_ids: Sequence[ReqId]) -> None:
         for rid in req_ids:

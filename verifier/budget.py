@@ -208,6 +208,15 @@ class BudgetPolicy:
             col = np.sort(probs.astype(np.float64), axis=1)[:, ::-1].sum(axis=0)
         return self._best_nodes(bs, [0.0, *itertools.accumulate(col.tolist())])
 
+    def choose_nodes_summary(self, bs: int, nodes: int, column_sums: list[float]) -> int:
+        """``choose_nodes_rows`` from a summary of the rows (``corpus_service._native.summarize_rows``:
+        the widest row's node count and, per column, the sum of the rows' j-th best probabilities)."""
+        if self.fixed is not None:
+            return min(self.fixed, nodes)
+        if not (bs and nodes):
+            return 0
+        return self._best_nodes(bs, [0.0, *itertools.accumulate(column_sums)])
+
     def _best_nodes(self, bs: int, gains: list[float]) -> int:
         """The k (0 .. len(gains) - 1) with the most expected tokens per second: bs + c gains[k]
         (gains[k]: the k best nodes' probabilities summed over the batch, c the calibration) over

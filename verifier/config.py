@@ -64,6 +64,9 @@ class VerifierConfig:
     overlap_plain: bool = True
     # The same for the plain steps of a speculative engine (engine.py; measured on the H200).
     overlap_spec_plain: bool = True
+    # A speculative engine's next drafting step is enqueued while the current one runs, behind a
+    # gate its drafts open (cuda graphs; EngineConfig.arm_steps: off, slower on the H200 so far).
+    arm_steps: bool = False
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -108,7 +111,8 @@ class VerifierConfig:
                             max_budget=self.max_budget, cost_probe_s=self.cost_probe_s, cuda_graphs=self.cuda_graphs,
                             compile=self.compile, capture_at_start=self.capture_at_start,
                             native_linear=self.native_linear, refill_group=self.refill_group,
-                            overlap_plain=self.overlap_plain, overlap_spec_plain=self.overlap_spec_plain)
+                            overlap_plain=self.overlap_plain, overlap_spec_plain=self.overlap_spec_plain,
+                            arm_steps=self.arm_steps)
 
 
 def _is_loopback(host: str) -> bool:

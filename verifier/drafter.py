@@ -7,7 +7,7 @@ corpus that mirrors this verifier's requests (prompt lookup plus what this verif
 Remote drafting, ``pipelined`` (the default): a step never waits for the network. It drafts from
 the in-process mirror, fresh, and merges the remote corpus' tree that was asked for one step
 earlier (deeper than a step's budget), re-rooted along the tokens committed since
-(``corpus_service.engine.merge_with_earlier``); then it asks the remote corpus for the next step's
+(``NgramCorpus.draft_merged``: one native call); then it asks the remote corpus for the next step's
 tree, which is drafted while the GPU verifies this step. What the shared corpus knows beyond this
 verifier (other replicas' outputs, external corpora) arrives one step late; this verifier's own
 requests are always fresh. ``sync``: every step waits up to ``draft_timeout_s`` for the remote
@@ -42,13 +42,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
-from itertools import chain
 
 import numpy as np
 
 from corpus_service import NgramCorpus
 from corpus_service.config import MAX_BUDGET, CorpusConfig
-from corpus_service.engine import DraftBatch, merge_with_earlier
+from corpus_service.engine import DraftBatch
 
 from .corpus_process import ClientProcess, ClientSettings, Ticket, draft_capped
 
@@ -76,8 +75,10 @@ REMOTE_CLIENTS = ("process", "thread")
 # accepts a path still finds tree below it.
 AHEAD_DEPTH_FACTOR = 2
 # Drafter.await_ahead's wait per call: the engine notices a finished GPU step up to this late
-# when the remote answer is not back yet.
-AWAIT_AHEAD_S = 5e-5
+# (plus one poll) when the remote answer is not back yet. On the H200 at 50 us, a batch-1 remote
+# drafting step's forward phase was 32 us longer than a local one's (1.025 vs 0.993 ms, step log
+# of the thirteenth session): about half a wait late on average.
+AWAIT_AHEAD_S = 1e-5
 
 
 @dataclass
@@ -185,10 +186,7 @@ class Drafter:
         if not items:
             return
         ids, runs = zip(*items)
-        # chain() and map(len) keep the per-token and per-run loops in C (a generator expression
-        # over every token cost as much as the native extend at batch 64).
-        flat = np.fromiter(chain.from_iterable(runs), dtype=np.int32)
-        self.local.extend_batch(ids, flat, np.fromiter(map(len, runs), dtype=np.int64, count=len(runs)))
+        self.local.extend_runs(ids, runs)  # the lists read natively (no per-token Python loop)
         if self.remote:
             since, live = self._since, self._live if self._proc is not None else {}
             for r, t in items:  # one pass for the re-rooting paths and the replay record
@@ -213,8 +211,7 @@ class Drafter:
         if self.pipelined:
             if self._ask is not None:  # the caller never dispatched the previous step's calls
                 self.dispatch()
-            fresh = self.local.draft(req_ids, budget)
-            merged = self._merge_ahead(req_ids, fresh, budget)
+            merged = self._draft_merged(req_ids, budget)
             self._ask = (list(req_ids), budget)  # sent by dispatch(), while the GPU verifies
             return merged
         batch = self._remote_draft(req_ids, budget)
@@ -385,22 +382,24 @@ class Drafter:
             log.info("corpus %s refuses deep trees; pipelined drafts ask for %d nodes from now on", self.target, budget)
             self._ahead_cap = budget
 
-    def _merge_ahead(self, req_ids: list[str], fresh: DraftBatch, budget: int) -> DraftBatch:
+    def _draft_merged(self, req_ids: list[str], budget: int) -> DraftBatch:
+        """The mirror's fresh trees, merged with the remote answer asked one step earlier where it
+        is back (``NgramCorpus.draft_merged``: one native call)."""
         if self._ahead is None and self._proc is not None and self._proc.dead:  # until a new child runs
             self.stats.fallback_steps += 1
-            return fresh
+            return self.local.draft(req_ids, budget)
         if self._ahead is None:  # nothing asked yet (the first step)
             self.stats.local_steps += 1
-            return fresh
+            return self.local.draft(req_ids, budget)
         if not self._ahead[0].done():
             self.stats.fallback_steps += 1
-            return fresh
+            return self.local.draft(req_ids, budget)
         fut, ids = self._ahead
         self._ahead = None
         earlier = self._answer(fut, budget)
         if earlier is None or len(earlier) != len(ids):
             self.stats.fallback_steps += 1
-            return fresh
+            return self.local.draft(req_ids, budget)
         if ids != list(req_ids):  # the batch changed: align rows by request, empty where absent
             row = {r: i for i, r in enumerate(ids)}
             idx = np.array([row.get(r, -1) for r in req_ids], dtype=np.int64)
@@ -410,7 +409,7 @@ class Drafter:
                                  np.where(have, earlier.counts[pick], 0).astype(np.int32))
         since = [self._since.get(r, ()) for r in req_ids]
         self.stats.remote_steps += 1
-        return merge_with_earlier(fresh, earlier, since, budget)
+        return self.local.draft_merged(req_ids, budget, earlier, since)
 
     def _answer(self, handle: Future | Ticket, budget: int) -> DraftBatch | None:
         """A finished remote draft's trees, or None after an error (counted)."""

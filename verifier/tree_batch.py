@@ -122,14 +122,20 @@ def pack_rows(last_tokens: list[int], tokens: np.ndarray, parents: np.ndarray, p
 @dataclass
 class PackedTrees:
     """A step's flattened trees on the host, in the layout that crosses to the device in one copy:
-    ``host`` = tokens [bs, K], parents [bs, K] (node index; -1 = root or isolated padding node),
-    prefix lens [bs], cache slots [bs], all int64."""
+    ``host`` = tokens [R, K], parents [R, K] (node index; -1 = root or isolated padding node),
+    prefix lens [R], cache slots [R], all int64, where R = ``rows`` (a graph bucket's, written in
+    place into its staging; rows past ``bs`` are padding) or ``bs``."""
 
     host: np.ndarray
     bs: int
     K: int
     num_nodes: list[int]  # real nodes per request incl. the root
     predicted: float  # sum of the draft nodes' path probabilities
+    rows: int = 0  # 0: bs
+
+    @property
+    def _R(self) -> int:
+        return self.rows or self.bs
 
     @property
     def tokens(self) -> np.ndarray:
@@ -137,15 +143,18 @@ class PackedTrees:
 
     @property
     def parents(self) -> np.ndarray:
-        return self.host[self.bs * self.K:2 * self.bs * self.K].reshape(self.bs, self.K)
+        n = self._R * self.K
+        return self.host[n:n + self.bs * self.K].reshape(self.bs, self.K)
 
     @property
     def prefix_lens(self) -> np.ndarray:
-        return self.host[2 * self.bs * self.K:2 * self.bs * self.K + self.bs]
+        n = 2 * self._R * self.K
+        return self.host[n:n + self.bs]
 
     @property
     def slots(self) -> np.ndarray:
-        return self.host[2 * self.bs * self.K + self.bs:]
+        n = 2 * self._R * self.K + self._R
+        return self.host[n:n + self.bs]
 
 
 def pack_trees(last_tokens: list[int], drafts: list[tuple[np.ndarray, np.ndarray, np.ndarray]],

@@ -9,6 +9,7 @@
 #include "errors.h"
 #include "pyconvert.h"
 #include "tree_merge.h"
+#include "tree_rows.h"
 
 namespace py = pybind11;
 using namespace ngc;
@@ -24,6 +25,43 @@ py::array_t<T> to_array(std::vector<T>&& v, std::vector<py::ssize_t> shape) {
   py::capsule owner(heap, [](void* p) { delete static_cast<std::vector<T>*>(p); });
   return py::array_t<T>(shape, heap->data(), owner);
 }
+// [n, width] padded trees (tree_merge.h's TreeRows), checked: one shape, counts within the width.
+TreeRows tree_rows(const I32& tokens, const I32& parents, const F32& probs, const I32& counts, py::ssize_t n) {
+  if (tokens.ndim() != 2 || tokens.shape(0) != n)
+    throw py::value_error("trees: expected [n, width] arrays with one row per request");
+  const auto w = tokens.shape(1);
+  auto same = [&](const py::array& a) { return a.ndim() == 2 && a.shape(0) == n && a.shape(1) == w; };
+  if (!same(parents) || !same(probs) || counts.ndim() != 1 || counts.shape(0) != n)
+    throw py::value_error("trees: tokens, parents and probs must have one shape and counts one entry per row");
+  for (py::ssize_t i = 0; i < n; ++i)
+    if (counts.data()[i] < 0 || counts.data()[i] > w) throw py::value_error("counts: expected 0 <= count <= width");
+  return TreeRows{tokens.data(), parents.data(), probs.data(), counts.data(), n, w};
+}
+
+// since: one sequence of token ids per row, read through the C API (this runs every remote-drafting
+// step; packing it with numpy in Python cost more than the merge itself). Flat ids and row offsets.
+std::pair<std::vector<int32_t>, std::vector<int64_t>> read_since(py::handle since_rows, py::ssize_t n) {
+  std::vector<int32_t> since;
+  std::vector<int64_t> off{0};
+  py::object rows = py::reinterpret_steal<py::object>(PySequence_Fast(since_rows.ptr(), "since: expected a sequence"));
+  if (!rows) throw py::error_already_set();
+  if (PySequence_Fast_GET_SIZE(rows.ptr()) != n) throw py::value_error("since: expected one sequence of token ids per row");
+  for (py::ssize_t i = 0; i < n; ++i) {
+    py::object row = py::reinterpret_steal<py::object>(
+        PySequence_Fast(PySequence_Fast_GET_ITEM(rows.ptr(), i), "since: expected sequences of token ids"));
+    if (!row) throw py::error_already_set();
+    const py::ssize_t m = PySequence_Fast_GET_SIZE(row.ptr());
+    PyObject** items = PySequence_Fast_ITEMS(row.ptr());
+    for (py::ssize_t j = 0; j < m; ++j) {
+      const long long v = PyLong_AsLongLong(items[j]);
+      if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+      if (v < 0 || v > INT32_MAX) throw py::value_error("since: expected token ids in [0, 2^31)");
+      since.push_back(static_cast<int32_t>(v));
+    }
+    off.push_back(static_cast<int64_t>(since.size()));
+  }
+  return {std::move(since), std::move(off)};
+}
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
@@ -38,69 +76,68 @@ PYBIND11_MODULE(_native, m) {
       "merge_with_earlier",
       [](I32 f_tokens, I32 f_parents, F32 f_probs, I32 f_counts, I32 e_tokens, I32 e_parents, F32 e_probs,
          I32 e_counts, py::handle since_rows, int budget) {
-        if (f_tokens.ndim() != 2 || e_tokens.ndim() != 2) throw py::value_error("trees: expected [n, width] arrays");
+        if (f_tokens.ndim() != 2) throw py::value_error("trees: expected [n, width] arrays");
         const auto n = f_tokens.shape(0);
-        const auto wf = f_tokens.shape(1), we = e_tokens.shape(1);
-        auto same = [](const py::array& a, py::ssize_t r, py::ssize_t c) {
-          return a.ndim() == 2 && a.shape(0) == r && a.shape(1) == c;
-        };
-        if (!same(f_parents, n, wf) || !same(f_probs, n, wf) || f_counts.size() != n || !same(e_tokens, n, we) ||
-            !same(e_parents, n, we) || !same(e_probs, n, we) || e_counts.size() != n)
-          throw py::value_error("trees: tokens, parents and probs must have one shape and counts one entry per row");
+        const TreeRows fresh = tree_rows(f_tokens, f_parents, f_probs, f_counts, n);
+        const TreeRows earlier = tree_rows(e_tokens, e_parents, e_probs, e_counts, n);
         if (budget < 1) throw py::value_error("budget: expected >= 1");
-        const int32_t* fc = f_counts.data();
-        const int32_t* ec = e_counts.data();
-        for (py::ssize_t i = 0; i < n; ++i) {
-          if (fc[i] < 0 || fc[i] > wf || ec[i] < 0 || ec[i] > we)
-            throw py::value_error("counts: expected 0 <= count <= width");
-        }
-        // since: one sequence of token ids per row, read through the C API (this runs every
-        // remote-drafting step; packing it with numpy in Python cost more than the merge itself).
-        std::vector<int32_t> since;
-        std::vector<int64_t> off{0};
-        {
-          py::object rows = py::reinterpret_steal<py::object>(PySequence_Fast(since_rows.ptr(), "since: expected a sequence"));
-          if (!rows) throw py::error_already_set();
-          if (PySequence_Fast_GET_SIZE(rows.ptr()) != n)
-            throw py::value_error("since: expected one sequence of token ids per row");
-          for (py::ssize_t i = 0; i < n; ++i) {
-            py::object row = py::reinterpret_steal<py::object>(
-                PySequence_Fast(PySequence_Fast_GET_ITEM(rows.ptr(), i), "since: expected sequences of token ids"));
-            if (!row) throw py::error_already_set();
-            const py::ssize_t m = PySequence_Fast_GET_SIZE(row.ptr());
-            PyObject** items = PySequence_Fast_ITEMS(row.ptr());
-            for (py::ssize_t j = 0; j < m; ++j) {
-              const long long v = PyLong_AsLongLong(items[j]);
-              if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
-              if (v < 0 || v > INT32_MAX) throw py::value_error("since: expected token ids in [0, 2^31)");
-              since.push_back(static_cast<int32_t>(v));
-            }
-            off.push_back(static_cast<int64_t>(since.size()));
-          }
-        }
-        std::vector<int32_t> tokens(static_cast<size_t>(n * budget), -1), parents(tokens.size(), -1);
-        std::vector<float> probs(tokens.size(), 0.f);
-        std::vector<int32_t> counts(static_cast<size_t>(n), 0);
+        auto [since, off] = read_since(since_rows, n);
+        std::vector<int32_t> tokens, parents, counts;
+        std::vector<float> probs;
         {
           py::gil_scoped_release nogil;
-          std::vector<int32_t> t, p;
-          std::vector<float> q;
-          for (py::ssize_t i = 0; i < n; ++i) {
-            t.clear(), p.clear(), q.clear();
-            const TreeView fresh{f_tokens.data() + i * wf, f_parents.data() + i * wf, f_probs.data() + i * wf, fc[i]};
-            const TreeView earlier{e_tokens.data() + i * we, e_parents.data() + i * we, e_probs.data() + i * we, ec[i]};
-            const int k = merge_with_earlier(fresh, earlier, since.data() + off[i], static_cast<int>(off[i + 1] - off[i]),
-                                             budget, t, p, q);
-            std::copy(t.begin(), t.end(), tokens.begin() + i * budget);
-            std::copy(p.begin(), p.end(), parents.begin() + i * budget);
-            std::copy(q.begin(), q.end(), probs.begin() + i * budget);
-            counts[static_cast<size_t>(i)] = k;
-          }
+          merge_rows(fresh, earlier, since.data(), off.data(), budget, tokens, parents, probs, counts);
         }
         return py::make_tuple(to_array(std::move(tokens), {n, budget}), to_array(std::move(parents), {n, budget}),
                               to_array(std::move(probs), {n, budget}), to_array(std::move(counts), {n}));
       },
       "Per row: the fresh tree united with the earlier tree re-rooted along `since` (tree_merge.h).");
+
+  // The verifier's step layout (tree_rows.h; verifier/tree_batch.py has the numpy reference).
+  m.def(
+      "summarize_rows",
+      [](F32 probs, I32 counts) {
+        if (probs.ndim() != 2 || counts.ndim() != 1 || counts.shape(0) != probs.shape(0))
+          throw py::value_error("summarize_rows: expected probs [n, width] and counts [n]");
+        const TreeRows v{nullptr, nullptr, probs.data(), counts.data(), probs.shape(0), probs.shape(1)};
+        RowsSummary s = summarize_rows(v);
+        return py::make_tuple(s.nodes, s.best_first, py::cast(s.column_sums));
+      },
+      "(nodes, best_first, column_sums) of padded draft rows (tree_rows.h).");
+  m.def(
+      "pack_rows",
+      [](py::handle last_tokens, I32 tokens, I32 parents, F32 probs, I32 counts, int k, bool best_first,
+         py::handle prefix_lens, py::handle slots, int k_min, int64_t rows, int64_t scratch, py::object out) {
+        const TreeRows v = tree_rows(tokens, parents, probs, counts, tokens.ndim() == 2 ? tokens.shape(0) : -1);
+        if (k < 0 || k_min < 1) throw py::value_error("pack_rows: expected k >= 0 and k_min >= 1");
+        if (rows != 0 && rows < v.n) throw py::value_error("pack_rows: rows must be 0 (n) or at least n");
+        auto last = to_int64s(last_tokens, v.n, "last_tokens");
+        auto prefix = to_int64s(prefix_lens, v.n, "prefix_lens");
+        auto slot = to_int64s(slots, v.n, "slots");
+        const int64_t R = std::max(rows, static_cast<int64_t>(v.n));
+        const int K = pack_width(v, k, k_min);
+        const auto size = static_cast<py::ssize_t>(2 * R * K + 2 * R);
+        py::array_t<int64_t> host;
+        if (out.is_none()) {
+          host = py::array_t<int64_t>(size);
+        } else {  // the caller's buffer (a graph's pinned staging): written in place, nothing copied after
+          if (!py::array_t<int64_t, py::array::c_style>::check_(out) || !py::reinterpret_borrow<py::array>(out).writeable())
+            throw py::value_error("pack_rows: out must be a writable C-contiguous int64 array");
+          host = py::reinterpret_borrow<py::array_t<int64_t>>(out);
+          if (host.size() < size)
+            throw py::value_error("pack_rows: out holds " + std::to_string(host.size()) + " values, the step needs " +
+                                  std::to_string(size));
+        }
+        std::vector<int32_t> num_nodes;
+        const double predicted = pack_rows(v, k, best_first, last.data(), prefix.data(), slot.data(), k_min, R,
+                                           scratch, host.mutable_data(), num_nodes);
+        return py::make_tuple(host, K, py::cast(num_nodes), predicted);
+      },
+      py::arg("last_tokens"), py::arg("tokens"), py::arg("parents"), py::arg("probs"), py::arg("counts"), py::arg("k"),
+      py::arg("best_first"), py::arg("prefix_lens"), py::arg("slots"), py::arg("k_min"), py::arg("rows") = 0,
+      py::arg("scratch") = 0, py::arg("out") = py::none(),
+      "(host int64, K, num_nodes, predicted): the rows pruned to k nodes and packed for a verify step of "
+      "max(rows, n) rows (tree_rows.h), into `out` if given.");
 
   py::class_<ScoreParams>(m, "ScoreParams")
       .def(py::init<>())
@@ -175,6 +212,18 @@ PYBIND11_MODULE(_native, m) {
              py::gil_scoped_release nogil;
              c.extend_many(ids, tokens.data(), lengths.data());
            })
+      .def("extend_runs",
+           [](Corpus& c, py::handle ids_obj, py::handle runs_obj) {
+             // extend_many from one sequence of token ids per request, read through the C API (the
+             // verifier's per-step commits are lists: two numpy conversions cost more than the extend).
+             auto ids = to_ids(ids_obj, "req_ids");
+             const auto n = static_cast<py::ssize_t>(ids.size());
+             auto [tokens, off] = read_since(runs_obj, n);
+             std::vector<int64_t> lengths(static_cast<size_t>(n));
+             for (py::ssize_t i = 0; i < n; ++i) lengths[static_cast<size_t>(i)] = off[i + 1] - off[i];
+             py::gil_scoped_release nogil;
+             c.extend_many(ids, tokens.data(), lengths.data());
+           })
       .def("extend",
            [](Corpus& c, const std::string& id, py::handle tokens) {
              auto t = to_tokens(tokens, "token_ids");
@@ -197,6 +246,27 @@ PYBIND11_MODULE(_native, m) {
                                    to_array(std::move(d.parents), {n, budget}),
                                    to_array(std::move(d.probs), {n, budget}),
                                    to_array(std::move(d.counts), {n}));
+           })
+      .def("draft_merged",
+           [](Corpus& c, py::handle ids_obj, int budget, I32 e_tokens, I32 e_parents, F32 e_probs, I32 e_counts,
+              py::handle since_rows) {
+             // draft() and merge_with_earlier() in one call: a pipelined remote step's drafting
+             // (the fresh trees never cross into Python).
+             auto ids = to_ids(ids_obj, "req_ids");
+             const auto n = static_cast<py::ssize_t>(ids.size());
+             const TreeRows earlier = tree_rows(e_tokens, e_parents, e_probs, e_counts, n);
+             auto [since, off] = read_since(since_rows, n);
+             DraftOutput d;
+             std::vector<int32_t> tokens, parents, counts;
+             std::vector<float> probs;
+             {
+               py::gil_scoped_release nogil;
+               c.draft(ids, budget, &d);
+               const TreeRows fresh{d.tokens.data(), d.parents.data(), d.probs.data(), d.counts.data(), n, budget};
+               merge_rows(fresh, earlier, since.data(), off.data(), budget, tokens, parents, probs, counts);
+             }
+             return py::make_tuple(to_array(std::move(tokens), {n, budget}), to_array(std::move(parents), {n, budget}),
+                                   to_array(std::move(probs), {n, budget}), to_array(std::move(counts), {n}));
            })
       .def("draft_compact",
            [](Corpus& c, py::handle ids_obj, int budget) {

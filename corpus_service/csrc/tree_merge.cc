@@ -104,4 +104,29 @@ int merge_with_earlier(const TreeView& fresh, const TreeView& earlier, const int
   return static_cast<int>(chosen.size());
 }
 
+void merge_rows(const TreeRows& fresh, const TreeRows& earlier, const int32_t* since, const int64_t* off,
+                int budget, std::vector<int32_t>& tokens, std::vector<int32_t>& parents, std::vector<float>& probs,
+                std::vector<int32_t>& counts) {
+  const int64_t n = fresh.n;
+  const size_t b = static_cast<size_t>(budget);
+  tokens.assign(static_cast<size_t>(n) * b, -1);
+  parents.assign(tokens.size(), -1);
+  probs.assign(tokens.size(), 0.f);
+  counts.assign(static_cast<size_t>(n), 0);
+  std::vector<int32_t> t, p;
+  std::vector<float> q;
+  for (int64_t i = 0; i < n; ++i) {
+    t.clear(), p.clear(), q.clear();
+    const TreeView f{fresh.tokens + i * fresh.width, fresh.parents + i * fresh.width, fresh.probs + i * fresh.width,
+                     fresh.counts[i]};
+    const TreeView e{earlier.tokens + i * earlier.width, earlier.parents + i * earlier.width,
+                     earlier.probs + i * earlier.width, earlier.counts[i]};
+    const int k = merge_with_earlier(f, e, since + off[i], static_cast<int>(off[i + 1] - off[i]), budget, t, p, q);
+    std::copy(t.begin(), t.end(), tokens.begin() + static_cast<int64_t>(i * budget));
+    std::copy(p.begin(), p.end(), parents.begin() + static_cast<int64_t>(i * budget));
+    std::copy(q.begin(), q.end(), probs.begin() + static_cast<int64_t>(i * budget));
+    counts[static_cast<size_t>(i)] = k;
+  }
+}
+
 }  // namespace ngc

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "tree_rows.h"
+
 namespace ngc {
 
 // One request's tree: n nodes, parent indices (-1: a child of the root) before children.
@@ -28,5 +30,12 @@ struct TreeView {
 int merge_with_earlier(const TreeView& fresh, const TreeView& earlier, const int32_t* since, int n_since,
                        int budget, std::vector<int32_t>& tokens, std::vector<int32_t>& parents,
                        std::vector<float>& probs);
+
+// Row by row over [n, width] padded batches (tree_rows.h; the same n): row i of `fresh` merged with
+// row i of `earlier` re-rooted along since[off[i] .. off[i + 1]), into [n, budget] padded outputs
+// (tokens and parents -1, probs 0 past each row's count).
+void merge_rows(const TreeRows& fresh, const TreeRows& earlier, const int32_t* since, const int64_t* off,
+                int budget, std::vector<int32_t>& tokens, std::vector<int32_t>& parents, std::vector<float>& probs,
+                std::vector<int32_t>& counts);
 
 }  // namespace ngc

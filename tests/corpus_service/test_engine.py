@@ -366,3 +366,27 @@ def test_a_looping_requests_own_chunks_are_skipped_within_a_bound(reps, finds_ot
     first = [t for t, p in zip(toks, parents) if p == -1]
     assert first[0] == 3  # the loop itself, from the request's own context
     assert (99 in first) == finds_other
+
+
+def test_extend_runs_reads_lists_natively_and_is_all_or_nothing():
+    """extend_runs (the verifier's per-step commits, lists of ints read through the C API) learns
+    what extend_batch learns, and refuses bad input before changing anything."""
+    a, b = NgramCorpus(vocab_size=100), NgramCorpus(vocab_size=100)
+    for c in (a, b):
+        c.start_requests(["x", "y"], [[1, 2], [2]])
+    a.extend_runs(["x", "y"], [[3, 4], [5]])
+    b.extend_batch(["x", "y"], [[3, 4], [5]])
+    a.extend_runs(("x", "y"), ([], np.array([6, 7], np.int64)))
+    b.extend_batch(["x", "y"], [[], [6, 7]])
+    for bad, match in (([[3], [400]], "outside the vocabulary"), ([[3], [-1]], "extend_runs: expected token ids"),
+                       ([[3]], "2 request ids but 1")):
+        with pytest.raises(ValueError, match=match):
+            a.extend_runs(["x", "y"], bad)
+    with pytest.raises(ValueError, match="unknown request id 'nope'"):
+        a.extend_runs(["x", "nope"], [[3], [4]])
+    with pytest.raises(TypeError):
+        a.extend_runs(["x", "y"], [[1.5], [2]])
+    for c in (a, b):
+        c.finish_batch(["x", "y"])
+        c.synchronize()
+    assert a.learned_tokens().tolist() == b.learned_tokens().tolist()

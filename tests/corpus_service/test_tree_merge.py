@@ -128,3 +128,25 @@ def test_merged_trees_are_valid_and_their_paths_come_from_the_sources(fresh, ear
         if len(path) > 1:
             assert q <= got[path[:-1]] + 1e-6, "probabilities never grow along a path"
         assert path in src or tuple(since) + path in old
+
+
+def test_draft_merged_is_the_corpus_draft_merged_with_the_earlier_trees():
+    """NgramCorpus.draft_merged (one native call) gives what draft() then merge_with_earlier() give,
+    for requests whose earlier tree holds the committed path, lacks it, or is empty."""
+    from corpus_service import NgramCorpus
+
+    corpus = NgramCorpus()
+    corpus.start_request("a", [1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 4, 1, 2])
+    corpus.start_request("b", [7, 8, 9, 7, 8, 9, 7, 8])
+    corpus.start_request("c", [4, 4, 4])
+    earlier = batch([EARLIER, ([9, 7], [-1, 0], [0.9, 0.8]), ([], [], [])], 6)
+    since = [[1, 2], [5], []]
+    for budget in (1, 4, 9):
+        want = merge_with_earlier(corpus.draft(["a", "b", "c"], budget), earlier, since, budget)
+        got = corpus.draft_merged(["a", "b", "c"], budget, earlier, since)
+        for w, g in zip((want.tokens, want.parents, want.probs, want.counts), (got.tokens, got.parents, got.probs, got.counts)):
+            assert np.array_equal(w, g)
+    with pytest.raises(ValueError, match="3 request ids, 2 earlier trees"):
+        corpus.draft_merged(["a", "b", "c"], 4, batch([EARLIER, EARLIER], 6), since)
+    with pytest.raises(ValueError, match="budget"):
+        corpus.draft_merged(["a", "b", "c"], 0, earlier, since)

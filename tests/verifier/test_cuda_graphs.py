@@ -208,3 +208,92 @@ def test_greedy_step_idle_work_runs_while_the_gpu_works_cuda():
     for a, b in zip((plain.accept_index, plain.accept_token_num, plain.predicts, plain.bad),
                     (busy.accept_index, busy.accept_token_num, busy.predicts, busy.bad)):
         assert np.array_equal(a, b)
+
+
+def _same_results(a, b) -> bool:
+    import numpy as np
+
+    return all(np.array_equal(x, y) for x, y in zip((a.accept_index, a.accept_token_num, a.predicts, a.bad),
+                                                   (b.accept_index, b.accept_token_num, b.predicts, b.bad)))
+
+
+def _fill(inp, packed, runner) -> None:
+    """A bs-row PackedTrees.host written into a step input of its bucket's rows."""
+    runner._load_step(inp, packed.host, packed.bs)
+
+
+def test_an_armed_step_runs_when_launched_on_the_cpu():
+    """Without captured graphs an armed step is a deferred one: filled, then launched, it gives the
+    results of an ordinary launch of the same input; disarming it leaves nothing behind."""
+    import numpy as np
+
+    from verifier.tree_batch import pack_rows
+
+    model, caches = _setup("cpu")
+    runners = [GraphRunner(model, c, MAX_BATCH, scratch_slot=MAX_BATCH, min_kv=16, capture=False) for c in caches]
+    slots, prefixes, K = [3, 0], [20, 5], 4
+    chain = np.tile(np.arange(-1, K - 2), (2, 1))
+    packed = pack_rows([5, 7], np.array([[1, 2, 3], [4, 5, 6]]), chain, np.ones((2, K - 1), np.float32),
+                       np.full(2, K - 1), prefixes, slots)
+    kv = max(prefixes) + K
+    # Steps of one input write the same rows past the prefix each time: the two caches stay equal.
+    runners[1].greedy_step(packed.host, 2, K, kv)  # the bucket's graph exists now (arming needs it)
+    assert runners[1].arm(2, K, kv) is not None and runners[1].arm(2, K, kv) is None  # one at a time
+    runners[1].disarm()
+    assert runners[1].armed is None
+    inp = runners[1].arm(2, K, kv)
+    assert inp.fits(2, K, kv) and not inp.fits(inp.B + 1, K, kv) and not inp.fits(2, K * 2, kv)
+    _fill(inp, packed, runners[1])
+    got = runners[1].collect(runners[1].launch_input(inp, 2))
+    assert _same_results(got, runners[0].greedy_step(packed.host, 2, K, kv))
+    with pytest.raises(RuntimeError, match="disarmed or already launched"):
+        runners[1].launch_input(inp, 2)
+
+
+@pytest.mark.gpu
+def test_an_armed_step_equals_a_launched_one_cuda():
+    """A step armed before its input exists (the gate kernel), filled and released, gives the
+    results of an ordinary launch of the same input on an identical cache; disarming runs it as
+    padding that moves no request's K/V; and a gate that times out relaunches the step for real."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from verifier.model import cuda_graphs
+
+    runners, packed, _, _, rows = _two_runners_and_chains_cuda()
+    bs, K = packed.bs, packed.K
+    want = runners[0].greedy_step(packed.host, bs, K, rows)
+    runners[1].greedy_step(packed.host, bs, K, rows)  # both caches now hold the same K/V again
+    runners[0].greedy_step(packed.host, bs, K, rows)
+    before = runners[1].cache.data.clone()
+    inp = runners[1].arm(bs, K, rows)
+    assert inp is not None
+    runners[1].disarm()  # runs as padding: only the scratch slot's rows may change
+    torch.cuda.synchronize()
+    scratch = runners[1].scratch
+    view, ref = runners[1].cache._view, before.view_as(runners[1].cache._view)
+    assert torch.equal(view[:, :scratch], ref[:, :scratch])
+    inp = runners[1].arm(bs, K, rows)
+    _fill(inp, packed, runners[1])
+    got = runners[1].collect(runners[1].launch_input(inp, bs))
+    again = runners[0].greedy_step(packed.host, bs, K, rows)
+    assert _same_results(got, again)
+    # A gate that times out: the step ran as padding, collect relaunches it from the input.
+    old = cuda_graphs.GATE_TIMEOUT_NS
+    cuda_graphs.GATE_TIMEOUT_NS = 2_000_000  # 2 ms
+    try:
+        inp = runners[1].arm(bs, K, rows)
+        import time
+
+        time.sleep(0.05)
+        _fill(inp, packed, runners[1])
+        late = runners[1].collect(runners[1].launch_input(inp, bs))
+    finally:
+        cuda_graphs.GATE_TIMEOUT_NS = old
+    assert runners[1].gate_timeouts == 1
+    again = runners[0].greedy_step(packed.host, bs, K, rows)
+    assert _same_results(late, again)
+    # Other work on the stream first disarms (it would wait behind the gate otherwise).
+    assert runners[1].arm(bs, K, rows) is not None
+    runners[1].greedy_step(packed.host, bs, K, rows)
+    assert runners[1].armed is None
+    torch.cuda.synchronize()

@@ -172,13 +172,9 @@ def test_overlapped_plain_decoding_on_captured_graphs_cuda():
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    from verifier.model import ModelConfig, build_model
+    from tiny_lm import tiny_lm_cuda
 
-    lm = tiny_lm(vocab_size=64, seed=5)
-    cfg = ModelConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-                      num_kv_heads=2, max_position_embeddings=256, eos_token_ids=(63,))
-    torch.manual_seed(5)
-    lm.model = build_model(cfg, None, "cuda", torch.float32)
+    lm = tiny_lm_cuda(vocab_size=64, seed=5)
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (6, 30, 9, 17, 4, 25, 13)]
     outs = []
     for overlap in (False, True):

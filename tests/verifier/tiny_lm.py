@@ -35,6 +35,16 @@ def tiny_lm(vocab_size: int = 8, seed: int = 0, weight_std: float = 0.3) -> Tiny
     return TinyLM(model, TextCodec(tok, CHATML, (vocab_size - 1,)))
 
 
+def tiny_lm_cuda(vocab_size: int = 64, seed: int = 5) -> TinyLM:
+    """A small random model on the GPU (wider than tiny_lm's, default init) with tiny_lm's codec:
+    for engine tests on captured graphs."""
+    lm = tiny_lm(vocab_size=vocab_size, seed=seed)
+    cfg = ModelConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                      num_kv_heads=2, max_position_embeddings=256, eos_token_ids=(vocab_size - 1,))
+    torch.manual_seed(seed)
+    return TinyLM(build_model(cfg, None, "cuda", torch.float32), lm.codec)
+
+
 def next_logits(model: Transformer, ids: list[int]) -> torch.Tensor:
     """The model's logits after ids [V], from a fresh causal forward (no engine involved)."""
     n = len(ids)

@@ -10,7 +10,7 @@ import ctypes
 import threading
 from ctypes import c_float, c_int, c_int64, c_void_p
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 _P = c_void_p  # every pointer argument, passed as an int from tensor.data_ptr()
 _SIGNATURES = {
@@ -27,6 +27,8 @@ _SIGNATURES = {
     "ngk_argmax_rows": [c_int, _P, c_int64, c_int64, _P, _P, _P],
     "ngk_silu_mul": [c_int, _P, _P, c_int64, c_int64, _P],
     "ngk_norm_linear": [c_int, c_int, c_int, _P, _P, _P, _P, c_float, _P, _P, _P, c_int, c_int, c_int, _P],
+    "ngk_wait_gate": [_P, _P, c_int64, c_int64, _P, _P, c_int, c_int, c_int64, _P],
+    "ngk_open_gate": [_P, c_int64],  # host only: no stream
 }
 
 

@@ -1,0 +1,27 @@
+"""CPU smoke of bench/host_phases.py: the engine's graph path with the trace standing in for the
+device (its outputs are the trace's), the three modes with a real corpus server, the JSON."""
+
+import json
+
+import pytest
+
+from bench import host_phases
+
+
+def test_host_phases_smoke(tmp_path, capsys, data_dir):
+    out = tmp_path / "hp.json"
+    assert host_phases.main(["--batches", "1,3", "--prompts", "3", "--max-new", "12", "--rounds", "1",
+                             "--device-ms", "0.2", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    for B in ("1", "3"):
+        row = res["batches"][B]
+        for m in ("plain", "local", "remote"):
+            r = row[m]
+            assert r["outputs_follow_trace"] and r["steps"] > 0 and r["host_ms"] > 0
+            assert all(r[p] >= -1e-3 for p in host_phases.PHASES)
+        assert row["plain"]["pack"] == 0 and row["local"]["pack"] > 0  # plain steps draft nothing
+        assert row["local"]["mat"] >= row["plain"]["mat"]
+        assert row["remote"]["draft_steps"]["remote"] + row["remote"]["draft_steps"]["fallback"] > 0
+    assert "SUMMARY" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        host_phases.main(["--batches", "0", "--out", str(out)])
