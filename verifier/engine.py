@@ -734,7 +734,7 @@ class Engine:
         inp = self.graphs.armed
         self._ran_armed = False
         if inp is not None:
-            if bs <= inp.B and max_prefix + inp.K <= inp.L:
+            if inp.fits(bs, inp.K, max_prefix + inp.K):
                 K, k = inp.K, min(k, inp.K - 1)  # its tree size: padded up to it, or cut to it
                 self._ran_armed = True
             else:
