@@ -28,6 +28,11 @@ largest bucket still prefills eagerly.
 
 ``static_forward`` runs exactly the padded computation a graph replays, without capturing, so the
 padding logic is tested on the CPU (tests/verifier/test_cuda_graphs.py).
+
+A greedy step's input is packed by the host straight into its graph's pinned staging buffer
+(``step_input``, then ``launch_input``). ``arm`` enqueues a step before its input exists, behind a
+gate kernel the host opens once it has packed the input (``kernels.wait_gate``; off by default in
+the engine, ``EngineConfig.arm_steps``: slower on the H200 so far).
 """
 
 from __future__ import annotations
