@@ -282,10 +282,7 @@ class NgramCorpus:
         ``extend_batch``."""
         if len(runs) != len(req_ids):
             raise ValueError(f"extend_runs: {len(req_ids)} request ids but {len(runs)} token sequences")
-        try:
-            self._native.extend_runs(req_ids, runs)
-        except ValueError as e:  # the binding reads runs like since: say which argument it was
-            raise ValueError(str(e).replace("since:", "extend_runs:")) from None
+        self._native.extend_runs(req_ids, runs)
 
     def finish_batch(self, req_ids: Sequence[ReqId]) -> None:
         for rid in req_ids:

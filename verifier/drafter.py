@@ -385,21 +385,32 @@ class Drafter:
     def _draft_merged(self, req_ids: list[str], budget: int) -> DraftBatch:
         """The mirror's fresh trees, merged with the remote answer asked one step earlier where it
         is back (``NgramCorpus.draft_merged``: one native call)."""
-        if self._ahead is None and self._proc is not None and self._proc.dead:  # until a new child runs
-            self.stats.fallback_steps += 1
+        earlier = self._take_ahead(req_ids, budget)
+        if earlier is None:
             return self.local.draft(req_ids, budget)
-        if self._ahead is None:  # nothing asked yet (the first step)
-            self.stats.local_steps += 1
-            return self.local.draft(req_ids, budget)
+        self.stats.remote_steps += 1
+        return self.local.draft_merged(req_ids, budget, earlier, [self._since.get(r, ()) for r in req_ids])
+
+    def _take_ahead(self, req_ids: list[str], budget: int) -> DraftBatch | None:
+        """The remote trees asked one step earlier, one row per request of ``req_ids`` (empty where
+        a request was not asked about), or None, counted, where there are none to merge: nothing
+        asked yet (the first step), not back yet, failed, or no child process running."""
+        if self._ahead is None:
+            dead = self._proc is not None and self._proc.dead  # until a new child runs
+            if dead:
+                self.stats.fallback_steps += 1
+            else:
+                self.stats.local_steps += 1
+            return None
         if not self._ahead[0].done():
             self.stats.fallback_steps += 1
-            return self.local.draft(req_ids, budget)
+            return None
         fut, ids = self._ahead
         self._ahead = None
         earlier = self._answer(fut, budget)
         if earlier is None or len(earlier) != len(ids):
             self.stats.fallback_steps += 1
-            return self.local.draft(req_ids, budget)
+            return None
         if ids != list(req_ids):  # the batch changed: align rows by request, empty where absent
             row = {r: i for i, r in enumerate(ids)}
             idx = np.array([row.get(r, -1) for r in req_ids], dtype=np.int64)
@@ -407,9 +418,7 @@ class Drafter:
             pick = np.where(have, idx, 0)
             earlier = DraftBatch(earlier.tokens[pick], earlier.parents[pick], earlier.probs[pick],
                                  np.where(have, earlier.counts[pick], 0).astype(np.int32))
-        since = [self._since.get(r, ()) for r in req_ids]
-        self.stats.remote_steps += 1
-        return self.local.draft_merged(req_ids, budget, earlier, since)
+        return earlier
 
     def _answer(self, handle: Future | Ticket, budget: int) -> DraftBatch | None:
         """A finished remote draft's trees, or None after an error (counted)."""

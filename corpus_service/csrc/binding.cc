@@ -38,24 +38,26 @@ TreeRows tree_rows(const I32& tokens, const I32& parents, const F32& probs, cons
   return TreeRows{tokens.data(), parents.data(), probs.data(), counts.data(), n, w};
 }
 
-// since: one sequence of token ids per row, read through the C API (this runs every remote-drafting
-// step; packing it with numpy in Python cost more than the merge itself). Flat ids and row offsets.
-std::pair<std::vector<int32_t>, std::vector<int64_t>> read_since(py::handle since_rows, py::ssize_t n) {
+// One sequence of token ids per row (`what` names the argument in errors), read through the C API:
+// this runs every step (a remote step's `since`, a step's commits), where packing it with numpy in
+// Python cost more than the native work. Flat ids and row offsets.
+std::pair<std::vector<int32_t>, std::vector<int64_t>> read_rows(py::handle rows_obj, py::ssize_t n, const std::string& what) {
   std::vector<int32_t> since;
   std::vector<int64_t> off{0};
-  py::object rows = py::reinterpret_steal<py::object>(PySequence_Fast(since_rows.ptr(), "since: expected a sequence"));
+  const std::string seq_error = what + ": expected a sequence", row_error = what + ": expected sequences of token ids";
+  py::object rows = py::reinterpret_steal<py::object>(PySequence_Fast(rows_obj.ptr(), seq_error.c_str()));
   if (!rows) throw py::error_already_set();
-  if (PySequence_Fast_GET_SIZE(rows.ptr()) != n) throw py::value_error("since: expected one sequence of token ids per row");
+  if (PySequence_Fast_GET_SIZE(rows.ptr()) != n) throw py::value_error(what + ": expected one sequence of token ids per row");
   for (py::ssize_t i = 0; i < n; ++i) {
     py::object row = py::reinterpret_steal<py::object>(
-        PySequence_Fast(PySequence_Fast_GET_ITEM(rows.ptr(), i), "since: expected sequences of token ids"));
+        PySequence_Fast(PySequence_Fast_GET_ITEM(rows.ptr(), i), row_error.c_str()));
     if (!row) throw py::error_already_set();
     const py::ssize_t m = PySequence_Fast_GET_SIZE(row.ptr());
     PyObject** items = PySequence_Fast_ITEMS(row.ptr());
     for (py::ssize_t j = 0; j < m; ++j) {
       const long long v = PyLong_AsLongLong(items[j]);
       if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
-      if (v < 0 || v > INT32_MAX) throw py::value_error("since: expected token ids in [0, 2^31)");
+      if (v < 0 || v > INT32_MAX) throw py::value_error(what + ": expected token ids in [0, 2^31)");
       since.push_back(static_cast<int32_t>(v));
     }
     off.push_back(static_cast<int64_t>(since.size()));
@@ -81,7 +83,7 @@ PYBIND11_MODULE(_native, m) {
         const TreeRows fresh = tree_rows(f_tokens, f_parents, f_probs, f_counts, n);
         const TreeRows earlier = tree_rows(e_tokens, e_parents, e_probs, e_counts, n);
         if (budget < 1) throw py::value_error("budget: expected >= 1");
-        auto [since, off] = read_since(since_rows, n);
+        auto [since, off] = read_rows(since_rows, n, "since");
         std::vector<int32_t> tokens, parents, counts;
         std::vector<float> probs;
         {
@@ -218,7 +220,7 @@ PYBIND11_MODULE(_native, m) {
              // verifier's per-step commits are lists: two numpy conversions cost more than the extend).
              auto ids = to_ids(ids_obj, "req_ids");
              const auto n = static_cast<py::ssize_t>(ids.size());
-             auto [tokens, off] = read_since(runs_obj, n);
+             auto [tokens, off] = read_rows(runs_obj, n, "extend_runs");
              std::vector<int64_t> lengths(static_cast<size_t>(n));
              for (py::ssize_t i = 0; i < n; ++i) lengths[static_cast<size_t>(i)] = off[i + 1] - off[i];
              py::gil_scoped_release nogil;
@@ -255,7 +257,7 @@ PYBIND11_MODULE(_native, m) {
              auto ids = to_ids(ids_obj, "req_ids");
              const auto n = static_cast<py::ssize_t>(ids.size());
              const TreeRows earlier = tree_rows(e_tokens, e_parents, e_probs, e_counts, n);
-             auto [since, off] = read_since(since_rows, n);
+             auto [since, off] = read_rows(since_rows, n, "since");
              DraftOutput d;
              std::vector<int32_t> tokens, parents, counts;
              std::vector<float> probs;

@@ -261,7 +261,7 @@ def test_an_armed_step_equals_a_launched_one_cuda():
 
     runners, packed, _, _, rows = _two_runners_and_chains_cuda()
     bs, K = packed.bs, packed.K
-    want = runners[0].greedy_step(packed.host, bs, K, rows)
+    runners[0].greedy_step(packed.host, bs, K, rows)  # steps of one input write the same rows each time:
     runners[1].greedy_step(packed.host, bs, K, rows)  # both caches now hold the same K/V again
     runners[0].greedy_step(packed.host, bs, K, rows)
     before = runners[1].cache.data.clone()
