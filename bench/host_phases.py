@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.traces import default_trace_files, load_traces  # noqa: E402
-from verifier.drafter import Drafter  # noqa: E402
+from verifier.drafter import AWAIT_AHEAD_S, Drafter  # noqa: E402
 from verifier.engine import Engine, EngineConfig  # noqa: E402
 from verifier.model import ModelConfig, build_model, load_model  # noqa: E402
 from verifier.model.cuda_graphs import GreedyStepResult  # noqa: E402
@@ -175,7 +175,9 @@ def run_mode(model, codec, mode: str, target: str | None, traces, B: int, budget
         if drafter is not None and drafter.pipelined_remote:  # as during the next GPU step's wait
             t = time.perf_counter()
             deadline = t + 0.05
-            while drafter.await_ahead() and time.perf_counter() < deadline:
+            # A short wait per call, not the CUDA engine's spin: on a small machine a spinning
+            # parent would take a core from the corpus client and server this benchmark also runs.
+            while drafter.await_ahead(AWAIT_AHEAD_S) and time.perf_counter() < deadline:
                 pass
             extra = time.perf_counter() - t
         if st.prefills == p0 and engine.scheduler.running:  # steady steps only

@@ -35,17 +35,18 @@ sys.path.insert(0, str(ROOT))
 from bench.traces import default_trace_files, load_traces  # noqa: E402
 from corpus_service.client import CorpusClient  # noqa: E402
 from verifier.demo import _start_server  # noqa: E402
-from verifier.drafter import Drafter  # noqa: E402
+from verifier.drafter import AWAIT_AHEAD_S, Drafter  # noqa: E402
 
 MODES = ("local", "pipelined", "pipelined_no_await", "pipelined_thread", "sync")
 
 
 def gpu_step(d: Drafter, gpu_s: float, take_answer: bool) -> None:
     """The emulated GPU step. Like the engine's wait for the GPU: the remote answer taken in
-    meanwhile (each call waits up to AWAIT_AHEAD_S, so the end may be noticed that late)."""
+    meanwhile (each call waits up to AWAIT_AHEAD_S, so the end may be noticed that late; the CUDA
+    engine spins instead, which on a small machine would take a core from the corpus processes)."""
     end = time.perf_counter() + gpu_s
     if take_answer:
-        while time.perf_counter() < end and d.await_ahead():
+        while time.perf_counter() < end and d.await_ahead(AWAIT_AHEAD_S):
             pass
     rest = end - time.perf_counter()
     if rest > 0:

@@ -74,10 +74,12 @@ REMOTE_CLIENTS = ("process", "thread")
 # Pipelined remote trees are asked this many times deeper than a step's budget: a step that
 # accepts a path still finds tree below it.
 AHEAD_DEPTH_FACTOR = 2
-# Drafter.await_ahead's wait per call: the engine notices a finished GPU step up to this late
-# (plus one poll) when the remote answer is not back yet. On the H200 at 50 us, a batch-1 remote
-# drafting step's forward phase was 32 us longer than a local one's (1.025 vs 0.993 ms, step log
-# of the thirteenth session): about half a wait late on average.
+# Drafter.await_ahead's wait per call with the thread client (its wait lets the client thread take
+# the GIL): the engine notices a finished GPU step up to this late when the remote answer is not back
+# yet. The process client's answer is a non-blocking read instead, so the engine polls the GPU
+# between reads as tightly as a local step's event wait spins: a 10 us select() slept ~60 us
+# (the kernel's default 50 us timer slack), and the H200's batch-1 remote drafting step spent
+# 23 us more in its forward phase than a local one (0.995 vs 0.972 ms, fourteenth session).
 AWAIT_AHEAD_S = 1e-5
 
 
@@ -355,19 +357,23 @@ class Drafter:
             self._ahead = (self._pool.submit(self._guarded, self._draft_ahead, ids, deep, budget), ids)
         self._since = {r: [] for r in ids}
 
-    def await_ahead(self, timeout_s: float = AWAIT_AHEAD_S) -> bool:
-        """Pipelined: waits up to ``timeout_s`` for the remote answer asked by the last dispatch()
-        and takes it in, so that the next step's draft finds it decoded. The engine calls it while
-        the GPU runs a step, in place of blocking on the GPU: reading and decoding the answer then
-        leave the host's critical path between steps. Returns whether an answer is still outstanding."""
+    def await_ahead(self, timeout_s: float | None = None) -> bool:
+        """Pipelined: takes in the remote answer asked by the last dispatch() if it is back, so that
+        the next step's draft finds it decoded; waits up to ``timeout_s`` for it (None: the
+        thread client AWAIT_AHEAD_S, the process client not at all: one non-blocking read). The
+        engine calls it while the GPU runs a step, between polls of the GPU: reading and decoding
+        the answer then leave the host's critical path between steps. Returns whether an answer is
+        still outstanding."""
         if self._ahead is None:
             return False
         handle = self._ahead[0]
         if handle.done():
             return False
         if isinstance(handle, Future):
-            wait_futures([handle], timeout=timeout_s)
+            wait_futures([handle], timeout=AWAIT_AHEAD_S if timeout_s is None else timeout_s)
             return not handle.done()
+        if not timeout_s:
+            return True  # done() above was the read
         return not handle.wait(timeout_s)
 
     def _draft_ahead(self, ids: list[str], deep: int, budget: int) -> DraftBatch:

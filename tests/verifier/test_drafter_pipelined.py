@@ -2,6 +2,8 @@
 only the shared corpus knows (here: another replica's output) still reaches the drafts, one step
 late, re-rooted along the tokens committed meanwhile. Real gRPC server on 127.0.0.1."""
 
+import time
+
 import pytest
 
 from corpus_service.client import CorpusClient
@@ -103,6 +105,25 @@ def test_await_ahead_takes_the_answer_in_while_the_gpu_would_run(corpus_server, 
         drafter.draft(["r"], 4)
         assert drafter.stats.remote_steps == 1 and drafter.stats.fallback_steps == 0
         drafter.finish("r")
+    finally:
+        drafter.close()
+
+
+def test_the_process_clients_await_never_sleeps(corpus_server, monkeypatch):
+    """With the client in a child process, await_ahead is one non-blocking read: the engine polls
+    the GPU between calls as tightly as a local step's event wait (a select() with a timeout
+    sleeps for the kernel's timer slack, ~50 us, past the GPU's finish)."""
+    drafter = Drafter(corpus_server.target, client_timeout_s=5.0, remote_client="process")
+    try:
+        drafter.start_request("r", [5, 6, 7, 5, 6])
+        drafter.draft(["r"], 4)
+        drafter.dispatch()
+        handle = drafter._ahead[0]
+        monkeypatch.setattr(type(handle), "wait", lambda self, timeout: pytest.fail("await_ahead waited"))
+        deadline = time.monotonic() + 30
+        while drafter.await_ahead():
+            assert time.monotonic() < deadline, "the remote answer never came"
+        assert handle.done() and handle.batch is not None
     finally:
         drafter.close()
 
