@@ -31,7 +31,7 @@ from .model import fusion
 from .model.cuda_graphs import GraphRunner, GreedyStepResult, StepInput, StepLaunch, probe_native_linear
 from .numerics import error_message, nonfinite_rows
 from .penalties import needs_processing, process_logits
-from .request import Request, Status, append_tokens
+from .request import Request, Status, append_run, append_tokens, stop_tokens
 from .sampling import SamplingParams, sample, target_probs
 from .scheduler import Scheduler
 from .tree_batch import PackedTrees, build_tree_batch, prune_tree
@@ -222,6 +222,7 @@ class Engine:
             log.info("captured %d greedy-step and prefill graphs in %.1f s", n, time.perf_counter() - t)
         self.scheduler = Scheduler(config.max_batch, config.refill_slots)
         self.eos_ids = tuple(codec.eos_token_ids or mc.eos_token_ids)
+        self._stop_sets: dict[tuple, frozenset[int]] = {}  # (ignore_eos, stop_token_ids) -> stop_tokens
         self.grammars = GrammarCompiler(codec.tokenizer, mc.vocab_size, self.eos_ids)  # lazy: structured output
         fixed = 0 if drafter is None else config.budget
         if fixed is None and cost is None:
@@ -492,6 +493,20 @@ class Engine:
             log.warning("request %s: %s", req.req_id, req.error)
         return committed
 
+    def _commit_run(self, req: Request, tokens: list[int]) -> int:
+        """``_commit`` for a request without stop strings, grammar or logprobs (``append_run``)."""
+        p = req.params
+        key = (p.ignore_eos, p.stop_token_ids)
+        stops = self._stop_sets.get(key)
+        if stops is None:
+            stops = self._stop_sets[key] = stop_tokens(p, self.eos_ids)
+        m = append_run(req, tokens, stops, self.codec.decode)
+        if m:
+            self.stats.generated_tokens += m
+            if self.drafter is not None:
+                self._extends.append((req.req_id, tokens[:m]))  # sent in one batch: _flush_extends
+        return m
+
     def _commit(self, req: Request, tokens: list[int], logprobs: list | None = None) -> int:
         """Appends tokens up to a stop; returns how many were committed."""
         before = len(req.output_ids)
@@ -606,7 +621,11 @@ class Engine:
             self._committed_launched += 1
             req.cache_len += 1
             req.verify_steps += 1
-            self._commit_path(req, [predicts[b]], None, [0], [bad[b]])
+            p = req.params
+            if not bad[b] and p.logprobs is None and req.grammar is None and not p.stop:
+                self._commit_run(req, [predicts[b]])
+            else:
+                self._commit_path(req, [predicts[b]], None, [0], [bad[b]])
             if bad[b]:  # NaN K/V in masked rows would still reach attention (0 * NaN)
                 self.cache.clear(req.slot, 0 if req.finish_reason == "error" else req.cache_len)
         self._flush_extends()
@@ -669,23 +688,35 @@ class Engine:
                     self.cache.clear(r.slot, r.cache_len)
             return self._verify_step(running, plain | retry, arm)
         accepted_total = 0
+        # Each request's committed run (its accepted path's tokens, then the bonus) gathered for the
+        # whole batch at once: accept_index holds the path's node indices into the flat [bs * K]
+        # trees (-1 past the path), and the bonus is the target's prediction after the last one.
+        rows = np.arange(bs)
+        path = np.maximum(accept_index, 0)
+        runs = np.empty((bs, K), dtype=np.int64)  # n <= K - 1 accepted, so n + 1 <= K tokens
+        runs[:, :K - 1] = tokens.reshape(-1)[path[:, 1:]]
+        runs[rows, num] = predicts[path[rows, num]]
         # Python lists: indexing them is several times cheaper than numpy scalars, per request per step.
-        num, accept_index, predicts = num.tolist(), accept_index.tolist(), predicts.tolist()
-        tokens, bad_rows = tokens.tolist(), bad.tolist()
+        num, runs = num.tolist(), runs.tolist()
+        slow = None  # the general commit's inputs, made once if a request needs them
         for b, req in enumerate(running):
-            n, path_index = num[b], accept_index[b]
-            nodes = [i - b * K for i in path_index[1:1 + n]]
-            row = tokens[b]
-            new = [row[i] for i in nodes] + [predicts[path_index[n]]]
-            path = [0] + nodes  # emitted token j was chosen from the logits of path node j
+            n = num[b]
             req.cache_len += 1 + n
             req.verify_steps += 1
             req.draft_tokens += num_nodes[b] - 1
             accepted_total += n
             self.stats.spec_steps += num_nodes[b] > 1
+            p = req.params
             # Usage counts accepted tokens that were committed (a stop can cut the path short).
-            req.accepted_tokens += min(n, self._commit_path(req, new, logits[b] if req.params.logprobs is not None else None, path,
-                                                             [bad_rows[b][i] for i in path]))
+            if not bad_any[b] and p.logprobs is None and req.grammar is None and not p.stop:
+                req.accepted_tokens += min(n, self._commit_run(req, runs[b][:n + 1]))
+                continue
+            if slow is None:
+                slow = accept_index.tolist(), bad.tolist()
+            nodes = [i - b * K for i in slow[0][b][1:1 + n]]
+            path_b = [0] + nodes  # emitted token j was chosen from the logits of path node j
+            req.accepted_tokens += min(n, self._commit_path(req, runs[b][:n + 1], logits[b] if p.logprobs is not None else None,
+                                                             path_b, [slow[1][b][i] for i in path_b]))
             if bad_any[b]:  # NaN K/V in masked rows would still reach attention (0 * NaN)
                 self._disarm()
                 self.cache.clear(req.slot, 0 if req.finish_reason == "error" else req.cache_len)
