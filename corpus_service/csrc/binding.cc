@@ -252,23 +252,19 @@ PYBIND11_MODULE(_native, m) {
       .def("draft_merged",
            [](Corpus& c, py::handle ids_obj, int budget, I32 e_tokens, I32 e_parents, F32 e_probs, I32 e_counts,
               py::handle since_rows) {
-             // draft() and merge_with_earlier() in one call: a pipelined remote step's drafting
-             // (the fresh trees never cross into Python).
+             // draft() and merge_with_earlier() in one call, each row merged as it is drafted (on the
+             // draft pool's threads): a pipelined remote step's drafting (the fresh trees never cross into Python).
              auto ids = to_ids(ids_obj, "req_ids");
              const auto n = static_cast<py::ssize_t>(ids.size());
              const TreeRows earlier = tree_rows(e_tokens, e_parents, e_probs, e_counts, n);
              auto [since, off] = read_rows(since_rows, n, "since");
              DraftOutput d;
-             std::vector<int32_t> tokens, parents, counts;
-             std::vector<float> probs;
              {
                py::gil_scoped_release nogil;
-               c.draft(ids, budget, &d);
-               const TreeRows fresh{d.tokens.data(), d.parents.data(), d.probs.data(), d.counts.data(), n, budget};
-               merge_rows(fresh, earlier, since.data(), off.data(), budget, tokens, parents, probs, counts);
+               c.draft_merged(ids, budget, EarlierTrees{earlier, since.data(), off.data()}, &d);
              }
-             return py::make_tuple(to_array(std::move(tokens), {n, budget}), to_array(std::move(parents), {n, budget}),
-                                   to_array(std::move(probs), {n, budget}), to_array(std::move(counts), {n}));
+             return py::make_tuple(to_array(std::move(d.tokens), {n, budget}), to_array(std::move(d.parents), {n, budget}),
+                                   to_array(std::move(d.probs), {n, budget}), to_array(std::move(d.counts), {n}));
            })
       .def("draft_compact",
            [](Corpus& c, py::handle ids_obj, int budget) {

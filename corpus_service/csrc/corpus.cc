@@ -7,6 +7,7 @@
 
 #include "errors.h"
 #include "snapshot.h"
+#include "tree_merge.h"
 
 namespace ngc {
 
@@ -396,11 +397,20 @@ void Corpus::draft(const std::vector<std::string>& ids, int budget, DraftOutput*
   draft_batch(ids, budget, true, out);
 }
 
+void Corpus::draft_merged(const std::vector<std::string>& ids, int budget, const EarlierTrees& earlier,
+                          DraftOutput* out) {
+  if (earlier.earlier.n != static_cast<int64_t>(ids.size()))
+    throw std::invalid_argument("draft_merged: " + std::to_string(ids.size()) + " request ids but " +
+                                std::to_string(earlier.earlier.n) + " earlier trees");
+  draft_batch(ids, budget, true, out, &earlier);
+}
+
 void Corpus::draft_compact(const std::vector<std::string>& ids, int budget, DraftOutput* out) {
   draft_batch(ids, budget, false, out);
 }
 
-void Corpus::draft_batch(const std::vector<std::string>& ids, int budget, bool pad, DraftOutput* out) {
+void Corpus::draft_batch(const std::vector<std::string>& ids, int budget, bool pad, DraftOutput* out,
+                         const EarlierTrees* merge) {
   if (budget < 1 || budget > 1024)
     throw std::invalid_argument("budget must be in [1, 1024], got " + std::to_string(budget));
   std::vector<std::shared_ptr<RequestState>> states;
@@ -431,6 +441,18 @@ void Corpus::draft_batch(const std::vector<std::string>& ids, int budget, bool p
       std::lock_guard<std::mutex> g(states[i]->mu);
       states[i]->touch();
       draft_one(*states[i], budget, ext, tree, t, p, pr);
+    }
+    if (merge != nullptr) {  // the earlier tree merged in on this thread (outside the request's lock)
+      thread_local std::vector<int32_t> mt, mp;
+      thread_local std::vector<float> mpr;
+      mt.clear(), mp.clear(), mpr.clear();
+      const TreeRows& e = merge->earlier;
+      const int64_t w = e.width, at = static_cast<int64_t>(i);
+      merge_with_earlier({t.data(), p.data(), pr.data(), static_cast<int>(t.size())},
+                         {e.tokens + at * w, e.parents + at * w, e.probs + at * w, e.counts[i]},
+                         merge->since + merge->off[i], static_cast<int>(merge->off[i + 1] - merge->off[i]), budget,
+                         mt, mp, mpr);
+      t.swap(mt), p.swap(mp), pr.swap(mpr);
     }
     std::copy(t.begin(), t.end(), rows.tokens.begin() + i * b);
     std::copy(p.begin(), p.end(), rows.parents.begin() + i * b);

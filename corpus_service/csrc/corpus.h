@@ -28,6 +28,7 @@
 #include "group.h"
 #include "request_state.h"
 #include "token_index.h"
+#include "tree_rows.h"
 
 namespace ngc {
 
@@ -70,6 +71,14 @@ struct DraftOutput {
   std::vector<float> probs;
 };
 
+// Trees drafted earlier for the same requests (a pipelined remote step's), to merge into fresh
+// ones row by row (tree_merge.h): row i of `earlier`, re-rooted along since[off[i] .. off[i + 1]).
+struct EarlierTrees {
+  TreeRows earlier;
+  const int32_t* since;
+  const int64_t* off;
+};
+
 class Corpus {
  public:
   explicit Corpus(CorpusConfig cfg);
@@ -95,6 +104,9 @@ class Corpus {
   // Drafts at most `budget` nodes per request: tokens/parents/probs padded to budget per row
   // (padding token -1, parent -1, prob 0), counts per request.
   void draft(const std::vector<std::string>& ids, int budget, DraftOutput* out);
+  // draft(), each fresh tree merged with its earlier one as it is drafted (tree_merge.h), so a
+  // batch's merges run on the draft pool's threads with its drafts (padded [n, budget] output).
+  void draft_merged(const std::vector<std::string>& ids, int budget, const EarlierTrees& earlier, DraftOutput* out);
   // The same trees unpadded: request i's counts[i] nodes follow request i-1's (the wire layout).
   void draft_compact(const std::vector<std::string>& ids, int budget, DraftOutput* out);
   // SGLang's flattened form: K = budget + 1 tokens per request starting with the last token,
@@ -133,7 +145,8 @@ class Corpus {
   void release(std::shared_ptr<RequestState> rs);
   void leave_group(RequestState& rs);  // rs ended: drops its group with its last member
   void drop_chunk_records(const std::vector<uint64_t>& serials);  // of group members let go
-  void draft_batch(const std::vector<std::string>& ids, int budget, bool pad, DraftOutput* out);
+  void draft_batch(const std::vector<std::string>& ids, int budget, bool pad, DraftOutput* out,
+                   const EarlierTrees* merge = nullptr);
   void draft_one(RequestState& rs, int budget, const std::vector<std::shared_ptr<const TokenIndex>>& ext,
                  DraftTree& tree, std::vector<int32_t>& tokens, std::vector<int32_t>& parents,
                  std::vector<float>& probs);

@@ -31,9 +31,12 @@ bool valid_parent(int32_t p, int i) { return p >= -1 && p < i; }
 int merge_with_earlier(const TreeView& fresh, const TreeView& earlier, const int32_t* since, int n_since,
                        int budget, std::vector<int32_t>& tokens, std::vector<int32_t>& parents,
                        std::vector<float>& probs) {
-  std::vector<MergedNode> nodes;
-  nodes.reserve(static_cast<size_t>(fresh.n + earlier.n));
-  std::vector<int32_t> map(static_cast<size_t>(std::max(fresh.n, earlier.n)), -1);
+  // Scratch kept per thread: a batch merges a tree per request, several per step (no allocations).
+  thread_local std::vector<MergedNode> nodes;
+  thread_local std::vector<int32_t> map, order, chosen, out_index;
+  thread_local std::vector<char> below, kept;
+  nodes.clear();
+  map.assign(static_cast<size_t>(std::max(fresh.n, earlier.n)), -1);
   for (int i = 0; i < fresh.n; ++i) {
     const int32_t p = fresh.parents[i];
     if (!valid_parent(p, i) || (p >= 0 && map[p] < 0)) continue;  // malformed: dropped with its subtree
@@ -57,7 +60,7 @@ int merge_with_earlier(const TreeView& fresh, const TreeView& earlier, const int
   if (found) {
     const float base = at < 0 ? 1.f : earlier.probs[at];
     std::fill(map.begin(), map.end(), -1);
-    std::vector<char> below(static_cast<size_t>(earlier.n), 0);  // in the subtree under `at`
+    below.assign(static_cast<size_t>(earlier.n), 0);  // in the subtree under `at`
     for (int i = 0; i < earlier.n; ++i) {
       const int32_t p = earlier.parents[i];
       if (!valid_parent(p, i)) continue;
@@ -78,14 +81,14 @@ int merge_with_earlier(const TreeView& fresh, const TreeView& earlier, const int
   // The budget most probable nodes, written out best first (shallower first on ties): path
   // probabilities never grow along a path, so a parent is never after its child, and the row is
   // ranked as the corpus ranks its own trees (the verifier then prunes and sizes it without sorting).
-  std::vector<int32_t> order(nodes.size());
+  order.resize(nodes.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
     if (nodes[a].prob != nodes[b].prob) return nodes[a].prob > nodes[b].prob;
     return nodes[a].depth < nodes[b].depth;
   });
-  std::vector<char> kept(nodes.size(), 0);
-  std::vector<int32_t> chosen;
+  kept.assign(nodes.size(), 0);
+  chosen.clear();
   for (int32_t i : order) {
     if (static_cast<int>(chosen.size()) >= budget) break;
     const int32_t p = nodes[i].parent;
@@ -93,7 +96,7 @@ int merge_with_earlier(const TreeView& fresh, const TreeView& earlier, const int
     kept[i] = 1;
     chosen.push_back(i);
   }
-  std::vector<int32_t> out_index(nodes.size(), -1);
+  out_index.assign(nodes.size(), -1);
   for (size_t k = 0; k < chosen.size(); ++k) {
     const MergedNode& nd = nodes[chosen[k]];
     out_index[chosen[k]] = static_cast<int32_t>(k);

@@ -150,3 +150,24 @@ def test_draft_merged_is_the_corpus_draft_merged_with_the_earlier_trees():
         corpus.draft_merged(["a", "b", "c"], 4, batch([EARLIER, EARLIER], 6), since)
     with pytest.raises(ValueError, match="budget"):
         corpus.draft_merged(["a", "b", "c"], 0, earlier, since)
+
+
+def test_pooled_draft_merged_equals_the_serial_merge():
+    """With a draft pool (batches of at least 8 requests per thread), each row is merged on the
+    thread that drafted it: the same trees as draft() then merge_with_earlier()."""
+    from corpus_service import NgramCorpus
+    from corpus_service.config import CorpusConfig
+
+    corpus = NgramCorpus(CorpusConfig(draft_threads=2))
+    rng = np.random.default_rng(7)
+    ids = [f"r{i}" for i in range(40)]
+    for rid in ids:
+        corpus.start_request(rid, rng.integers(0, 12, 60).tolist())
+    old = corpus.draft(ids, 12)  # the "earlier" trees, then a few committed tokens each
+    since = [rng.integers(0, 12, int(rng.integers(0, 3))).tolist() for _ in ids]
+    corpus.extend_runs(ids, since)
+    for budget in (3, 9):
+        want = merge_with_earlier(corpus.draft(ids, budget), old, since, budget)
+        got = corpus.draft_merged(ids, budget, old, since)
+        for w, g in zip((want.tokens, want.parents, want.probs, want.counts), (got.tokens, got.parents, got.probs, got.counts)):
+            assert np.array_equal(w, g)
