@@ -51,6 +51,7 @@ from verifier.sampling import SamplingParams  # noqa: E402
 from verifier.structured_spec import GrammarSpec  # noqa: E402
 
 from bench import penalty_workload, structured_workload  # noqa: E402
+from bench.host_cpu import CpuWatch, cpu_limit  # noqa: E402
 
 TRACE = "specbench_dev120_greedy.jsonl"
 
@@ -169,7 +170,7 @@ def start_server(tmp: str):
 # ---------------------------------------------------------------------------- part 1: SmolLM2
 
 def run_spec(mode: str, lm, B: int, prompts: list[list[int]], base: dict, target: str | None, max_len: int,
-             budget: int | None, args) -> dict | None:
+             budget: int | None, args, server_pid: int | None = None) -> dict | None:
     """One speculative run of the prompts at batch B with corpus ``mode`` (a fresh corpus), against
     the plain run ``base``; None where the remote corpus did not start."""
     V = lm.model.config.vocab_size
@@ -191,8 +192,17 @@ def run_spec(mode: str, lm, B: int, prompts: list[list[int]], base: dict, target
                                overlap_spec_plain=args.overlap_spec_plain,
                                arm_steps=args.arm_steps,
                                cost_probe_s=args.cost_probe_s, cuda_graphs=not args.eager, compile=not args.eager))
+    # The CPU the run got: the cgroup's throttling, and what the engine's process, the corpus
+    # server and the client child used (docs/benchmarks.md: remote runs vary more than local ones).
+    pids = {"engine": os.getpid()}
+    if server_pid is not None and remote:
+        pids["server"] = server_pid
+    if drafter._proc is not None:
+        pids["client"] = drafter._proc.pid
+    watch = CpuWatch(pids)
     try:
         r = run_engine(spec, prompts, args.max_new, step_log=args.step_log)
+        cpu = watch.stop()
     finally:
         drafter.close()
     n_diff, first = mismatches(base["outputs"], r["outputs"])
@@ -201,7 +211,8 @@ def run_spec(mode: str, lm, B: int, prompts: list[list[int]], base: dict, target
            "speedup": ratio(r["tok_s"], base["tok_s"]),
            "identical": n_diff == 0, "outputs_differing": n_diff, "first_diff_pos": first,
            "draft_steps": {"local": d.local_steps, "remote": d.remote_steps,
-                           "fallback": d.fallback_steps, "remote_errors": d.remote_errors}}
+                           "fallback": d.fallback_steps, "remote_errors": d.remote_errors},
+           "cpu": cpu}
     delivered = {k: round(v, 1) for k, v in spec.policy.delivered_rates().items()}
     if delivered:  # committed tok/s the policy saw, per batch bucket and mode
         out["delivered_tok_s"] = delivered
@@ -271,7 +282,8 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
             runs: dict[str, list[dict]] = {}
             for _ in range(args.rounds):
                 for mode in args.corpus:
-                    r = run_spec(mode, lm, B, prompts, base, target, max_len, budget, args)
+                    r = run_spec(mode, lm, B, prompts, base, target, max_len, budget, args,
+                                 server_pid=server.pid if server is not None else None)
                     if r is not None:
                         runs.setdefault(mode, []).append(r)
             for mode, rs in runs.items():
@@ -545,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
 
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     torch.manual_seed(0)
-    env = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+    env = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "host_cpu": cpu_limit(),
            "torch": torch.__version__, "argv": sys.argv[1:] if argv is None else argv,
            "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     out = Path(args.out)

@@ -176,6 +176,11 @@ class ClientProcess:
 
     # ------------------------------------------------------------------ parent side
 
+    @property
+    def pid(self) -> int:
+        """The child's process id (benchmarks read its CPU time)."""
+        return self._proc.pid
+
     def calls(self, calls: list[tuple[str, tuple]]) -> None:
         """Runs the client's methods in the child, in order, without waiting."""
         if calls:

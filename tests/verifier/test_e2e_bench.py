@@ -77,3 +77,19 @@ def test_step_log_accounts_for_every_step_and_token():
     assert all(0 <= p <= x[0] + 1e-3 for x in log for p in x[5:])
     assert eng.step.__func__ is Engine.step  # the wrapper is gone after the run
     assert "step_log" not in e2e.run_engine(eng, prompts[:1], 0, SamplingParams(max_tokens=2, ignore_eos=True))
+
+
+def test_host_cpu_reports_the_limit_and_a_process_cpu_time():
+    """bench/host_cpu.py, which e2e runs record (CPU quota, throttling, the processes' CPU seconds)."""
+    import os
+
+    from bench import host_cpu
+
+    lim = host_cpu.cpu_limit()
+    assert lim["cpus"] >= 1 and (lim["quota_cpus"] is None or lim["quota_cpus"] > 0)
+    watch = host_cpu.CpuWatch({"me": os.getpid(), "gone": 2**22 + 12345})
+    sum(i * i for i in range(200_000))  # some CPU to count
+    out = watch.stop()
+    assert out["me_cpu_s"] >= 0 and "gone_cpu_s" not in out
+    t = host_cpu.throttled()
+    assert t is None or (t[0] >= 0 and t[1] >= 0)
