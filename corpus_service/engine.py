@@ -172,16 +172,36 @@ class NgramCorpus:
         return DraftBatch(tokens, parents, probs, counts)
 
     def draft_merged(self, req_ids: Sequence[ReqId], budget: int, earlier: DraftBatch,
-                     since: Sequence[Sequence[int]]) -> DraftBatch:
+                     since: Sequence[Sequence[int]] | None = None, *, since_from: np.ndarray | None = None) -> DraftBatch:
         """``merge_with_earlier(self.draft(req_ids, budget), earlier, since, budget)`` in one native
         call: row i of ``earlier`` (drafted for request i from an older context, e.g. by a remote
-        corpus) re-rooted along ``since[i]`` and united with the fresh tree."""
+        corpus) re-rooted along ``since[i]`` and united with the fresh tree. In place of ``since``,
+        ``since_from[i]``: request i's ``context_lengths`` when its earlier tree was drafted (the path
+        is then the tokens it committed since, read from its own context; a length it no longer
+        holds leaves the fresh tree alone)."""
         budget = _check_budget(budget)
-        if len(earlier) != len(req_ids) or len(since) != len(req_ids):
-            raise ValueError(f"draft_merged: {len(req_ids)} request ids, {len(earlier)} earlier trees, {len(since)} since")
-        out = self._native.draft_merged(req_ids, budget, earlier.tokens, earlier.parents, earlier.probs, earlier.counts,
-                                        since)
+        if (since is None) == (since_from is None):
+            raise ValueError("draft_merged: expected since or since_from, not both or neither")
+        n_since = len(since) if since is not None else len(since_from)
+        if len(earlier) != len(req_ids) or n_since != len(req_ids):
+            raise ValueError(f"draft_merged: {len(req_ids)} request ids, {len(earlier)} earlier trees, {n_since} since")
+        e = earlier
+        if since is not None:
+            out = self._native.draft_merged(req_ids, budget, e.tokens, e.parents, e.probs, e.counts, since)
+        else:
+            out = self._native.draft_merged_from(req_ids, budget, e.tokens, e.parents, e.probs, e.counts, since_from)
         return DraftBatch(*out)
+
+    def context_lengths(self, req_ids: Sequence[ReqId]) -> np.ndarray:
+        """Tokens in each request so far, prompt and committed output (int64 [n]; -1 for a request
+        id that is not live: a pipelined caller asks for the lengths of a batch that may have lost one)."""
+        return self._native.context_lengths(req_ids)
+
+    def context_tail(self, req_id: ReqId, n: int) -> np.ndarray:
+        """The last ``n`` tokens of a live request's context (int32; ``ValueError`` past what it holds)."""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+            raise ValueError(f"n: expected an int, got {n!r}")
+        return self._native.context_tail(_rid(req_id), int(n))
 
     def draft_compact(
         self, req_ids: Sequence[ReqId], budget: int

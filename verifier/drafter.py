@@ -111,10 +111,10 @@ class Drafter:
         # at least 8 requests per thread are drafted by draft_threads threads (CorpusConfig).
         local_config = CorpusConfig(vocab_size=vocab_size, draft_threads=draft_threads)
         self.pipelined = remote_drafts == "pipelined"
-        # Pipelined: the remote call for the next step's trees (future or ticket, request ids), and per
-        # request the tokens committed since that call was queued (its re-rooting path).
-        self._ahead: tuple[Future | Ticket, list[str]] | None = None
-        self._since: dict[str, list[int]] = {}
+        # Pipelined: the remote call for the next step's trees (future or ticket), its request ids and
+        # their context lengths in the mirror when it was queued: each tree is re-rooted along the
+        # tokens committed after that length, which the mirror holds (no per-request path kept here).
+        self._ahead: tuple[Future | Ticket, list[str], np.ndarray] | None = None
         self._ahead_cap = MAX_BUDGET  # lowered if the corpus refuses deep trees
         self._deferred: list = []  # pipelined: remote calls held until dispatch()
         self._ask: tuple[list[str], int] | None = None  # pipelined: the draft request dispatch() sends
@@ -134,9 +134,10 @@ class Drafter:
                                             breaker_cooldown_s=breaker_cooldown_s, token=token, tls=tls)
             self._proc = ClientProcess(self._settings)
             self.local = NgramCorpus(local_config)
-            # Every live request's prompt, group and committed tokens: what a replacement client
-            # process is given (the dead one's session, and the server's state for it, are gone).
-            self._live: dict[str, tuple[list[int], str | None, list[int]]] = {}
+            # Every live request's prompt and group: with its committed tokens (the mirror's context
+            # after the prompt), what a replacement client process is given (the dead one's session,
+            # and the server's state for it, are gone).
+            self._live: dict[str, tuple[list[int], str | None]] = {}
             self._restart: _Restart | None = None
             self._restart_delay = RESTART_DELAY_S
             self._restart_at: float | None = None  # when to start a replacement (None: no death handled)
@@ -170,16 +171,12 @@ class Drafter:
         self.local.start_request(req_id, prompt_ids, group=group)
         prompt = list(prompt_ids)
         if self._proc is not None:
-            self._live[req_id] = (prompt, group, [])
+            self._live[req_id] = (prompt, group)
         self._remote_call("start_request", req_id, prompt, group)
 
     def extend(self, req_id: str, tokens: list[int]) -> None:
         if tokens:
             self.local.extend(req_id, tokens)
-            if req_id in self._since:
-                self._since[req_id].extend(tokens)
-            if self._proc is not None and req_id in self._live:
-                self._live[req_id][2].extend(tokens)
             self._remote_call("extend_many", [(req_id, list(tokens))])
 
     def extend_many(self, items: list[tuple[str, list[int]]]) -> None:
@@ -189,17 +186,9 @@ class Drafter:
             return
         ids, runs = zip(*items)
         self.local.extend_runs(ids, runs)  # the lists read natively (no per-token Python loop)
-        if self.remote:
-            since, live = self._since, self._live if self._proc is not None else {}
-            for r, t in items:  # one pass for the re-rooting paths and the replay record
-                if (path := since.get(r)) is not None:
-                    path.extend(t)
-                if (rec := live.get(r)) is not None:
-                    rec[2].extend(t)
         self._remote_call("extend_many", items)
 
     def finish(self, req_id: str) -> None:
-        self._since.pop(req_id, None)
         if self._proc is not None:
             self._live.pop(req_id, None)
         if self.local.has_request(req_id):
@@ -284,11 +273,17 @@ class Drafter:
             return False
         self._proc.close(timeout=0.1)
         self._proc, self._restart_at, self._child_since = r.proc, None, now
-        self._ahead, self._inflight, self._since = None, None, {}
+        self._ahead, self._inflight = None, None
         # The live requests' whole state, in place of the calls held since the death (they are
-        # all in it): the prompt as a start, what was committed since as one extend.
-        self._deferred = [("start_request", (rid, prompt, group)) for rid, (prompt, group, _) in self._live.items()]
-        outputs = [(rid, list(out)) for rid, (_, _, out) in self._live.items() if out]
+        # all in it): the prompt as a start, what was committed since (the mirror's context after
+        # the prompt) as one extend.
+        self._deferred = [("start_request", (rid, prompt, group)) for rid, (prompt, group) in self._live.items()]
+        outputs = []
+        ids = list(self._live)
+        for rid, total in zip(ids, self.local.context_lengths(ids).tolist()):
+            out = total - len(self._live[rid][0])
+            if out > 0:  # total is -1 for a request the mirror no longer holds
+                outputs.append((rid, self.local.context_tail(rid, out).tolist()))
         if outputs:
             self._deferred.append(("extend_many", outputs))
         self.stats.client_restarts += 1
@@ -351,11 +346,11 @@ class Drafter:
             return
         ids = list(req_ids)
         deep = max(budget, min(self._ahead_cap, AHEAD_DEPTH_FACTOR * budget))
+        lengths = self.local.context_lengths(ids)  # -1 where the mirror lacks a request: nothing re-roots
         if self._proc is not None:
-            self._ahead = (self._proc.draft(ids, deep, budget), ids)
+            self._ahead = (self._proc.draft(ids, deep, budget), ids, lengths)
         else:
-            self._ahead = (self._pool.submit(self._guarded, self._draft_ahead, ids, deep, budget), ids)
-        self._since = {r: [] for r in ids}
+            self._ahead = (self._pool.submit(self._guarded, self._draft_ahead, ids, deep, budget), ids, lengths)
 
     def await_ahead(self, timeout_s: float | None = None) -> bool:
         """Pipelined: takes in the remote answer asked by the last dispatch() if it is back, so that
@@ -391,16 +386,17 @@ class Drafter:
     def _draft_merged(self, req_ids: list[str], budget: int) -> DraftBatch:
         """The mirror's fresh trees, merged with the remote answer asked one step earlier where it
         is back (``NgramCorpus.draft_merged``: one native call)."""
-        earlier = self._take_ahead(req_ids, budget)
-        if earlier is None:
+        taken = self._take_ahead(req_ids, budget)
+        if taken is None:
             return self.local.draft(req_ids, budget)
         self.stats.remote_steps += 1
-        return self.local.draft_merged(req_ids, budget, earlier, [self._since.get(r, ()) for r in req_ids])
+        return self.local.draft_merged(req_ids, budget, taken[0], since_from=taken[1])
 
-    def _take_ahead(self, req_ids: list[str], budget: int) -> DraftBatch | None:
+    def _take_ahead(self, req_ids: list[str], budget: int) -> tuple[DraftBatch, np.ndarray] | None:
         """The remote trees asked one step earlier, one row per request of ``req_ids`` (empty where
-        a request was not asked about), or None, counted, where there are none to merge: nothing
-        asked yet (the first step), not back yet, failed, or no child process running."""
+        a request was not asked about), with each request's context length when they were asked;
+        or None, counted, where there are none to merge: nothing asked yet (the first step), not
+        back yet, failed, or no child process running."""
         if self._ahead is None:
             dead = self._proc is not None and self._proc.dead  # until a new child runs
             if dead:
@@ -411,7 +407,7 @@ class Drafter:
         if not self._ahead[0].done():
             self.stats.fallback_steps += 1
             return None
-        fut, ids = self._ahead
+        fut, ids, lengths = self._ahead
         self._ahead = None
         earlier = self._answer(fut, budget)
         if earlier is None or len(earlier) != len(ids):
@@ -424,7 +420,8 @@ class Drafter:
             pick = np.where(have, idx, 0)
             earlier = DraftBatch(earlier.tokens[pick], earlier.parents[pick], earlier.probs[pick],
                                  np.where(have, earlier.counts[pick], 0).astype(np.int32))
-        return earlier
+            lengths = np.where(have, lengths[pick], -1)
+        return earlier, lengths
 
     def _answer(self, handle: Future | Ticket, budget: int) -> DraftBatch | None:
         """A finished remote draft's trees, or None after an error (counted)."""

@@ -266,6 +266,40 @@ PYBIND11_MODULE(_native, m) {
              return py::make_tuple(to_array(std::move(d.tokens), {n, budget}), to_array(std::move(d.parents), {n, budget}),
                                    to_array(std::move(d.probs), {n, budget}), to_array(std::move(d.counts), {n}));
            })
+      .def("draft_merged_from",
+           [](Corpus& c, py::handle ids_obj, int budget, I32 e_tokens, I32 e_parents, F32 e_probs, I32 e_counts,
+              py::array_t<int64_t, py::array::c_style | py::array::forcecast> since_from) {
+             // draft_merged with each request's re-rooting path read from its own context (the
+             // tokens after since_from[i]): the verifier keeps no per-request path in Python.
+             auto ids = to_ids(ids_obj, "req_ids");
+             const auto n = static_cast<py::ssize_t>(ids.size());
+             const TreeRows earlier = tree_rows(e_tokens, e_parents, e_probs, e_counts, n);
+             if (since_from.ndim() != 1 || since_from.shape(0) != n)
+               throw py::value_error("since_from: expected one context length per request");
+             DraftOutput d;
+             {
+               py::gil_scoped_release nogil;
+               c.draft_merged(ids, budget, EarlierTrees{earlier, nullptr, nullptr, since_from.data()}, &d);
+             }
+             return py::make_tuple(to_array(std::move(d.tokens), {n, budget}), to_array(std::move(d.parents), {n, budget}),
+                                   to_array(std::move(d.probs), {n, budget}), to_array(std::move(d.counts), {n}));
+           })
+      .def("context_lengths",
+           [](Corpus& c, py::handle ids_obj) {
+             auto ids = to_ids(ids_obj, "req_ids");
+             std::vector<int64_t> out(ids.size());
+             {
+               py::gil_scoped_release nogil;
+               c.context_lengths(ids, out.data());
+             }
+             return to_array(std::move(out), {static_cast<py::ssize_t>(ids.size())});
+           })
+      .def("context_tail",
+           [](Corpus& c, const std::string& id, int64_t n) {
+             auto out = c.context_tail(id, n);
+             const auto size = static_cast<py::ssize_t>(out.size());
+             return to_array(std::move(out), {size});
+           })
       .def("draft_compact",
            [](Corpus& c, py::handle ids_obj, int budget) {
              auto ids = to_ids(ids_obj, "req_ids");

@@ -405,6 +405,34 @@ void Corpus::draft_merged(const std::vector<std::string>& ids, int budget, const
   draft_batch(ids, budget, true, out, &earlier);
 }
 
+void Corpus::context_lengths(const std::vector<std::string>& ids, int64_t* out) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    std::shared_ptr<RequestState> rs;
+    {
+      std::lock_guard<std::mutex> g(req_mu_);
+      auto it = requests_.find(ids[i]);
+      if (it != requests_.end()) rs = it->second;
+    }
+    if (!rs) {
+      out[i] = -1;
+      continue;
+    }
+    std::lock_guard<std::mutex> g(rs->mu);
+    out[i] = static_cast<int64_t>(rs->total_len);
+  }
+}
+
+std::vector<int32_t> Corpus::context_tail(const std::string& id, int64_t n) {
+  auto rs = get(id);
+  std::lock_guard<std::mutex> g(rs->mu);
+  if (n < 0 || static_cast<uint64_t>(n) > rs->own.live())
+    throw std::invalid_argument("context_tail: request '" + id + "' holds " + std::to_string(rs->own.live()) +
+                                " tokens, asked for the last " + std::to_string(n));
+  std::vector<int32_t> out(static_cast<size_t>(n));
+  rs->own.tail(static_cast<int>(n), out.data());
+  return out;
+}
+
 void Corpus::draft_compact(const std::vector<std::string>& ids, int budget, DraftOutput* out) {
   draft_batch(ids, budget, false, out);
 }
@@ -437,10 +465,19 @@ void Corpus::draft_batch(const std::vector<std::string>& ids, int budget, bool p
     thread_local std::vector<int32_t> t, p;
     thread_local std::vector<float> pr;
     t.clear(), p.clear(), pr.clear();
+    thread_local std::vector<int32_t> since;  // since_from: the request's tokens after it
+    bool reroot = true;
     {
       std::lock_guard<std::mutex> g(states[i]->mu);
       states[i]->touch();
       draft_one(*states[i], budget, ext, tree, t, p, pr);
+      if (merge != nullptr && merge->since_from != nullptr) {
+        const RequestState& rs = *states[i];
+        const int64_t k = static_cast<int64_t>(rs.total_len) - merge->since_from[i];
+        reroot = k >= 0 && static_cast<uint64_t>(k) <= rs.own.live();
+        since.resize(reroot ? static_cast<size_t>(k) : 0);
+        if (reroot) rs.own.tail(static_cast<int>(k), since.data());
+      }
     }
     if (merge != nullptr) {  // the earlier tree merged in on this thread (outside the request's lock)
       thread_local std::vector<int32_t> mt, mp;
@@ -448,10 +485,12 @@ void Corpus::draft_batch(const std::vector<std::string>& ids, int budget, bool p
       mt.clear(), mp.clear(), mpr.clear();
       const TreeRows& e = merge->earlier;
       const int64_t w = e.width, at = static_cast<int64_t>(i);
+      const bool from = merge->since_from != nullptr;
+      const int32_t* path = from ? since.data() : merge->since + merge->off[i];
+      const int n_path = from ? static_cast<int>(since.size()) : static_cast<int>(merge->off[i + 1] - merge->off[i]);
       merge_with_earlier({t.data(), p.data(), pr.data(), static_cast<int>(t.size())},
-                         {e.tokens + at * w, e.parents + at * w, e.probs + at * w, e.counts[i]},
-                         merge->since + merge->off[i], static_cast<int>(merge->off[i + 1] - merge->off[i]), budget,
-                         mt, mp, mpr);
+                         {e.tokens + at * w, e.parents + at * w, e.probs + at * w, reroot ? e.counts[i] : 0}, path,
+                         n_path, budget, mt, mp, mpr);
       t.swap(mt), p.swap(mp), pr.swap(mpr);
     }
     std::copy(t.begin(), t.end(), rows.tokens.begin() + i * b);

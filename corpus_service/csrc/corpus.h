@@ -72,11 +72,15 @@ struct DraftOutput {
 };
 
 // Trees drafted earlier for the same requests (a pipelined remote step's), to merge into fresh
-// ones row by row (tree_merge.h): row i of `earlier`, re-rooted along since[off[i] .. off[i + 1]).
+// ones row by row (tree_merge.h): row i of `earlier`, re-rooted along since[off[i] .. off[i + 1]),
+// or, with `since_from`, along request i's tokens after its first since_from[i] (its
+// context_lengths() when the earlier tree was asked for; a length it no longer holds re-roots
+// nothing, and the fresh tree stands alone).
 struct EarlierTrees {
   TreeRows earlier;
-  const int32_t* since;
-  const int64_t* off;
+  const int32_t* since = nullptr;
+  const int64_t* off = nullptr;
+  const int64_t* since_from = nullptr;
 };
 
 class Corpus {
@@ -107,6 +111,11 @@ class Corpus {
   // draft(), each fresh tree merged with its earlier one as it is drafted (tree_merge.h), so a
   // batch's merges run on the draft pool's threads with its drafts (padded [n, budget] output).
   void draft_merged(const std::vector<std::string>& ids, int budget, const EarlierTrees& earlier, DraftOutput* out);
+  // Tokens in each request so far (prompt and committed output; -1 for an id it does not hold): what
+  // EarlierTrees::since_from counts.
+  void context_lengths(const std::vector<std::string>& ids, int64_t* out);
+  // The last n tokens of a live request (n <= what it holds: its prompt may be a group's, held once).
+  std::vector<int32_t> context_tail(const std::string& id, int64_t n);
   // The same trees unpadded: request i's counts[i] nodes follow request i-1's (the wire layout).
   void draft_compact(const std::vector<std::string>& ids, int budget, DraftOutput* out);
   // SGLang's flattened form: K = budget + 1 tokens per request starting with the last token,

@@ -171,3 +171,39 @@ def test_pooled_draft_merged_equals_the_serial_merge():
         got = corpus.draft_merged(ids, budget, old, since)
         for w, g in zip((want.tokens, want.parents, want.probs, want.counts), (got.tokens, got.parents, got.probs, got.counts)):
             assert np.array_equal(w, g)
+
+
+def test_since_from_reroots_along_the_requests_own_tokens():
+    """draft_merged(since_from=...) re-roots each earlier tree along the tokens its request
+    committed after the given context length: the same trees as the explicit ``since`` paths; a
+    length the request does not hold (-1: not live when asked, or longer than its context) merges
+    nothing, so the fresh tree stands alone."""
+    from corpus_service import NgramCorpus
+
+    corpus = NgramCorpus()
+    corpus.start_request("a", [1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 4, 1, 2])
+    corpus.start_request("b", [7, 8, 9, 7, 8, 9, 7, 8])
+    lengths = corpus.context_lengths(["a", "b", "gone"])
+    assert lengths.tolist() == [14, 8, -1] and lengths.dtype == np.int64
+    earlier = corpus.draft(["a", "b"], 12)
+    corpus.extend_runs(["a", "b"], [[3, 4], [9]])
+    assert corpus.context_tail("a", 3).tolist() == [2, 3, 4] and corpus.context_tail("b", 0).tolist() == []
+    for budget in (2, 7):
+        want = corpus.draft_merged(["a", "b"], budget, earlier, [[3, 4], [9]])
+        got = corpus.draft_merged(["a", "b"], budget, earlier, since_from=lengths[:2])
+        for w, g in zip((want.tokens, want.parents, want.probs, want.counts), (got.tokens, got.parents, got.probs, got.counts)):
+            assert np.array_equal(w, g)
+        alone = corpus.draft(["a", "b"], budget)
+        far = corpus.draft_merged(["a", "b"], budget, earlier, since_from=np.array([-1, 10**6]))
+        for w, g in zip((alone.tokens, alone.parents, alone.probs, alone.counts), (far.tokens, far.parents, far.probs, far.counts)):
+            assert np.array_equal(w, g)
+    with pytest.raises(ValueError, match="since or since_from"):
+        corpus.draft_merged(["a", "b"], 4, earlier)
+    with pytest.raises(ValueError, match="since or since_from"):
+        corpus.draft_merged(["a", "b"], 4, earlier, [[], []], since_from=lengths[:2])
+    with pytest.raises(ValueError, match="since"):
+        corpus.draft_merged(["a", "b"], 4, earlier, since_from=lengths)
+    with pytest.raises(ValueError, match="holds 16 tokens"):
+        corpus.context_tail("a", 17)
+    with pytest.raises(ValueError, match="unknown request"):
+        corpus.context_tail("gone", 1)
