@@ -6,8 +6,8 @@ corpus that mirrors this verifier's requests (prompt lookup plus what this verif
 
 Remote drafting, ``pipelined`` (the default): a step never waits for the network. It drafts from
 the in-process mirror, fresh, and merges the remote corpus' tree that was asked for one step
-earlier (deeper than a step's budget), re-rooted along the tokens committed since
-(``NgramCorpus.draft_merged``: one native call); then it asks the remote corpus for the next step's
+earlier (deeper than a step's budget), re-rooted along the tokens committed since (read from the
+mirror's context after its length at the ask: ``NgramCorpus.draft_merged``, one native call); then it asks the remote corpus for the next step's
 tree, which is drafted while the GPU verifies this step. What the shared corpus knows beyond this
 verifier (other replicas' outputs, external corpora) arrives one step late; this verifier's own
 requests are always fresh. ``sync``: every step waits up to ``draft_timeout_s`` for the remote
@@ -22,8 +22,9 @@ No corpus failure ever fails a request.
 Where the client runs (``remote_client``): ``process`` (the default) runs the ``CorpusClient`` in
 a child process (``verifier.corpus_process``): the engine's side of a step is one pipe write and
 one non-blocking read, and the client's Python work (protobuf, gRPC's threads) never holds the
-engine's GIL. A child that dies is replaced in the background; the drafter keeps every live
-request's prompt and committed tokens to replay into the new one. ``thread`` runs the client on a
+engine's GIL. A child that dies is replaced in the background; the drafter replays every live
+request into the new one (its prompt, kept here, and its committed tokens, read from the mirror).
+``thread`` runs the client on a
 thread of this process. That thread shares the GIL with the engine's step loop, so a thread client
 lowers the interpreter's switch interval (``GIL_SWITCH_INTERVAL_S``, never raising it): with
 Python's 5 ms default, an engine thread whose GPU step had finished waited up to 5 ms for the client
