@@ -47,6 +47,11 @@ _HEADER = struct.Struct("<IB")  # body length, kind
 _PICKLED, _TREES = 0, 1  # kinds: a pickled tuple; a draft's trees as raw arrays (pickling them costs ~50 us)
 _TREES_HEAD = struct.Struct("<qiiB")  # ticket, rows, width, capped
 MAX_FRAME_BYTES = 1 << 30
+# The client buffers starts, commits and finishes until a draft request carries them. An engine that
+# does not draft (a large batch where drafting does not pay, a corpus asked for nothing) still hands
+# its commits over every step: the child sends what it holds at least this often, so the shared
+# corpus (and every other replica drafting from it) learns this verifier's outputs anyway.
+FLUSH_AFTER_S = 0.1
 _READ_BYTES = 1 << 16
 CALL_METHODS = ("start_request", "extend_many", "finish")
 
@@ -350,10 +355,32 @@ def _serve() -> int:
             n = os.write(wfd, data)
             data = data[n:]
 
+    client = None
+    sent = time.monotonic()  # when buffered operations last went out (a draft or a flush)
+    flush_error = ""
+
+    def flush() -> None:
+        nonlocal sent, flush_error
+        try:
+            client.flush()
+            flush_error = ""
+        except BrokenPipeError:
+            raise
+        except Exception as e:  # the corpus is down or slow: said once, retried at the next turn
+            text = f"{type(e).__name__}: {e}"
+            if text != flush_error:
+                report(None, e, "flush")
+            flush_error = text
+        sent = time.monotonic()
+
     # No reader thread: the parent never blocks on a full pipe (it writes without blocking and
     # keeps the rest), so frames are read between calls.
-    client = None
     while True:
+        if client is not None:
+            left = FLUSH_AFTER_S - (time.monotonic() - sent)
+            if left <= 0 or not select.select([rfd], [], [], left)[0]:
+                flush()
+                continue
         data = os.read(rfd, 1 << 20)
         batch = frames.feed(data) if data else [("close",)]
         for msg in batch:
@@ -391,6 +418,7 @@ def _serve() -> int:
                     raise
                 except Exception as e:
                     report(tid, e, "draft")
+                sent = time.monotonic()
 
 
 if __name__ == "__main__":

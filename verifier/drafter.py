@@ -50,7 +50,7 @@ from corpus_service import NgramCorpus
 from corpus_service.config import MAX_BUDGET, CorpusConfig
 from corpus_service.engine import DraftBatch
 
-from .corpus_process import ClientProcess, ClientSettings, Ticket, draft_capped
+from .corpus_process import FLUSH_AFTER_S, ClientProcess, ClientSettings, Ticket, draft_capped
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +151,7 @@ class Drafter:
             self._client = CorpusClient(corpus, namespace=namespace, timeout=client_timeout_s, token=token, tls=tls,
                                         breaker=CircuitBreaker(failure_threshold=2, cooldown_s=breaker_cooldown_s))
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="corpus-client")
+            self._sent_at = time.monotonic()  # the last draft or flush that carried buffered calls
             if sys.getswitchinterval() > GIL_SWITCH_INTERVAL_S:  # process-wide; never raised
                 sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
             self.local = NgramCorpus(local_config)
@@ -248,6 +249,12 @@ class Drafter:
             ids, budget = self._ask
             self._ask = None
             self._ask_ahead(ids, budget)
+        if self._pool is not None and time.monotonic() - self._sent_at >= FLUSH_AFTER_S:
+            # The thread client buffers calls until a draft request carries them; where none has
+            # for a while (the engine is not drafting), they go out anyway (the child process
+            # paces itself the same way: FLUSH_AFTER_S).
+            self._sent_at = time.monotonic()
+            self._pool.submit(self._guarded, self._client.flush)
 
     def _revive(self) -> bool:
         """The client process died: a replacement is started in the background (after a delay that
@@ -299,7 +306,7 @@ class Drafter:
 
     def _send_calls(self, calls: list[tuple[str, tuple]]) -> None:
         if self._proc is not None:
-            self._proc.calls(calls)
+            self._proc.calls(calls)  # the child sends them on at least every FLUSH_AFTER_S
         elif self._pool is not None:
             self._pool.submit(self._run_calls, calls)
 
@@ -352,6 +359,7 @@ class Drafter:
             self._ahead = (self._proc.draft(ids, deep, budget), ids, lengths)
         else:
             self._ahead = (self._pool.submit(self._guarded, self._draft_ahead, ids, deep, budget), ids, lengths)
+            self._sent_at = time.monotonic()
 
     def await_ahead(self, timeout_s: float | None = None) -> bool:
         """Pipelined: takes in the remote answer asked by the last dispatch() if it is back, so that
@@ -448,6 +456,7 @@ class Drafter:
             batch = self._answer(ticket, budget)
         else:
             fut = self._pool.submit(self._guarded, self._client.draft, req_ids, budget)
+            self._sent_at = time.monotonic()
             try:
                 batch = fut.result(timeout=self.draft_timeout_s)
             except FutureTimeout:

@@ -195,3 +195,37 @@ def test_closing_during_a_restart_closes_the_replacement(corpus_server, monkeypa
     release.set()
     assert pending.done.wait(30) and pending.proc is None
     assert len(made) == 1 and made[0].dead == "closed" and made[0]._proc.returncode is not None
+
+
+@pytest.mark.parametrize("client", ["process", "thread"])
+def test_commits_reach_the_corpus_without_draft_requests(corpus_server, client):
+    """An engine that never drafts (the policy decided plain decoding) still hands its commits to
+    the child every step: the child sends what it holds within FLUSH_AFTER_S, so the shared corpus
+    learns this verifier's outputs (here: another replica drafts them) though no draft request
+    carries them."""
+    from corpus_service.client import CorpusClient
+
+    text = list(range(4101 + 20 * (client == "thread"), 4113 + 20 * (client == "thread")))
+    drafter = Drafter(corpus_server.target, client_timeout_s=5.0, remote_client=client)
+    try:
+        drafter.start_request("quiet", text[:3])
+        drafter.extend_many([("quiet", text[3:])])
+        drafter.finish("quiet")
+        drafter.dispatch()  # the calls go to the client; no draft follows
+        time.sleep(0.15)
+        drafter.dispatch()  # a later step (nothing new): the thread client's flush is paced by steps
+        with CorpusClient(corpus_server.target) as other:
+            deadline = time.monotonic() + 10
+            k = 0
+            while True:
+                k += 1
+                other.start_request(f"probe{client}{k}", text[:5])
+                tree = other.draft([f"probe{client}{k}"], 4).tree(0)
+                other.finish(f"probe{client}{k}")
+                if tree[0][:1] == [text[5]]:
+                    break
+                assert time.monotonic() < deadline, "the commits never reached the corpus"
+                time.sleep(0.05)
+        assert drafter.stats.remote_errors == 0
+    finally:
+        drafter.close()
