@@ -294,7 +294,11 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
             if args.rounds > 1 and "local" in runs:
                 for m in ("remote", "remote_thread", "remote_sync"):
                     if m in runs:  # round by round: the two runs of a pair ran back to back
-                        row[f"{m}_vs_local_rounds"] = [ratio(a["tok_s"], b["tok_s"]) for a, b in zip(runs[m], runs["local"])]
+                        pairs = [ratio(a["tok_s"], b["tok_s"]) for a, b in zip(runs[m], runs["local"])]
+                        row[f"{m}_vs_local_rounds"] = pairs
+                        # The paired statistic: the host's slow and fast spells fall on both runs
+                        # of a pair, where the ratio of median runs mixes spells (docs/benchmarks.md).
+                        row[f"{m}_vs_local_median_round"] = round(statistics.median(pairs), 3)
             for m in ("remote", "remote_thread", "remote_sync"):
                 if "local" in row and m in row:
                     row[f"{m}_vs_local"] = ratio(row[m]["tok_s"], row["local"]["tok_s"])
@@ -478,6 +482,8 @@ def summarize(smol: dict | None, big: dict | None, structured: dict | None = Non
             for m in ("remote", "remote_thread", "remote_sync"):
                 if f"{m}_vs_local" in row:
                     s[f"smol_b{B}_{m}_vs_local"] = row[f"{m}_vs_local"]
+                if f"{m}_vs_local_median_round" in row:
+                    s[f"smol_b{B}_{m}_vs_local_median_round"] = row[f"{m}_vs_local_median_round"]
         if "remote_error" in smol:
             s["remote"] = "skipped: " + smol["remote_error"][-160:]
     if big:

@@ -93,3 +93,11 @@ def test_host_cpu_reports_the_limit_and_a_process_cpu_time():
     assert out["me_cpu_s"] >= 0 and "gone_cpu_s" not in out
     t = host_cpu.throttled()
     assert t is None or (t[0] >= 0 and t[1] >= 0)
+
+
+def test_summary_carries_the_paired_remote_statistic():
+    row = {"plain": {"tok_s": 100.0}, "local": {"tok_s": 200.0, "speedup": 2.0, "mat": 2.5, "identical": True},
+           "remote": {"tok_s": 190.0, "speedup": 1.9, "mat": 2.4, "identical": True},
+           "remote_vs_local": 0.95, "remote_vs_local_rounds": [0.9, 0.97, 0.99], "remote_vs_local_median_round": 0.97}
+    s = e2e.summarize({"batches": {"1": row}}, None)
+    assert s["smol_b1_remote_vs_local"] == 0.95 and s["smol_b1_remote_vs_local_median_round"] == 0.97
