@@ -128,6 +128,11 @@ class AsyncCorpusClient:
     def has_request(self, req_id_: object) -> bool:
         return self._log.is_live(req_id(req_id_))
 
+    def must_flush_before_start(self, req_id_: object) -> bool:
+        """Whether starting this id waits for ``flush()``: it was finished in the pending step (a
+        step applies starts before finishes), so ``start_request`` would refuse it."""
+        return self._log.needs_flush_before_start(req_id(req_id_))
+
     async def draft(self, req_ids: Sequence[object], budget: int, timeout: float | None = None) -> DraftBatch:
         ids = [req_id(r) for r in req_ids]
         if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 1:
