@@ -314,9 +314,15 @@ def draft_capped(client, req_ids: list[str], nodes: int, budget: int) -> tuple[D
     try:
         return client.draft(req_ids, nodes), False
     except (CorpusError, ValueError) as e:
-        if nodes <= budget or "budget" not in str(e):
+        if not _refused_depth(e, nodes, budget):
             raise
         return client.draft(req_ids, budget), True
+
+
+def _refused_depth(e: Exception, nodes: int, budget: int) -> bool:
+    """Whether a draft of ``nodes`` > ``budget`` nodes failed because the corpus refuses trees that
+    large (then a step's ``budget`` is asked instead)."""
+    return nodes > budget and "budget" in str(e)
 
 
 # ---------------------------------------------------------------------- child side
@@ -344,7 +350,7 @@ async def draft_capped_async(client, req_ids: list[str], nodes: int, budget: int
     try:
         return await client.draft(req_ids, nodes), False
     except (CorpusError, ValueError) as e:
-        if nodes <= budget or "budget" not in str(e):
+        if not _refused_depth(e, nodes, budget):
             raise
         return await client.draft(req_ids, budget), True
 

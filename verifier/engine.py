@@ -493,8 +493,14 @@ class Engine:
             log.warning("request %s: %s", req.req_id, req.error)
         return committed
 
+    @staticmethod
+    def _commits_as_run(req: Request) -> bool:
+        """Whether ``_commit_run`` may commit this request's tokens: no stop strings, grammar or logprobs."""
+        p = req.params
+        return p.logprobs is None and req.grammar is None and not p.stop
+
     def _commit_run(self, req: Request, tokens: list[int]) -> int:
-        """``_commit`` for a request without stop strings, grammar or logprobs (``append_run``)."""
+        """``_commit`` for a request that ``_commits_as_run`` (``append_run``)."""
         p = req.params
         key = (p.ignore_eos, p.stop_token_ids)
         stops = self._stop_sets.get(key)
@@ -621,8 +627,7 @@ class Engine:
             self._committed_launched += 1
             req.cache_len += 1
             req.verify_steps += 1
-            p = req.params
-            if not bad[b] and p.logprobs is None and req.grammar is None and not p.stop:
+            if not bad[b] and self._commits_as_run(req):
                 self._commit_run(req, [predicts[b]])
             else:
                 self._commit_path(req, [predicts[b]], None, [0], [bad[b]])
@@ -706,16 +711,15 @@ class Engine:
             req.draft_tokens += num_nodes[b] - 1
             accepted_total += n
             self.stats.spec_steps += num_nodes[b] > 1
-            p = req.params
             # Usage counts accepted tokens that were committed (a stop can cut the path short).
-            if not bad_any[b] and p.logprobs is None and req.grammar is None and not p.stop:
+            if not bad_any[b] and self._commits_as_run(req):
                 req.accepted_tokens += min(n, self._commit_run(req, runs[b][:n + 1]))
                 continue
             if slow is None:
                 slow = accept_index.tolist(), bad.tolist()
             nodes = [i - b * K for i in slow[0][b][1:1 + n]]
             path_b = [0] + nodes  # emitted token j was chosen from the logits of path node j
-            req.accepted_tokens += min(n, self._commit_path(req, runs[b][:n + 1], logits[b] if p.logprobs is not None else None,
+            req.accepted_tokens += min(n, self._commit_path(req, runs[b][:n + 1], logits[b] if req.params.logprobs is not None else None,
                                                              path_b, [slow[1][b][i] for i in path_b]))
             if bad_any[b]:  # NaN K/V in masked rows would still reach attention (0 * NaN)
                 self._disarm()

@@ -100,8 +100,8 @@ def stop_tokens(params: SamplingParams, eos_ids: tuple[int, ...]) -> frozenset[i
 def append_run(req: Request, tokens: list[int], stops: frozenset[int], decode: Callable[[list[int]], str]) -> int:
     """``append_tokens`` for a request without stop strings (``stops``: ``stop_tokens`` of its
     params): the tokens up to the first stop token or max_tokens appended as one slice, not one at
-    a time (a verify step commits a run of accepted tokens per request: at batch 64 the per-token
-    loop was most of a step's commit time). Returns how many were appended."""
+    a time (a verify step commits a run of accepted tokens per request, every request every step).
+    Returns how many were appended."""
     p = req.params
     out = req.output_ids
     take = tokens[:p.max_tokens - len(out)]

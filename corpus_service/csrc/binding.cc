@@ -25,6 +25,12 @@ py::array_t<T> to_array(std::vector<T>&& v, std::vector<py::ssize_t> shape) {
   py::capsule owner(heap, [](void* p) { delete static_cast<std::vector<T>*>(p); });
   return py::array_t<T>(shape, heap->data(), owner);
 }
+
+// A draft's padded output as numpy: tokens, parents, probs [n, budget], counts [n].
+py::tuple padded_trees(DraftOutput&& d, py::ssize_t n, int budget) {
+  return py::make_tuple(to_array(std::move(d.tokens), {n, budget}), to_array(std::move(d.parents), {n, budget}),
+                        to_array(std::move(d.probs), {n, budget}), to_array(std::move(d.counts), {n}));
+}
 // [n, width] padded trees (tree_merge.h's TreeRows), checked: one shape, counts within the width.
 TreeRows tree_rows(const I32& tokens, const I32& parents, const F32& probs, const I32& counts, py::ssize_t n) {
   if (tokens.ndim() != 2 || tokens.shape(0) != n)
@@ -243,11 +249,7 @@ PYBIND11_MODULE(_native, m) {
                py::gil_scoped_release nogil;
                c.draft(ids, budget, &d);
              }
-             auto n = static_cast<py::ssize_t>(ids.size());
-             return py::make_tuple(to_array(std::move(d.tokens), {n, budget}),
-                                   to_array(std::move(d.parents), {n, budget}),
-                                   to_array(std::move(d.probs), {n, budget}),
-                                   to_array(std::move(d.counts), {n}));
+             return padded_trees(std::move(d), static_cast<py::ssize_t>(ids.size()), budget);
            })
       .def("draft_merged",
            [](Corpus& c, py::handle ids_obj, int budget, I32 e_tokens, I32 e_parents, F32 e_probs, I32 e_counts,
@@ -263,8 +265,7 @@ PYBIND11_MODULE(_native, m) {
                py::gil_scoped_release nogil;
                c.draft_merged(ids, budget, EarlierTrees{earlier, since.data(), off.data()}, &d);
              }
-             return py::make_tuple(to_array(std::move(d.tokens), {n, budget}), to_array(std::move(d.parents), {n, budget}),
-                                   to_array(std::move(d.probs), {n, budget}), to_array(std::move(d.counts), {n}));
+             return padded_trees(std::move(d), n, budget);
            })
       .def("draft_merged_from",
            [](Corpus& c, py::handle ids_obj, int budget, I32 e_tokens, I32 e_parents, F32 e_probs, I32 e_counts,
@@ -281,8 +282,7 @@ PYBIND11_MODULE(_native, m) {
                py::gil_scoped_release nogil;
                c.draft_merged(ids, budget, EarlierTrees{earlier, nullptr, nullptr, since_from.data()}, &d);
              }
-             return py::make_tuple(to_array(std::move(d.tokens), {n, budget}), to_array(std::move(d.parents), {n, budget}),
-                                   to_array(std::move(d.probs), {n, budget}), to_array(std::move(d.counts), {n}));
+             return padded_trees(std::move(d), n, budget);
            })
       .def("context_lengths",
            [](Corpus& c, py::handle ids_obj) {
