@@ -54,6 +54,8 @@ from bench import penalty_workload, structured_workload  # noqa: E402
 from bench.host_cpu import CpuWatch, cpu_limit  # noqa: E402
 
 TRACE = "specbench_dev120_greedy.jsonl"
+# Speculative modes with the corpus service (--corpus): "remote" is the verifier's default.
+REMOTE_MODES = ("remote", "remote_always", "remote_thread", "remote_sync")
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -185,6 +187,7 @@ def run_spec(mode: str, lm, B: int, prompts: list[list[int]], base: dict, target
     drafter = Drafter(target if remote else "local", vocab_size=V, draft_timeout_s=args.draft_timeout,
                       remote_drafts="sync" if mode == "remote_sync" else "pipelined",
                       remote_client="thread" if mode == "remote_thread" else "process",
+                      remote_asks="always" if mode == "remote_always" else "adaptive",
                       draft_threads=args.draft_threads)
     spec = Engine(lm.model, lm.codec, drafter,
                   EngineConfig(max_batch=B, max_len=max_len, budget=budget, max_budget=args.max_budget,
@@ -212,6 +215,7 @@ def run_spec(mode: str, lm, B: int, prompts: list[list[int]], base: dict, target
            "identical": n_diff == 0, "outputs_differing": n_diff, "first_diff_pos": first,
            "draft_steps": {"local": d.local_steps, "remote": d.remote_steps,
                            "fallback": d.fallback_steps, "remote_errors": d.remote_errors},
+           "remote_asks": {"sent": d.asks, "skipped": d.asks_skipped, "gain_tokens": d.remote_gain_tokens},
            "cpu": cpu}
     delivered = {k: round(v, 1) for k, v in spec.policy.delivered_rates().items()}
     if delivered:  # committed tok/s the policy saw, per batch bucket and mode
@@ -292,14 +296,14 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
                 if len(rs) > 1:
                     row[mode]["rounds_tok_s"] = [r["tok_s"] for r in rs]
             if args.rounds > 1 and "local" in runs:
-                for m in ("remote", "remote_thread", "remote_sync"):
+                for m in REMOTE_MODES:
                     if m in runs:  # round by round: the two runs of a pair ran back to back
                         pairs = [ratio(a["tok_s"], b["tok_s"]) for a, b in zip(runs[m], runs["local"])]
                         row[f"{m}_vs_local_rounds"] = pairs
                         # The paired statistic: the host's slow and fast spells fall on both runs
                         # of a pair, where the ratio of median runs mixes spells (docs/benchmarks.md).
                         row[f"{m}_vs_local_median_round"] = round(statistics.median(pairs), 3)
-            for m in ("remote", "remote_thread", "remote_sync"):
+            for m in REMOTE_MODES:
                 if "local" in row and m in row:
                     row[f"{m}_vs_local"] = ratio(row[m]["tok_s"], row["local"]["tok_s"])
             res["batches"][str(B)] = row
@@ -473,13 +477,13 @@ def summarize(smol: dict | None, big: dict | None, structured: dict | None = Non
         b = smol["batches"]
         for B, row in b.items():
             s[f"smol_b{B}_plain_tok_s"] = row["plain"]["tok_s"]
-            for mode in ("local", "remote", "remote_thread", "remote_sync"):
+            for mode in ("local", *REMOTE_MODES):
                 if mode in row:
                     s[f"smol_b{B}_{mode}_tok_s"] = row[mode]["tok_s"]
                     s[f"smol_b{B}_{mode}_x"] = row[mode]["speedup"]
                     s[f"smol_b{B}_{mode}_mat"] = row[mode]["mat"]
                     s[f"smol_b{B}_{mode}_identical"] = row[mode]["identical"]
-            for m in ("remote", "remote_thread", "remote_sync"):
+            for m in REMOTE_MODES:
                 if f"{m}_vs_local" in row:
                     s[f"smol_b{B}_{m}_vs_local"] = row[f"{m}_vs_local"]
                 if f"{m}_vs_local_median_round" in row:
@@ -510,8 +514,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new", type=int, default=64)
     p.add_argument("--corpus", default="local,remote,remote_sync",
                    help="speculative modes (comma-separated): local (in process), remote (the corpus service, "
-                        "pipelined drafts, its client in a child process), remote_thread (the same with the "
-                        "client on a thread of the engine's process), remote_sync (waiting for its drafts every step)")
+                        "pipelined drafts, its client in a child process, asks by measured gain), remote_always "
+                        "(the same, asking every step), remote_thread (the client on a thread of the engine's "
+                        "process), remote_sync (waiting for its drafts every step)")
     p.add_argument("--budget", default="auto", help="draft nodes per request, or 'auto' (cost model + acceptance)")
     p.add_argument("--max-budget", type=int, default=15)
     p.add_argument("--draft-threads", type=int, default=0,
@@ -556,8 +561,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--draft-threads: expected 0 (auto) or more, got {args.draft_threads}")
     args.draft_threads = args.draft_threads or auto_draft_threads()
     args.corpus = [c.strip() for c in args.corpus.split(",") if c.strip()]
-    if any(c not in ("local", "remote", "remote_thread", "remote_sync") for c in args.corpus):
-        p.error(f"--corpus: expected local, remote, remote_thread and/or remote_sync, got {args.corpus}")
+    if any(c not in ("local", *REMOTE_MODES) for c in args.corpus):
+        p.error(f"--corpus: expected some of local, {', '.join(REMOTE_MODES)}, got {args.corpus}")
     if args.budget != "auto" and not args.budget.isdigit():
         p.error("--budget: expected 'auto' or an int")
 

@@ -37,9 +37,23 @@ class DraftBatch:
     parents: np.ndarray  # int32 [n, budget]
     probs: np.ndarray  # float32 [n, budget]
     counts: np.ndarray  # int32 [n]
+    # Merged trees only (merge_with_earlier, NgramCorpus.draft_merged): per row, bit k set where
+    # node k (k < 64) came from the earlier tree alone, the nodes the earlier tree added; None otherwise.
+    earlier_only: np.ndarray | None = None  # uint64 [n]
 
     def __len__(self) -> int:
         return int(self.counts.shape[0])
+
+    def earlier_accepted(self, rows: Sequence[int], paths: Sequence[Sequence[int]]) -> int:
+        """Of the tokens ``paths[j]`` accepted from the tree of row ``rows[j]`` (in order from its
+        root), how many only the earlier tree drafted: the nodes on each path marked in
+        ``earlier_only`` (0 for trees that were not merged). One native call."""
+        if self.earlier_only is None:
+            return 0
+        if len(rows) != len(paths):
+            raise ValueError(f"earlier_accepted: {len(rows)} rows but {len(paths)} paths")
+        return _native.marked_on_paths(self.tokens, self.parents, self.counts, self.earlier_only,
+                                       np.asarray(rows, dtype=np.int64), paths)
 
     def tree(self, i: int) -> tuple[list[int], list[int], list[float]]:
         """The i-th tree as ``(tokens, parents, probs)`` lists without padding."""

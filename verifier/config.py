@@ -10,7 +10,7 @@ import socket
 import typing
 from dataclasses import MISSING, dataclass, field, fields
 
-from .drafter import REMOTE_CLIENTS, REMOTE_DRAFT_MODES
+from .drafter import REMOTE_ASKS, REMOTE_CLIENTS, REMOTE_DRAFT_MODES
 from .engine import EngineConfig
 
 ENV_PREFIX = "NGRAM_VERIFIER_"
@@ -44,6 +44,9 @@ class VerifierConfig:
     # Where the remote corpus' client runs: "process" (a child process: its Python work never takes
     # the engine's GIL) or "thread" (a thread of this process). verifier/corpus_process.py says more.
     remote_client: str = "process"
+    # When a pipelined verifier asks the remote corpus for trees: "adaptive" (where its trees add
+    # accepted tokens, measured; verifier/ask_gate.py) or "always" (every step).
+    remote_asks: str = "adaptive"
     # Threads drafting one batch in the in-process corpus (local, or the remote mode's mirror), for
     # batches of at least 8 requests per thread; 0 = a quarter of the CPUs, 1 to 4.
     draft_threads: int = 0
@@ -87,6 +90,8 @@ class VerifierConfig:
             raise ValueError(f"draft_threads: expected 0 (auto) or 1..64, got {self.draft_threads}")
         if self.remote_client not in REMOTE_CLIENTS:
             raise ValueError(f"remote_client: expected one of {', '.join(REMOTE_CLIENTS)}, got {self.remote_client!r}")
+        if self.remote_asks not in REMOTE_ASKS:
+            raise ValueError(f"remote_asks: expected one of {', '.join(REMOTE_ASKS)}, got {self.remote_asks!r}")
         if self.remote_drafts not in REMOTE_DRAFT_MODES:
             raise ValueError(f"remote_drafts: expected one of {', '.join(REMOTE_DRAFT_MODES)}, got {self.remote_drafts!r}")
         if not self.draft_timeout_s > 0 or not self.corpus_timeout_s > 0:

@@ -19,6 +19,11 @@ running in the background (the client retries and, once the server is back, repl
 request on a new session); until it returns, the engine does not wait on the remote corpus at all.
 No corpus failure ever fails a request.
 
+Asking is measured (``remote_asks="adaptive"``, the default; ``verifier.ask_gate``): each merged
+step counts the accepted tokens only the remote tree drafted, and where the remote trees add less
+than they cost, the drafter asks one step in up to 32 (and on every new request's next step); the
+mirror drafts the rest. ``"always"`` asks every step.
+
 Where the client runs (``remote_client``): ``process`` (the default) runs the ``CorpusClient`` in
 a child process (``verifier.corpus_process``): the engine's side of a step is one pipe write and
 one non-blocking read, and the client's Python work (protobuf, gRPC's threads) never holds the
@@ -50,6 +55,7 @@ from corpus_service import NgramCorpus
 from corpus_service.config import MAX_BUDGET, CorpusConfig
 from corpus_service.engine import DraftBatch
 
+from .ask_gate import AskGate, AskGateConfig
 from .corpus_process import FLUSH_AFTER_S, ClientProcess, ClientSettings, Ticket, draft_capped
 
 log = logging.getLogger(__name__)
@@ -72,6 +78,7 @@ STABLE_CHILD_S = 60.0
 
 REMOTE_DRAFT_MODES = ("pipelined", "sync")
 REMOTE_CLIENTS = ("process", "thread")
+REMOTE_ASKS = ("adaptive", "always")
 # Pipelined remote trees are asked this many times deeper than a step's budget: a step that
 # accepts a path still finds tree below it.
 AHEAD_DEPTH_FACTOR = 2
@@ -92,13 +99,17 @@ class DraftStats:
     remote_errors: int = 0
     last_error: str = ""
     client_restarts: int = 0  # dead client processes replaced (their live requests replayed)
+    asks: int = 0  # pipelined: remote tree requests sent
+    asks_skipped: int = 0  # pipelined: steps that did not ask (remote_asks="adaptive": no measured gain)
+    remote_gain_tokens: int = 0  # accepted tokens that only the remote corpus' trees drafted
 
 
 class Drafter:
     def __init__(self, corpus: str | NgramCorpus = "local", *, namespace: str = "default",
                  draft_timeout_s: float = 0.05, client_timeout_s: float = 1.0, vocab_size: int = 0,
                  breaker_cooldown_s: float = 0.5, token: str | None = None, tls: str | None = None,
-                 remote_drafts: str = "pipelined", remote_client: str = "process", draft_threads: int = 1) -> None:
+                 remote_drafts: str = "pipelined", remote_client: str = "process", draft_threads: int = 1,
+                 remote_asks: str = "adaptive", ask_gate: AskGateConfig | None = None) -> None:
         # A short cool-down: a trial against a dead corpus runs on the client thread and fails fast
         # (the channel is in backoff), while a long one would delay resuming speculation after a restart
         # (docs/reliability.md promises 2 s; the channel's reconnect backoff is at most 1 s).
@@ -108,6 +119,8 @@ class Drafter:
             raise ValueError(f"remote_drafts: expected one of {', '.join(REMOTE_DRAFT_MODES)}, got {remote_drafts!r}")
         if remote_client not in REMOTE_CLIENTS:
             raise ValueError(f"remote_client: expected one of {', '.join(REMOTE_CLIENTS)}, got {remote_client!r}")
+        if remote_asks not in REMOTE_ASKS:
+            raise ValueError(f"remote_asks: expected one of {', '.join(REMOTE_ASKS)}, got {remote_asks!r}")
         # The in-process corpus (the draft source when local, the mirror when remote): batches of
         # at least 8 requests per thread are drafted by draft_threads threads (CorpusConfig).
         local_config = CorpusConfig(vocab_size=vocab_size, draft_threads=draft_threads)
@@ -119,6 +132,12 @@ class Drafter:
         self._ahead_cap = MAX_BUDGET  # lowered if the corpus refuses deep trees
         self._deferred: list = []  # pipelined: remote calls held until dispatch()
         self._ask: tuple[list[str], int] | None = None  # pipelined: the draft request dispatch() sends
+        # Pipelined, adaptive: whether to ask (AskGate), from the last merged step (its request ids
+        # and trees), then with the tokens it committed, scored in the next dispatch() (GPU time).
+        self._gate = AskGate(ask_gate) if remote_asks == "adaptive" else None
+        self._merged: tuple[list[str], DraftBatch, np.ndarray] | None = None
+        self._unasked: set[str] = set()  # adaptive: live requests never asked about yet
+        self._scoring: tuple[list[str], DraftBatch, np.ndarray, list[tuple[str, list[int]]]] | None = None
         self.stats = DraftStats()
         self.draft_timeout_s = draft_timeout_s
         self._client = None  # thread client
@@ -174,10 +193,13 @@ class Drafter:
         prompt = list(prompt_ids)
         if self._proc is not None:
             self._live[req_id] = (prompt, group)
+        if self._gate is not None:
+            self._unasked.add(req_id)  # whether the fleet knows its continuation: asked next step
         self._remote_call("start_request", req_id, prompt, group)
 
     def extend(self, req_id: str, tokens: list[int]) -> None:
         if tokens:
+            self._merged = None  # scored only through extend_many (the engine's commits)
             self.local.extend(req_id, tokens)
             self._remote_call("extend_many", [(req_id, list(tokens))])
 
@@ -188,9 +210,12 @@ class Drafter:
             return
         ids, runs = zip(*items)
         self.local.extend_runs(ids, runs)  # the lists read natively (no per-token Python loop)
+        if self._merged is not None:  # the merged step's commits: scored in the next dispatch()
+            self._scoring, self._merged = (*self._merged, items), None
         self._remote_call("extend_many", items)
 
     def finish(self, req_id: str) -> None:
+        self._unasked.discard(req_id)
         if self._proc is not None:
             self._live.pop(req_id, None)
         if self.local.has_request(req_id):
@@ -232,8 +257,8 @@ class Drafter:
         """Pipelined: hands the held remote calls (starts, commits, finishes, in order) and the
         next step's draft request to the client thread. The engine calls it once the GPU is busy
         with the step, so the client's Python work overlaps the GPU rather than the engine's own
-        (they share the GIL), and at the end of every step (finishes reach the corpus even when
-        nothing runs next)."""
+        (they share the GIL), and at the end of a step that no verify step follows at once (a plain
+        step, or none: finishes reach the corpus even when nothing runs next)."""
         if not self.remote:
             return
         if self._proc is not None and self._proc.dead:
@@ -245,10 +270,20 @@ class Drafter:
         if calls:
             self._send_calls(calls)
         self._take_child_errors()
+        if self._scoring is not None:
+            self._score()
         if self._ask is not None:
             ids, budget = self._ask
             self._ask = None
-            self._ask_ahead(ids, budget)
+            if self._gate is None or self._gate.ask():
+                if self._ask_ahead(ids, budget):
+                    self._unasked.clear()
+            else:
+                probe = [r for r in ids if r in self._unasked] if self._unasked else None
+                if probe and self._ask_ahead(probe, budget):  # the new requests alone
+                    self._unasked.difference_update(probe)
+                else:
+                    self.stats.asks_skipped += 1
         if self._pool is not None and time.monotonic() - self._sent_at >= FLUSH_AFTER_S:
             # The thread client buffers calls until a draft request carries them; where none has
             # for a while (the engine is not drafting), they go out anyway (the child process
@@ -347,19 +382,22 @@ class Drafter:
             log.warning("corpus %s: %s (drafting in process meanwhile)", self.target, msg)
         self.stats.last_error = msg
 
-    def _ask_ahead(self, req_ids: list[str], budget: int) -> None:
+    def _ask_ahead(self, req_ids: list[str], budget: int) -> bool:
         """Queues the remote draft of the next step's trees (after every queued extend, so it sees
-        this verifier's context as of now), unless the previous one is still out."""
+        this verifier's context as of now), unless the previous one is still out. Returns whether
+        it did."""
         if self._ahead is not None:
-            return
+            return False
         ids = list(req_ids)
         deep = max(budget, min(self._ahead_cap, AHEAD_DEPTH_FACTOR * budget))
         lengths = self.local.context_lengths(ids)  # -1 where the mirror lacks a request: nothing re-roots
+        self.stats.asks += 1
         if self._proc is not None:
             self._ahead = (self._proc.draft(ids, deep, budget), ids, lengths)
         else:
             self._ahead = (self._pool.submit(self._guarded, self._draft_ahead, ids, deep, budget), ids, lengths)
             self._sent_at = time.monotonic()
+        return True
 
     def await_ahead(self, timeout_s: float | None = None) -> bool:
         """Pipelined: takes in the remote answer asked by the last dispatch() if it is back, so that
@@ -397,9 +435,34 @@ class Drafter:
         is back (``NgramCorpus.draft_merged``: one native call)."""
         taken = self._take_ahead(req_ids, budget)
         if taken is None:
+            self._merged = None
             return self.local.draft(req_ids, budget)
         self.stats.remote_steps += 1
-        return self.local.draft_merged(req_ids, budget, taken[0], since_from=taken[1])
+        merged = self.local.draft_merged(req_ids, budget, taken[0], since_from=taken[1])
+        self._merged = (list(req_ids), merged, taken[1] >= 0)  # rows asked about (the rest: -1)
+        return merged
+
+    def _score(self) -> None:
+        """The last merged step's gain: of the tokens each request asked about accepted (its
+        committed run less the bonus token), those only the remote tree drafted
+        (``DraftBatch.earlier_accepted``), against the tokens those requests committed."""
+        ids, merged, asked, items = self._scoring
+        self._scoring = None
+        row = {r: i for i, r in enumerate(ids)}
+        asked = asked.tolist()
+        rows, paths, delivered = [], [], 0
+        for rid, run in items:
+            i = row.get(rid)
+            if i is not None and asked[i]:
+                rows.append(i)
+                paths.append(run[:-1])
+                delivered += len(run)
+        if not rows:
+            return
+        gain = merged.earlier_accepted(rows, paths)
+        self.stats.remote_gain_tokens += gain
+        if self._gate is not None:
+            self._gate.observe(delivered, gain)
 
     def _take_ahead(self, req_ids: list[str], budget: int) -> tuple[DraftBatch, np.ndarray] | None:
         """The remote trees asked one step earlier, one row per request of ``req_ids`` (empty where

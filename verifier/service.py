@@ -40,6 +40,7 @@ def build_verifier(cfg: VerifierConfig) -> Verifier:
                           client_timeout_s=cfg.corpus_timeout_s, vocab_size=lm.model.config.vocab_size,
                           token=cfg.corpus_token or None, tls=cfg.corpus_tls_ca or None,
                           remote_drafts=cfg.remote_drafts, remote_client=cfg.remote_client,
+                          remote_asks=cfg.remote_asks,
                           draft_threads=cfg.draft_threads or auto_draft_threads())
     if cfg.external_corpus:  # before the engine exists: no request drafts from a half-loaded corpus
         load_external_corpora(drafter.local, cfg.external_corpus, lm.codec.tokenizer)

@@ -31,6 +31,12 @@ py::tuple padded_trees(DraftOutput&& d, py::ssize_t n, int budget) {
   return py::make_tuple(to_array(std::move(d.tokens), {n, budget}), to_array(std::move(d.parents), {n, budget}),
                         to_array(std::move(d.probs), {n, budget}), to_array(std::move(d.counts), {n}));
 }
+// A merged draft's: padded_trees' arrays and each row's earlier_only mask (uint64 [n]).
+py::tuple merged_trees(DraftOutput&& d, py::ssize_t n, int budget) {
+  auto only = to_array(std::move(d.earlier_only), {n});
+  return py::make_tuple(to_array(std::move(d.tokens), {n, budget}), to_array(std::move(d.parents), {n, budget}),
+                        to_array(std::move(d.probs), {n, budget}), to_array(std::move(d.counts), {n}), only);
+}
 // [n, width] padded trees (tree_merge.h's TreeRows), checked: one shape, counts within the width.
 TreeRows tree_rows(const I32& tokens, const I32& parents, const F32& probs, const I32& counts, py::ssize_t n) {
   if (tokens.ndim() != 2 || tokens.shape(0) != n)
@@ -92,14 +98,44 @@ PYBIND11_MODULE(_native, m) {
         auto [since, off] = read_rows(since_rows, n, "since");
         std::vector<int32_t> tokens, parents, counts;
         std::vector<float> probs;
+        std::vector<uint64_t> only;
         {
           py::gil_scoped_release nogil;
-          merge_rows(fresh, earlier, since.data(), off.data(), budget, tokens, parents, probs, counts);
+          merge_rows(fresh, earlier, since.data(), off.data(), budget, tokens, parents, probs, counts, only);
         }
         return py::make_tuple(to_array(std::move(tokens), {n, budget}), to_array(std::move(parents), {n, budget}),
-                              to_array(std::move(probs), {n, budget}), to_array(std::move(counts), {n}));
+                              to_array(std::move(probs), {n, budget}), to_array(std::move(counts), {n}),
+                              to_array(std::move(only), {n}));
       },
       "Per row: the fresh tree united with the earlier tree re-rooted along `since` (tree_merge.h).");
+
+  m.def(
+      "marked_on_paths",
+      [](I32 tokens, I32 parents, I32 counts, py::array_t<uint64_t, py::array::c_style | py::array::forcecast> marked,
+         py::array_t<int64_t, py::array::c_style | py::array::forcecast> rows, py::handle paths_obj) {
+        if (tokens.ndim() != 2) throw py::value_error("trees: expected [n, width] arrays");
+        const auto n = tokens.shape(0), w = tokens.shape(1);
+        if (parents.ndim() != 2 || parents.shape(0) != n || parents.shape(1) != w || counts.ndim() != 1 ||
+            counts.shape(0) != n || marked.ndim() != 1 || marked.shape(0) != n)
+          throw py::value_error("marked_on_paths: expected tokens, parents [n, width], counts and marked [n]");
+        if (rows.ndim() != 1) throw py::value_error("rows: expected a 1-d array");
+        const auto m = rows.shape(0);
+        auto [path, off] = read_rows(paths_obj, m, "paths");
+        for (py::ssize_t j = 0; j < m; ++j) {
+          const int64_t r = rows.data()[j];
+          if (r < 0 || r >= n) throw py::value_error("rows: expected row indices in [0, n)");
+        }
+        for (py::ssize_t i = 0; i < n; ++i)
+          if (counts.data()[i] < 0 || counts.data()[i] > w) throw py::value_error("counts: expected 0 <= count <= width");
+        int64_t found = 0;
+        for (py::ssize_t j = 0; j < m; ++j) {
+          const int64_t r = rows.data()[j];
+          const TreeView t{tokens.data() + r * w, parents.data() + r * w, nullptr, counts.data()[r]};
+          found += marked_on_path(t, marked.data()[r], path.data() + off[j], static_cast<int>(off[j + 1] - off[j]));
+        }
+        return found;
+      },
+      "Sum over j of the nodes of tree rows[j] marked in marked[rows[j]] along paths[j] (tree_merge.h).");
 
   // The verifier's step layout (tree_rows.h; verifier/tree_batch.py has the numpy reference).
   m.def(
@@ -265,7 +301,7 @@ PYBIND11_MODULE(_native, m) {
                py::gil_scoped_release nogil;
                c.draft_merged(ids, budget, EarlierTrees{earlier, since.data(), off.data()}, &d);
              }
-             return padded_trees(std::move(d), n, budget);
+             return merged_trees(std::move(d), n, budget);
            })
       .def("draft_merged_from",
            [](Corpus& c, py::handle ids_obj, int budget, I32 e_tokens, I32 e_parents, F32 e_probs, I32 e_counts,
@@ -282,7 +318,7 @@ PYBIND11_MODULE(_native, m) {
                py::gil_scoped_release nogil;
                c.draft_merged(ids, budget, EarlierTrees{earlier, nullptr, nullptr, since_from.data()}, &d);
              }
-             return padded_trees(std::move(d), n, budget);
+             return merged_trees(std::move(d), n, budget);
            })
       .def("context_lengths",
            [](Corpus& c, py::handle ids_obj) {

@@ -446,6 +446,7 @@ void Corpus::draft_batch(const std::vector<std::string>& ids, int budget, bool p
   for (auto& id : ids) states.push_back(get(id));  // all ids checked before any work
   auto ext = externals_snapshot();
   out->counts.assign(ids.size(), 0);
+  out->earlier_only.assign(merge != nullptr ? ids.size() : 0, 0);
   if (pad) {
     out->tokens.assign(ids.size() * budget, -1);
     out->parents.assign(ids.size() * budget, -1);
@@ -490,7 +491,7 @@ void Corpus::draft_batch(const std::vector<std::string>& ids, int budget, bool p
       const int n_path = from ? static_cast<int>(since.size()) : static_cast<int>(merge->off[i + 1] - merge->off[i]);
       merge_with_earlier({t.data(), p.data(), pr.data(), static_cast<int>(t.size())},
                          {e.tokens + at * w, e.parents + at * w, e.probs + at * w, reroot ? e.counts[i] : 0}, path,
-                         n_path, budget, mt, mp, mpr);
+                         n_path, budget, mt, mp, mpr, &rows.earlier_only[i]);
       t.swap(mt), p.swap(mp), pr.swap(mpr);
     }
     std::copy(t.begin(), t.end(), rows.tokens.begin() + i * b);

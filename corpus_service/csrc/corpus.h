@@ -69,6 +69,7 @@ struct CorpusConfig {
 struct DraftOutput {
   std::vector<int32_t> tokens, parents, counts;
   std::vector<float> probs;
+  std::vector<uint64_t> earlier_only;  // draft_merged: per row, merge_with_earlier's earlier_only mask
 };
 
 // Trees drafted earlier for the same requests (a pipelined remote step's), to merge into fresh

@@ -123,11 +123,18 @@ def test_merged_trees_are_valid_and_their_paths_come_from_the_sources(fresh, ear
     assert np.all(row[1:] <= row[:-1])
     src = paths(batch([fresh], 8), 0)
     old = paths(batch([earlier], 12), 0)
-    for path, q in got.items():
+    mask = int(out.earlier_only[0])
+    for k, (path, q) in enumerate(got.items()):
         assert 0.0 <= q <= 1.0
         if len(path) > 1:
             assert q <= got[path[:-1]] + 1e-6, "probabilities never grow along a path"
         assert path in src or tuple(since) + path in old
+        # earlier_only marks exactly the nodes the fresh tree does not have
+        assert bool(mask >> k & 1) == (path not in src)
+    assert mask >> len(got) == 0
+    # Accepting any path of the merged tree counts its nodes the fresh tree lacks.
+    for path in got:
+        assert out.earlier_accepted([0], [list(path)]) == sum(path[:j] not in src for j in range(1, len(path) + 1))
 
 
 def test_draft_merged_is_the_corpus_draft_merged_with_the_earlier_trees():
@@ -144,8 +151,10 @@ def test_draft_merged_is_the_corpus_draft_merged_with_the_earlier_trees():
     for budget in (1, 4, 9):
         want = merge_with_earlier(corpus.draft(["a", "b", "c"], budget), earlier, since, budget)
         got = corpus.draft_merged(["a", "b", "c"], budget, earlier, since)
-        for w, g in zip((want.tokens, want.parents, want.probs, want.counts), (got.tokens, got.parents, got.probs, got.counts)):
+        for w, g in zip((want.tokens, want.parents, want.probs, want.counts, want.earlier_only),
+                        (got.tokens, got.parents, got.probs, got.counts, got.earlier_only)):
             assert np.array_equal(w, g)
+    assert got.earlier_only.dtype == np.uint64 and corpus.draft(["a"], 4).earlier_only is None
     with pytest.raises(ValueError, match="3 request ids, 2 earlier trees"):
         corpus.draft_merged(["a", "b", "c"], 4, batch([EARLIER, EARLIER], 6), since)
     with pytest.raises(ValueError, match="budget"):
@@ -207,3 +216,23 @@ def test_since_from_reroots_along_the_requests_own_tokens():
         corpus.context_tail("a", 17)
     with pytest.raises(ValueError, match="unknown request"):
         corpus.context_tail("gone", 1)
+
+
+def test_earlier_accepted_counts_the_accepted_nodes_only_the_earlier_tree_drafted():
+    """What the pipelined drafter scores its remote asks by: of the tokens a request accepted, the
+    nodes of the merged tree that came from the earlier (remote) tree alone."""
+    out = merge_with_earlier(batch([FRESH, FRESH], 4), batch([EARLIER, ([], [], [])], 6), [[1, 2], []], 8)
+    # Row 0: fresh 5 -> 6 and 7; the re-rooted earlier tree adds 3 -> 4 and 9.
+    assert out.earlier_accepted([0], [[5, 6]]) == 0
+    assert out.earlier_accepted([0], [[3, 4]]) == 2
+    assert out.earlier_accepted([0], [[3, 8]]) == 1  # the walk stops at the first token it lacks
+    assert out.earlier_accepted([0, 1, 0], [[9], [3], []]) == 1  # row 1 merged nothing
+    assert out.earlier_accepted([], []) == 0
+    assert int(out.earlier_only[1]) == 0
+    assert batch([FRESH], 4).earlier_accepted([0], [[5]]) == 0  # not a merged batch
+    with pytest.raises(ValueError, match="rows"):
+        out.earlier_accepted([2], [[5]])
+    with pytest.raises(ValueError, match="2 rows but 1 paths"):
+        out.earlier_accepted([0, 1], [[5]])
+    with pytest.raises(ValueError, match="paths"):
+        out.earlier_accepted([0], [[-5]])

@@ -31,6 +31,12 @@ class EngineCollector:
             c.add_metric(["fallback"], d.fallback_steps)
             c.add_metric(["local"], d.local_steps)
             yield c
+            a = CounterMetricFamily("ngram_verifier_remote_asks", "pipelined remote tree requests", labels=["outcome"])
+            a.add_metric(["sent"], d.asks)
+            a.add_metric(["skipped"], d.asks_skipped)  # remote_asks=adaptive: their trees added nothing
+            yield a
+            yield CounterMetricFamily("ngram_verifier_remote_gain_tokens",
+                                      "accepted tokens that only the remote corpus' trees drafted", value=d.remote_gain_tokens)
             yield CounterMetricFamily("ngram_verifier_corpus_errors", "failed remote corpus calls", value=d.remote_errors)
             yield CounterMetricFamily("ngram_verifier_corpus_client_restarts",
                                       "dead corpus client processes replaced", value=d.client_restarts)
