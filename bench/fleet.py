@@ -12,6 +12,8 @@ Scenarios (Spec-Bench dev prompts):
 - ``solo``: one replica on a fresh corpus, which knows nothing this replica's mirror does not;
 - ``repeat``: replica A answers the prompts, then replica B answers the same ones (a prompt that
   another replica served already); B is measured;
+- ``mixed``: as ``repeat``, but A answers every other prompt only: half of B's batch is known to the
+  fleet (what a per-request ask keeps where the batch's share would not);
 - ``split``: the prompts dealt round-robin to two replicas stepping in turn, both measured (their
   outputs meet in the shared learned corpus, as in ``bench/acceptance.py --replicas``).
 
@@ -43,7 +45,7 @@ from verifier.engine import Engine, EngineConfig  # noqa: E402
 from verifier.model import ModelConfig, build_model, load_model  # noqa: E402
 from verifier.sampling import SamplingParams  # noqa: E402
 
-SCENARIOS = ("solo", "repeat", "split")
+SCENARIOS = ("solo", "repeat", "mixed", "split")
 MODES = ("local", "always", "adaptive")
 ANSWER_WAIT_S = 0.05
 
@@ -61,10 +63,8 @@ class Replica:
                              EngineConfig(max_batch=batch, max_len=max_len, budget=budget, max_budget=budget,
                                           emulate_graphs=True, cuda_graphs=False, compile=False, cost_probe_s=0.0))
         TraceDevice(self.engine, {tuple(t.prompt_ids): t.output_ids for t in traces}, 0.0)
-        self.reqs = []
-
-    def submit(self, traces, max_new: int) -> None:
-        self.reqs += [self.engine.add_request(t.prompt_ids, SamplingParams(max_tokens=max_new)) for t in traces]
+        self.traces = traces
+        self.reqs = [self.engine.add_request(t.prompt_ids, SamplingParams(max_tokens=max_new)) for t in traces]
 
     def busy(self) -> bool:
         return not all(r.finished for r in self.reqs)
@@ -83,7 +83,7 @@ class Replica:
         return {"tokens": tokens, "steps": steps, "asks": d.asks, "asks_skipped": d.asks_skipped,
                 "remote_gain_tokens": d.remote_gain_tokens, "merged_steps": d.remote_steps,
                 "outputs_follow_trace": all(r.output_ids == t.output_ids[:len(r.output_ids)]
-                                            for r, t in zip(self.reqs, self._traces))}
+                                            for r, t in zip(self.reqs, self.traces))}
 
     def close(self) -> None:
         self.drafter.close()
@@ -105,22 +105,17 @@ def run_scenario(model, codec, scenario: str, mode: str, target: str, traces, ba
         c.reset()
     make = lambda m, trs: Replica(model, codec, m, target, trs, batch, budget, max_new)  # noqa: E731
     measured: list[Replica] = []
-    others: list[Replica] = []
     try:
-        if scenario == "repeat":
-            first = make("adaptive", traces)  # A: feeds the corpus (its own asks do not matter)
-            others.append(first)
-            first._traces = traces
-            first.submit(traces, max_new)
-            run_all([first])
-            first.close()
+        if scenario in ("repeat", "mixed"):
+            # Replica A feeds the corpus (its own asks do not matter), then stops.
+            first = make("adaptive", traces if scenario == "repeat" else traces[0::2])
+            try:
+                run_all([first])
+            finally:
+                first.close()
             time.sleep(0.3)  # A's last commits and finishes reach the corpus (FLUSH_AFTER_S)
         parts = [traces[0::2], traces[1::2]] if scenario == "split" else [traces]
-        for trs in parts:
-            r = make(mode, trs)
-            r._traces = trs
-            r.submit(trs, max_new)
-            measured.append(r)
+        measured = [make(mode, trs) for trs in parts]
         run_all(measured)
         rows = [r.result() for r in measured]
     finally:

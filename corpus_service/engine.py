@@ -44,14 +44,14 @@ class DraftBatch:
     def __len__(self) -> int:
         return int(self.counts.shape[0])
 
-    def earlier_accepted(self, rows: Sequence[int], paths: Sequence[Sequence[int]]) -> int:
-        """Of the tokens ``paths[j]`` accepted from the tree of row ``rows[j]`` (in order from its
-        root), how many only the earlier tree drafted: the nodes on each path marked in
-        ``earlier_only`` (0 for trees that were not merged). One native call."""
-        if self.earlier_only is None:
-            return 0
+    def earlier_accepted(self, rows: Sequence[int], paths: Sequence[Sequence[int]]) -> np.ndarray:
+        """Per j, of the tokens ``paths[j]`` accepted from the tree of row ``rows[j]`` (in order
+        from its root), how many only the earlier tree drafted: the nodes on the path marked in
+        ``earlier_only`` (int64 [len(rows)]; 0 for trees that were not merged). One native call."""
         if len(rows) != len(paths):
             raise ValueError(f"earlier_accepted: {len(rows)} rows but {len(paths)} paths")
+        if self.earlier_only is None:
+            return np.zeros(len(rows), dtype=np.int64)
         return _native.marked_on_paths(self.tokens, self.parents, self.counts, self.earlier_only,
                                        np.asarray(rows, dtype=np.int64), paths)
 

@@ -12,9 +12,11 @@ So the drafter counts, per merged step, the accepted tokens only the remote tree
 merge marks those nodes: ``DraftBatch.earlier_only``) against the tokens the step delivered. Over
 each window of ``window_tokens`` delivered tokens, a share below ``min_gain`` doubles the interval
 between asks (up to ``max_interval`` steps); a share at or above it, in a window or in any single
-step, asks every step again. The drafter also asks about every new request on its first drafting
-step whatever the interval (for it alone: at large batch new requests join nearly every step):
-whether the fleet knows a request's continuation is mostly a property of that request.
+step, asks every step again. Whether the fleet knows a request's continuation is mostly a property
+of that request, so the drafter also asks, whatever the interval and for them alone: about every new
+request on its first drafting step (at large batch new requests join nearly every step), and about
+every request whose remote trees added accepted tokens, until several of its asked steps in a row
+add none (``verifier.drafter.HOT_ASKS``). The gate itself learns from the other requests.
 Commits flow to the corpus either way (the client sends what it holds at least every
 ``FLUSH_AFTER_S``), so other replicas keep learning from this one.
 """

@@ -21,8 +21,9 @@ No corpus failure ever fails a request.
 
 Asking is measured (``remote_asks="adaptive"``, the default; ``verifier.ask_gate``): each merged
 step counts the accepted tokens only the remote tree drafted, and where the remote trees add less
-than they cost, the drafter asks one step in up to 32 (and on every new request's next step); the
-mirror drafts the rest. ``"always"`` asks every step.
+than they cost, the drafter asks one step in up to 32 for the batch; every new request is asked
+about on its first step, and a request whose remote trees added tokens every step while they keep
+doing so (``HOT_ASKS``); the mirror drafts the rest. ``"always"`` asks every step.
 
 Where the client runs (``remote_client``): ``process`` (the default) runs the ``CorpusClient`` in
 a child process (``verifier.corpus_process``): the engine's side of a step is one pipe write and
@@ -89,6 +90,10 @@ AHEAD_DEPTH_FACTOR = 2
 # (the kernel's default 50 us timer slack), and the H200's batch-1 remote drafting step spent
 # 23 us more in its forward phase than a local one (0.995 vs 0.972 ms, fourteenth session).
 AWAIT_AHEAD_S = 1e-5
+# Adaptive remote asks (verifier.ask_gate): a request whose remote tree added accepted tokens is
+# asked about every step until this many of its asked steps in a row add none, whatever the gate
+# says for the batch (at large batch a few requests the fleet knows would not move its share).
+HOT_ASKS = 8
 
 
 @dataclass
@@ -137,6 +142,9 @@ class Drafter:
         self._gate = AskGate(ask_gate) if remote_asks == "adaptive" else None
         self._merged: tuple[list[str], DraftBatch, np.ndarray] | None = None
         self._unasked: set[str] = set()  # adaptive: live requests never asked about yet
+        # Adaptive: requests whose remote trees added accepted tokens lately, asked about every step
+        # whatever the gate says, with the asks left before they cool down (HOT_ASKS).
+        self._hot: dict[str, int] = {}
         self._scoring: tuple[list[str], DraftBatch, np.ndarray, list[tuple[str, list[int]]]] | None = None
         self.stats = DraftStats()
         self.draft_timeout_s = draft_timeout_s
@@ -216,6 +224,10 @@ class Drafter:
 
     def finish(self, req_id: str) -> None:
         self._unasked.discard(req_id)
+        if req_id in self._hot:
+            if self._scoring is not None:  # its last step is scored as a hot request's
+                self._score()
+            self._hot.pop(req_id, None)  # (the score may have cooled it down)
         if self._proc is not None:
             self._live.pop(req_id, None)
         if self.local.has_request(req_id):
@@ -279,9 +291,11 @@ class Drafter:
                 if self._ask_ahead(ids, budget):
                     self._unasked.clear()
             else:
-                probe = [r for r in ids if r in self._unasked] if self._unasked else None
-                if probe and self._ask_ahead(probe, budget):  # the new requests alone
-                    self._unasked.difference_update(probe)
+                # The new requests and the hot ones alone.
+                u, h = self._unasked, self._hot
+                probe = [r for r in ids if r in u or r in h] if (u or h) else None
+                if probe and self._ask_ahead(probe, budget):
+                    u.difference_update(probe)
                 else:
                     self.stats.asks_skipped += 1
         if self._pool is not None and time.monotonic() - self._sent_at >= FLUSH_AFTER_S:
@@ -450,19 +464,33 @@ class Drafter:
         self._scoring = None
         row = {r: i for i, r in enumerate(ids)}
         asked = asked.tolist()
-        rows, paths, delivered = [], [], 0
+        rows, paths, items_asked, delivered = [], [], [], 0
         for rid, run in items:
             i = row.get(rid)
             if i is not None and asked[i]:
                 rows.append(i)
                 paths.append(run[:-1])
+                items_asked.append((rid, run))
                 delivered += len(run)
         if not rows:
             return
-        gain = merged.earlier_accepted(rows, paths)
+        gains = merged.earlier_accepted(rows, paths)
+        gain = int(gains.sum())
         self.stats.remote_gain_tokens += gain
-        if self._gate is not None:
-            self._gate.observe(delivered, gain)
+        if self._gate is None:
+            return
+        hot = self._hot
+        if hot:  # the gate learns from the other requests (a hot one is asked about every step)
+            for j, (rid, run) in enumerate(items_asked):
+                if rid in hot:
+                    delivered -= len(run)
+                    gain -= int(gains[j])
+                    hot[rid] -= 1
+                    if hot[rid] <= 0:
+                        del hot[rid]
+        self._gate.observe(delivered, gain)
+        for j in np.flatnonzero(gains).tolist():  # rare: what the fleet knew of these requests
+            hot[items_asked[j][0]] = HOT_ASKS
 
     def _take_ahead(self, req_ids: list[str], budget: int) -> tuple[DraftBatch, np.ndarray] | None:
         """The remote trees asked one step earlier, one row per request of ``req_ids`` (empty where

@@ -127,15 +127,16 @@ PYBIND11_MODULE(_native, m) {
         }
         for (py::ssize_t i = 0; i < n; ++i)
           if (counts.data()[i] < 0 || counts.data()[i] > w) throw py::value_error("counts: expected 0 <= count <= width");
-        int64_t found = 0;
+        std::vector<int64_t> found(static_cast<size_t>(m));
         for (py::ssize_t j = 0; j < m; ++j) {
           const int64_t r = rows.data()[j];
           const TreeView t{tokens.data() + r * w, parents.data() + r * w, nullptr, counts.data()[r]};
-          found += marked_on_path(t, marked.data()[r], path.data() + off[j], static_cast<int>(off[j + 1] - off[j]));
+          found[static_cast<size_t>(j)] =
+              marked_on_path(t, marked.data()[r], path.data() + off[j], static_cast<int>(off[j + 1] - off[j]));
         }
-        return found;
+        return to_array(std::move(found), {m});
       },
-      "Sum over j of the nodes of tree rows[j] marked in marked[rows[j]] along paths[j] (tree_merge.h).");
+      "Per j: the nodes of tree rows[j] marked in marked[rows[j]] along paths[j] (tree_merge.h).");
 
   // The verifier's step layout (tree_rows.h; verifier/tree_batch.py has the numpy reference).
   m.def(

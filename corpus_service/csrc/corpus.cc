@@ -646,6 +646,13 @@ void Corpus::worker() {
       try {
         for (; i < j; ++i) {
           Item& it = batch[i];
+          // Room for the item first, so the store never holds more than the bound's tokens (the
+          // byte bound's worst case counts on it: CorpusConfig.bytes_per_token); an item larger
+          // than the bound keeps its last tokens only (the eviction after it).
+          if (bound) {
+            const size_t add = stored_estimate(it);
+            learned_.evict_to(add < bound ? bound - add : 0);
+          }
           if (it.is_put) {
             ++put_calls_;
             for (auto& s : it.seqs) apply_put(s);

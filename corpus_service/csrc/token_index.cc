@@ -214,7 +214,10 @@ TokenIndex::Growth TokenIndex::prepare_growth(size_t more, size_t expected, size
   // The copy holds only live positions (compacted); room to grow by 1.25x as push() would, and at
   // least for `more`. Under a bound the storage stays within ~1.25x of it, as evict_to keeps it.
   size_t cap = std::max(n + more + 1, n + n / 4 + 64);
-  if (max_live) cap = std::max(n + more + 1, std::min(cap, max_live + max_live / 4 + 64));
+  // Under a bound the live tokens never pass it (the writer evicts before each item) and the dead
+  // prefix stays under a quarter of them, so the storage the group needs is at most 1.25x the bound
+  // however much it adds.
+  if (max_live) cap = std::max(n + 1, std::min(cap, max_live + max_live / 4 + 64));
   g.tokens.reserve(cap);
   g.prev.reserve(cap * n_orders);
   g.tokens.assign(tokens_.begin() + static_cast<std::ptrdiff_t>(first_), tokens_.end());

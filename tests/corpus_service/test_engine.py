@@ -163,6 +163,23 @@ def test_external_budget_is_enforced():
     c.load_external_corpus_named("big", [list(range(8))])
 
 
+def test_the_byte_bound_holds_for_items_large_against_it():
+    """One insert item (a put of several sequences, or the insert thread's queue taken at once) can
+    hold a good part of the bound: the store makes room before it, and never reserves past what
+    the bound needs (it held 1.14x the bound when the insert thread took several items at once)."""
+    bound = int(CorpusConfig().bytes_per_token() * 1024)
+    c = NgramCorpus(CorpusConfig(learned_max_bytes=bound, learn_prompts=False))
+    rng = np.random.default_rng(1)
+    worst = 0.0
+    for _ in range(12):
+        c.batch_put([rng.integers(0, 50, 200).tolist() for _ in range(4)])
+        c.synchronize()
+        worst = max(worst, c.stats()["learned_bytes"])
+    assert worst <= bound + 1024, (worst, bound)
+    assert 0 < c.stats()["learned_stored_tokens"] <= 1024
+    c.check_integrity()
+
+
 def test_eviction_under_a_tiny_bound_never_fails():
     bound = int(CorpusConfig().bytes_per_token() * 1024)
     cfg = CorpusConfig(learned_max_bytes=bound, learn_prompts=False)

@@ -134,7 +134,7 @@ def test_merged_trees_are_valid_and_their_paths_come_from_the_sources(fresh, ear
     assert mask >> len(got) == 0
     # Accepting any path of the merged tree counts its nodes the fresh tree lacks.
     for path in got:
-        assert out.earlier_accepted([0], [list(path)]) == sum(path[:j] not in src for j in range(1, len(path) + 1))
+        assert out.earlier_accepted([0], [list(path)]).tolist() == [sum(path[:j] not in src for j in range(1, len(path) + 1))]
 
 
 def test_draft_merged_is_the_corpus_draft_merged_with_the_earlier_trees():
@@ -223,13 +223,14 @@ def test_earlier_accepted_counts_the_accepted_nodes_only_the_earlier_tree_drafte
     nodes of the merged tree that came from the earlier (remote) tree alone."""
     out = merge_with_earlier(batch([FRESH, FRESH], 4), batch([EARLIER, ([], [], [])], 6), [[1, 2], []], 8)
     # Row 0: fresh 5 -> 6 and 7; the re-rooted earlier tree adds 3 -> 4 and 9.
-    assert out.earlier_accepted([0], [[5, 6]]) == 0
-    assert out.earlier_accepted([0], [[3, 4]]) == 2
-    assert out.earlier_accepted([0], [[3, 8]]) == 1  # the walk stops at the first token it lacks
-    assert out.earlier_accepted([0, 1, 0], [[9], [3], []]) == 1  # row 1 merged nothing
-    assert out.earlier_accepted([], []) == 0
+    assert out.earlier_accepted([0], [[5, 6]]).tolist() == [0]
+    assert out.earlier_accepted([0], [[3, 4]]).tolist() == [2]
+    assert out.earlier_accepted([0], [[3, 8]]).tolist() == [1]  # the walk stops at the first token it lacks
+    got = out.earlier_accepted([0, 1, 0], [[9], [3], []])  # row 1 merged nothing
+    assert got.tolist() == [1, 0, 0] and got.dtype == np.int64
+    assert out.earlier_accepted([], []).tolist() == []
     assert int(out.earlier_only[1]) == 0
-    assert batch([FRESH], 4).earlier_accepted([0], [[5]]) == 0  # not a merged batch
+    assert batch([FRESH], 4).earlier_accepted([0], [[5]]).tolist() == [0]  # not a merged batch
     with pytest.raises(ValueError, match="rows"):
         out.earlier_accepted([2], [[5]])
     with pytest.raises(ValueError, match="2 rows but 1 paths"):

@@ -63,22 +63,39 @@ def accept(tree, truth):
     return truth[:n + 1]
 
 
-def run(drafter, rid, prompt, output, budget=4):
-    """Drafts and commits ``output`` after ``prompt`` as a pipelined verifier would, waiting for
-    each remote answer (what a GPU step's time lets in)."""
-    drafter.start_request(rid, prompt)
-    done = 0
-    while done < len(output):
-        batch = drafter.draft([rid], budget)
+def run_batch(drafter, requests, budget=4):
+    """Drafts and commits each request's output after its prompt (``requests``: id -> (prompt,
+    output)), all in one batch, as a pipelined verifier would, waiting for each remote answer (what
+    a GPU step's time lets in). Returns the steps each request took."""
+    done = {}
+    for rid, (prompt, _) in requests.items():
+        drafter.start_request(rid, prompt)
+        done[rid] = 0
+    steps = dict.fromkeys(requests, 0)
+    while done:
+        ids = list(done)
+        batch = drafter.draft(ids, budget)
         drafter.dispatch()
         if drafter._ahead is not None:
             handle = drafter._ahead[0]
             handle.result(timeout=10) if hasattr(handle, "result") else handle.wait(10)
-        run_ = accept(batch.tree(0), output[done:])
-        drafter.extend_many([(rid, run_)])
-        done += len(run_)
-    drafter.finish(rid)
+        commits = []
+        for i, rid in enumerate(ids):
+            out = requests[rid][1]
+            commits.append((rid, accept(batch.tree(i), out[done[rid]:])))
+            done[rid] += len(commits[-1][1])
+            steps[rid] += 1
+        drafter.extend_many(commits)
+        for rid in ids:
+            if done[rid] >= len(requests[rid][1]):
+                del done[rid]
+                drafter.finish(rid)
     drafter.dispatch()
+    return steps
+
+
+def run(drafter, rid, prompt, output, budget=4):
+    return run_batch(drafter, {rid: (prompt, output)}, budget)[rid]
 
 
 TEXT = list(range(300, 360))
@@ -122,5 +139,33 @@ def test_always_asks_every_step(corpus_server):
         pattern = [21, 22, 23, 24]
         run(drafter, "r", pattern * 3, pattern * 10)
         assert drafter.stats.asks_skipped == 0 and drafter.stats.asks >= 5
+    finally:
+        drafter.close()
+
+
+def test_a_request_the_fleet_knows_is_asked_about_every_step_in_a_batch_that_gains_little(corpus_server):
+    """At large batch a few requests the shared corpus knows would not lift the batch's share: the
+    drafter asks about those requests every step (hot) while the gate keeps the others' asks rare."""
+    gate = AskGateConfig(min_gain=0.5, window_tokens=16, max_interval=8)  # a share the batch never reaches
+    with CorpusClient(corpus_server.target) as c:
+        c.reset()
+    drafter = Drafter(corpus_server.target, client_timeout_s=5.0, ask_gate=gate)
+    try:
+        pattern = [41, 42, 43, 44, 45, 46]
+        run(drafter, "warm", pattern * 3, pattern * 20)
+        assert drafter._gate.interval > 1
+        with CorpusClient(corpus_server.target) as other:
+            other.start_request("other-1", [1, 2, 3])
+            other.extend("other-1", TEXT)
+            other.finish("other-1")
+            other.synchronize()
+        many = {f"plain-{i}": ([50 + i, 60 + i] * 4, [50 + i, 60 + i] * 12) for i in range(5)}
+        many["fleet"] = ([7, 8] + TEXT[:4], TEXT[4:])
+        steps = run_batch(drafter, many)
+        # The fleet request accepted the other replica's output, several tokens a step...
+        assert steps["fleet"] <= len(TEXT[4:]) // 3, steps
+        assert drafter.stats.remote_gain_tokens > 20, drafter.stats
+        # ...while the batch as a whole kept skipping its asks.
+        assert drafter._gate.interval > 1 and drafter.stats.asks_skipped > 0
     finally:
         drafter.close()
