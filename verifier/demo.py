@@ -123,6 +123,9 @@ def run_demo(cfg: DemoConfig) -> int:
             d = drafter.stats
             print(f"speculative decoding:  {tps1:6.2f} tok/s ({n1} tokens, {steps} verify steps, {acc} draft tokens "
                   f"accepted; drafts: {d.remote_steps} remote, {d.local_steps} local, {d.fallback_steps} fallback)")
+            if drafter.remote:
+                print(f"remote asks: {d.asks} sent, {d.asks_skipped} skipped (no measured gain); accepted tokens "
+                      f"only the remote corpus drafted: {d.remote_gain_tokens}")
             if spec.policy.cost is not None:
                 c = spec.policy.cost
                 print("cost model (tokens in batch -> ms): "
