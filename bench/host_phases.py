@@ -23,7 +23,8 @@ Per step, in ms of host time:
 
 Modes, in the same run, on the same prompts (the Spec-Bench dev trace's), at a fixed budget so that
 every step drafts: ``local`` (the in-process corpus), ``remote`` (the corpus service, pipelined, its
-client in a child process; a real ``python -m corpus_service serve`` on 127.0.0.1), and ``plain``
+client in a child process, asks by measured gain; a real ``python -m corpus_service serve`` on
+127.0.0.1), ``remote_always`` (the same, asking every step), and ``plain``
 (no corpus, overlapped steps: all of their host work counts as ``other``). Prints one summary line
 (host ms per step of each mode, remote over local), writes JSON.
 
@@ -54,6 +55,8 @@ from verifier.model.cuda_graphs import GreedyStepResult  # noqa: E402
 from verifier.sampling import SamplingParams  # noqa: E402
 
 PHASES = ("pack", "launch", "commit", "other")
+# remote: the corpus service with the verifier's default asks (adaptive); remote_always: asking every step.
+MODES = ("plain", "local", "remote", "remote_always")
 
 
 class TraceDevice:
@@ -130,13 +133,13 @@ def run_mode(model, codec, mode: str, target: str | None, traces, B: int, budget
              device_ms: float) -> dict:
     drafter = None
     if mode != "plain":
-        if mode == "remote":
+        if mode.startswith("remote"):
             from corpus_service.client import CorpusClient
 
             with CorpusClient(target) as c:
                 c.reset()
         drafter = Drafter("local" if mode == "local" else target, vocab_size=model.config.vocab_size,
-                          client_timeout_s=5.0)
+                          client_timeout_s=5.0, remote_asks="always" if mode == "remote_always" else "adaptive")
     prompts = [t.prompt_ids for t in traces]
     max_len = max(map(len, prompts)) + max_new + budget + 4
     engine = Engine(model, codec, drafter,
@@ -204,6 +207,7 @@ def run_mode(model, codec, mode: str, target: str | None, traces, B: int, budget
     if drafter is not None:
         d = drafter.stats
         res["draft_steps"] = {"local": d.local_steps, "remote": d.remote_steps, "fallback": d.fallback_steps}
+        res["remote_asks"] = {"sent": d.asks, "skipped": d.asks_skipped, "gain_tokens": d.remote_gain_tokens}
     return res
 
 
@@ -228,8 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--batches >= 1, --max-new >= 2, --budget in 1..15, --rounds >= 1")
     if args.device_ms < 0:
         p.error("--device-ms must be >= 0")
-    if not modes or any(m not in ("plain", "local", "remote") for m in modes):
-        p.error(f"--modes: expected plain, local and/or remote, got {modes}")
+    if not modes or any(m not in MODES for m in modes):
+        p.error(f"--modes: expected some of {', '.join(MODES)}, got {modes}")
     lm = load_model(args.gguf, "cpu", torch.bfloat16)  # the tokenizer and the shapes; no forward runs
     codec, cfg = lm.codec, lm.model.config
     del lm
@@ -239,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     traces = load_traces(default_trace_files()[0])
     server = target = None
     tmp = tempfile.TemporaryDirectory()
-    if "remote" in modes:
+    if any(m.startswith("remote") for m in modes):
         from verifier.demo import _start_server
 
         server, target = _start_server(tmp.name)
@@ -255,8 +259,9 @@ def main(argv: list[str] | None = None) -> int:
             for m, rs in runs.items():
                 median = sorted(rs, key=lambda r: r["host_ms"])[(len(rs) - 1) // 2]
                 row[m] = {**median, "rounds_host_ms": [r["host_ms"] for r in rs]}
-            if "local" in row and "remote" in row:
-                row["remote_minus_local_ms"] = round(row["remote"]["host_ms"] - row["local"]["host_ms"], 4)
+            for m in ("remote", "remote_always"):
+                if "local" in row and m in row:
+                    row[f"{m}_minus_local_ms"] = round(row[m]["host_ms"] - row["local"]["host_ms"], 4)
             res["batches"][str(B)] = row
             print(f"B={B}: " + json.dumps(row), flush=True)
     finally:
@@ -265,8 +270,8 @@ def main(argv: list[str] | None = None) -> int:
             server.wait(30)
         tmp.cleanup()
     res["summary"] = {f"b{B}_{m}_host_ms": r[m]["host_ms"] for B, r in res["batches"].items() for m in modes}
-    res["summary"].update({f"b{B}_remote_minus_local_ms": r["remote_minus_local_ms"] for B, r in res["batches"].items()
-                           if "remote_minus_local_ms" in r})
+    res["summary"].update({f"b{B}_{k}": v for B, r in res["batches"].items() for k, v in r.items()
+                           if k.endswith("_minus_local_ms")})
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1) + "\n")
