@@ -10,6 +10,7 @@ import socket
 import typing
 from dataclasses import MISSING, dataclass, field, fields
 
+from .ask_gate import AskGateConfig
 from .drafter import REMOTE_ASKS, REMOTE_CLIENTS, REMOTE_DRAFT_MODES
 from .engine import EngineConfig
 
@@ -47,6 +48,10 @@ class VerifierConfig:
     # When a pipelined verifier asks the remote corpus for trees: "adaptive" (where its trees add
     # accepted tokens, measured; verifier/ask_gate.py) or "always" (every step).
     remote_asks: str = "adaptive"
+    # Adaptive asks (verifier.ask_gate.AskGateConfig): the share of delivered tokens that only the
+    # remote trees drafted below which asks thin out, and the most steps between two asks.
+    remote_ask_min_gain: float = 0.02
+    remote_ask_max_interval: int = 32
     # Threads drafting one batch in the in-process corpus (local, or the remote mode's mirror), for
     # batches of at least 8 requests per thread; 0 = a quarter of the CPUs, 1 to 4.
     draft_threads: int = 0
@@ -92,6 +97,7 @@ class VerifierConfig:
             raise ValueError(f"remote_client: expected one of {', '.join(REMOTE_CLIENTS)}, got {self.remote_client!r}")
         if self.remote_asks not in REMOTE_ASKS:
             raise ValueError(f"remote_asks: expected one of {', '.join(REMOTE_ASKS)}, got {self.remote_asks!r}")
+        AskGateConfig(min_gain=self.remote_ask_min_gain, max_interval=self.remote_ask_max_interval)  # validates
         if self.remote_drafts not in REMOTE_DRAFT_MODES:
             raise ValueError(f"remote_drafts: expected one of {', '.join(REMOTE_DRAFT_MODES)}, got {self.remote_drafts!r}")
         if not self.draft_timeout_s > 0 or not self.corpus_timeout_s > 0:

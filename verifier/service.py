@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import VerifierConfig
+from .ask_gate import AskGateConfig
 from .drafter import Drafter, auto_draft_threads
 from .engine import Engine
 from .external_corpora import load_external_corpora
@@ -41,6 +42,8 @@ def build_verifier(cfg: VerifierConfig) -> Verifier:
                           token=cfg.corpus_token or None, tls=cfg.corpus_tls_ca or None,
                           remote_drafts=cfg.remote_drafts, remote_client=cfg.remote_client,
                           remote_asks=cfg.remote_asks,
+                          ask_gate=AskGateConfig(min_gain=cfg.remote_ask_min_gain,
+                                                 max_interval=cfg.remote_ask_max_interval),
                           draft_threads=cfg.draft_threads or auto_draft_threads())
     if cfg.external_corpus:  # before the engine exists: no request drafts from a half-loaded corpus
         load_external_corpora(drafter.local, cfg.external_corpus, lm.codec.tokenizer)

@@ -59,3 +59,13 @@ def test_draft_threads_flag(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 64)
     assert auto_draft_threads() == 4
     assert Drafter("local", draft_threads=3).local.config.draft_threads == 3
+
+
+def test_remote_ask_flags(monkeypatch):
+    c = _parse(["--remote-asks", "always", "--remote-ask-min-gain", "0.05", "--remote-ask-max-interval", "8"])
+    assert (c.remote_asks, c.remote_ask_min_gain, c.remote_ask_max_interval) == ("always", 0.05, 8)
+    monkeypatch.setenv("NGRAM_VERIFIER_REMOTE_ASK_MAX_INTERVAL", "4")
+    assert _parse([]).remote_ask_max_interval == 4
+    for bad in ({"remote_asks": "never"}, {"remote_ask_min_gain": 1.5}, {"remote_ask_max_interval": 0}):
+        with pytest.raises(ValueError):
+            VerifierConfig(**bad)
