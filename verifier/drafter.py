@@ -21,9 +21,10 @@ No corpus failure ever fails a request.
 
 Asking is measured (``remote_asks="adaptive"``, the default; ``verifier.ask_gate``): each merged
 step counts the accepted tokens only the remote tree drafted, and where the remote trees add less
-than they cost, the drafter asks one step in up to 32 for the batch; every new request is asked
-about on its first step, and a request whose remote trees added tokens every step while they keep
-doing so (``HOT_ASKS``); the mirror drafts the rest. ``"always"`` asks every step.
+than they cost, the drafter asks one step in up to 32 for the batch; it still asks about every new
+request on its first step, and about a request whose remote trees added accepted tokens on every
+step until ``HOT_ASKS`` of its asked steps in a row add none; the mirror drafts the rest.
+``"always"`` asks every step.
 
 Where the client runs (``remote_client``): ``process`` (the default) runs the ``CorpusClient`` in
 a child process (``verifier.corpus_process``): the engine's side of a step is one pipe write and
@@ -490,7 +491,9 @@ class Drafter:
                         del hot[rid]
         self._gate.observe(delivered, gain)
         for j in np.flatnonzero(gains).tolist():  # rare: what the fleet knew of these requests
-            hot[items_asked[j][0]] = HOT_ASKS
+            rid = items_asked[j][0]
+            if self.local.has_request(rid):  # not one that finished meanwhile
+                hot[rid] = HOT_ASKS
 
     def _take_ahead(self, req_ids: list[str], budget: int) -> tuple[DraftBatch, np.ndarray] | None:
         """The remote trees asked one step earlier, one row per request of ``req_ids`` (empty where

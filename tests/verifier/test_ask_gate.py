@@ -169,3 +169,20 @@ def test_a_request_the_fleet_knows_is_asked_about_every_step_in_a_batch_that_gai
         assert drafter._gate.interval > 1 and drafter.stats.asks_skipped > 0
     finally:
         drafter.close()
+
+
+def test_finished_requests_leave_no_ask_state(corpus_server):
+    with CorpusClient(corpus_server.target) as c:
+        c.reset()
+        c.start_request("other-1", [1, 2, 3])
+        c.extend("other-1", TEXT)
+        c.finish("other-1")
+        c.synchronize()
+    drafter = Drafter(corpus_server.target, client_timeout_s=5.0)
+    try:
+        run(drafter, "fleet", [7, 8] + TEXT[:4], TEXT[4:])
+        assert drafter.stats.remote_gain_tokens > 10
+        drafter.dispatch()  # scores whatever the last step left
+        assert drafter._hot == {} and drafter._unasked == set()
+    finally:
+        drafter.close()
