@@ -295,6 +295,13 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
                 row[mode] = rs_sorted[(len(rs) - 1) // 2]  # the median run (the lower one of two)
                 if len(rs) > 1:
                     row[mode]["rounds_tok_s"] = [r["tok_s"] for r in rs]
+                    # What each round's speed went with (the rounds of one mode vary by up to 20% on
+                    # the H200 while plain decoding varies by 1%): its acceptance, its step time, and
+                    # the steps the budget policy decided plain.
+                    row[mode]["rounds_mat"] = [r["mat"] for r in rs]
+                    row[mode]["rounds_step_ms"] = [round(1e3 * r["step_s"] / max(r["engine_steps"], 1), 4) for r in rs]
+                    row[mode]["rounds_plain_decisions"] = [
+                        sum(n for k, n in r.get("policy_decisions", {}).items() if k.endswith("_plain")) for r in rs]
             if args.rounds > 1 and "local" in runs:
                 for m in REMOTE_MODES:
                     if m in runs:  # round by round: the two runs of a pair ran back to back
