@@ -1,7 +1,7 @@
 """``ngram-verifier demo``: a corpus and a verifier on the CPU with the real SmolLM2 model.
 
 Runs a few real prompts (the chat-templated prompts of ``$NGRAM_SHARED_DATA/traces`` when that
-folder exists, built-in prompts otherwise) one at a time, first with plain greedy decoding, then
+folder exists, else of the repository's ``bench/data/traces``, else built-in prompts) one at a time, first with plain greedy decoding, then
 speculatively with drafts from the corpus, and prints tokens/s of both, the acceptance (MAT:
 tokens committed per verify step) and whether the outputs are token-identical.
 """
@@ -54,14 +54,28 @@ def _data_dir(cfg: DemoConfig) -> Path:
     return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
+# The sampled traces shipped with the repository (bench/data): the same HumanEval and Spec-Bench
+# prompts, four samples each, for a machine without the shared data folder.
+_SHIPPED = Path(__file__).resolve().parents[1] / "bench" / "data" / "traces"
+
+
 def demo_prompts(cfg: DemoConfig, codec) -> tuple[list[list[int]], str]:
-    """Alternates HumanEval and Spec-Bench prompts from the traces (their exact prompt ids)."""
+    """Alternates HumanEval and Spec-Bench prompts from the traces (their exact prompt ids): the
+    shared data's greedy traces, else the repository's sampled ones, else built-in prompts (on
+    which short greedy outputs may accept no draft at all)."""
     traces = _data_dir(cfg) / "traces"
-    files = [traces / "humaneval164_greedy.jsonl", traces / "specbench_dev120_greedy.jsonl"]
-    if all(f.is_file() for f in files):
-        rows = [[json.loads(line)["prompt_ids"] for line in f.open()] for f in files]
-        picked = [rows[i % 2][i // 2] for i in range(cfg.prompts)]
-        return picked, str(traces)
+    for folder, names in ((traces, ("humaneval164_greedy.jsonl", "specbench_dev120_greedy.jsonl")),
+                          (_SHIPPED, ("humaneval164_t07x4.jsonl", "specbench_dev120_t07x4.jsonl"))):
+        files = [folder / n for n in names]
+        if all(f.is_file() for f in files):
+            rows = []
+            for f in files:
+                seen: dict[tuple[int, ...], None] = {}  # each prompt once, in file order
+                for line in f.open():
+                    seen.setdefault(tuple(json.loads(line)["prompt_ids"]), None)
+                rows.append([list(p) for p in seen])
+            picked = [rows[i % 2][i // 2] for i in range(cfg.prompts)]
+            return picked, str(folder)
     texts = [BUILTIN_PROMPTS[i % len(BUILTIN_PROMPTS)] for i in range(cfg.prompts)]
     return [codec.encode(codec.apply_chat_template([{"role": "user", "content": t}])) for t in texts], "built-in prompts"
 
