@@ -1,9 +1,10 @@
 """``ngram-verifier demo``: a corpus and a verifier on the CPU with the real SmolLM2 model.
 
 Runs a few real prompts (the chat-templated prompts of ``$NGRAM_SHARED_DATA/traces`` when that
-folder exists, else of the repository's ``bench/data/traces``, else built-in prompts) one at a time, first with plain greedy decoding, then
-speculatively with drafts from the corpus, and prints tokens/s of both, the acceptance (MAT:
-tokens committed per verify step) and whether the outputs are token-identical.
+folder exists, else of the repository's ``bench/data/traces``, else built-in prompts) one at a
+time, first with plain greedy decoding, then speculatively with drafts from the corpus, and prints
+tokens/s of both, the acceptance (MAT: tokens committed per verify step) and whether the outputs are
+token-identical.
 """
 
 from __future__ import annotations

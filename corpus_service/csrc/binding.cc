@@ -34,8 +34,7 @@ py::tuple padded_trees(DraftOutput&& d, py::ssize_t n, int budget) {
 // A merged draft's: padded_trees' arrays and each row's earlier_only mask (uint64 [n]).
 py::tuple merged_trees(DraftOutput&& d, py::ssize_t n, int budget) {
   auto only = to_array(std::move(d.earlier_only), {n});
-  return py::make_tuple(to_array(std::move(d.tokens), {n, budget}), to_array(std::move(d.parents), {n, budget}),
-                        to_array(std::move(d.probs), {n, budget}), to_array(std::move(d.counts), {n}), only);
+  return padded_trees(std::move(d), n, budget) + py::make_tuple(only);
 }
 // [n, width] padded trees (tree_merge.h's TreeRows), checked: one shape, counts within the width.
 TreeRows tree_rows(const I32& tokens, const I32& parents, const F32& probs, const I32& counts, py::ssize_t n) {

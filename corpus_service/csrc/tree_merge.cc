@@ -27,6 +27,14 @@ int32_t child_of(std::vector<MergedNode>& nodes, int32_t parent, int32_t token) 
 
 bool valid_parent(int32_t p, int i) { return p >= -1 && p < i; }
 
+// The index of `tree`'s node for (parent, token), or -1: the step of a walk along committed or
+// accepted tokens.
+int32_t find_child(const TreeView& tree, int32_t parent, int32_t token) {
+  for (int i = 0; i < tree.n; ++i)
+    if (tree.parents[i] == parent && tree.tokens[i] == token) return i;
+  return -1;
+}
+
 }  // namespace
 
 int merge_with_earlier(const TreeView& fresh, const TreeView& earlier, const int32_t* since, int n_since,
@@ -50,14 +58,9 @@ int merge_with_earlier(const TreeView& fresh, const TreeView& earlier, const int
   int32_t at = -1;
   bool found = earlier.n > 0;
   for (int s = 0; s < n_since && found; ++s) {
-    found = false;
-    for (int i = 0; i < earlier.n; ++i) {
-      if (earlier.parents[i] == at && earlier.tokens[i] == since[s]) {
-        at = i;
-        found = true;
-        break;
-      }
-    }
+    const int32_t next = find_child(earlier, at, since[s]);
+    found = next >= 0;
+    if (found) at = next;
   }
   if (found) {
     const float base = at < 0 ? 1.f : earlier.probs[at];
@@ -116,13 +119,7 @@ int marked_on_path(const TreeView& tree, uint64_t marked, const int32_t* path, i
   int32_t at = -1;
   int found = 0;
   for (int s = 0; s < n; ++s) {
-    int32_t next = -1;
-    for (int i = 0; i < tree.n; ++i) {
-      if (tree.parents[i] == at && tree.tokens[i] == path[s]) {
-        next = i;
-        break;
-      }
-    }
+    const int32_t next = find_child(tree, at, path[s]);
     if (next < 0) break;
     if (next < 64 && (marked >> next) & 1) ++found;
     at = next;
