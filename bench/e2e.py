@@ -138,7 +138,7 @@ def run_engine(engine: Engine, prompts: list[list[int]], max_new: int, params: S
             return out
 
         engine.step = logged_step
-    t = time.perf_counter()
+    t, started_at = time.perf_counter(), time.time()
     try:
         reqs = engine.generate(prompts, params)
     finally:
@@ -160,7 +160,22 @@ def run_engine(engine: Engine, prompts: list[list[int]], max_new: int, params: S
             "gpu_wait_s": round(wait() - before["wait"], 4),  # host blocked on step results (graph steps)
             # verify steps' host phases (EngineStats): packing (drafting included), forward call, commits
             "pack_s": spent("pack_seconds"), "forward_s": spent("forward_seconds"), "commit_s": spent("commit_seconds"),
-            "mat": round(tokens / max(steps, 1), 3), "outputs": outs, **({"step_log": log} if step_log else {})}
+            "mat": round(tokens / max(steps, 1), 3), "started_at": round(started_at, 3), "outputs": outs,
+            **({"step_log": log, "step_summary": step_summary(log)} if step_log else {})}
+
+
+def step_summary(log: list[list[float]]) -> dict:
+    """A step log in a few numbers, by kind of step (drafted or plain, with or without a prefill):
+    steps, ms in all, median ms, tokens committed. Kept per round where the logs themselves are not."""
+    out = {}
+    for name, pick in (("drafted", lambda e: e[4] and not e[3]), ("plain", lambda e: not e[4] and not e[3]),
+                       ("prefill", lambda e: e[3])):
+        es = [e for e in log if pick(e)]
+        if es:
+            out[name] = {"steps": len(es), "ms": round(sum(e[0] for e in es), 2),
+                         "median_ms": round(statistics.median(e[0] for e in es), 4),
+                         "tokens": int(sum(e[2] for e in es))}
+    return out
 
 
 def start_server(tmp: str):
@@ -302,6 +317,11 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
                     row[mode]["rounds_step_ms"] = [round(1e3 * r["step_s"] / max(r["engine_steps"], 1), 4) for r in rs]
                     row[mode]["rounds_plain_decisions"] = [
                         sum(n for k, n in r.get("policy_decisions", {}).items() if k.endswith("_plain")) for r in rs]
+                    # Each round's start time (to line up with a GPU clock log), cost model (measured
+                    # at each engine's start) and, with --step-log, its steps by kind.
+                    row[mode]["rounds_detail"] = [
+                        {k: r[k] for k in ("started_at", "seconds", "cost_model_ms", "policy_decisions",
+                                           "delivered_tok_s", "step_summary") if k in r} for r in rs]
             if args.rounds > 1 and "local" in runs:
                 for m in REMOTE_MODES:
                     if m in runs:  # round by round: the two runs of a pair ran back to back

@@ -153,10 +153,10 @@ def run_mode(model, codec, mode: str, target: str | None, traces, B: int, budget
     in_verify = [False]
     dispatch, verify, inner = engine._dispatch, engine._verify_step, engine.step
 
-    def timed_dispatch():
+    def timed_dispatch(*a, **k):
         t = time.perf_counter()
         try:
-            dispatch()
+            dispatch(*a, **k)
         finally:
             hidden[0 if in_verify[0] else 1] += time.perf_counter() - t
 

@@ -17,7 +17,8 @@ of that request, so the drafter also asks, whatever the interval and for them al
 request on its first drafting step (at large batch new requests join nearly every step), and about
 every request whose remote trees added accepted tokens, until several of its asked steps in a row
 add none (``verifier.drafter.HOT_ASKS``). The gate itself learns from the other requests.
-Commits flow to the corpus either way (the client sends what it holds at least every
+Commits flow to the corpus either way (the drafter hands them to the client at least every
+``HOLD_CALLS_S`` while the engine steps, and the client sends what it holds at least every
 ``FLUSH_AFTER_S``), so other replicas keep learning from this one.
 """
 

@@ -51,8 +51,9 @@ _TREES_HEAD = struct.Struct("<qiiB")  # ticket, rows, width, capped
 MAX_FRAME_BYTES = 1 << 30
 # The client buffers starts, commits and finishes until a draft request carries them. An engine that
 # does not draft (a large batch where drafting does not pay, a corpus asked for nothing) still hands
-# its commits over every step: the child sends what it holds at least this often, so the shared
-# corpus (and every other replica drafting from it) learns this verifier's outputs anyway.
+# its commits over (at least every verifier.drafter.HOLD_CALLS_S while it steps): the child sends
+# what it holds at least this often, so the shared corpus (and every other replica drafting from
+# it) learns this verifier's outputs anyway.
 FLUSH_AFTER_S = 0.1
 _READ_BYTES = 1 << 16
 CALL_METHODS = ("start_request", "extend_many", "finish")
@@ -441,6 +442,15 @@ async def _relay(rfd: int, wfd: int) -> int:
             if kind == "close":
                 loop.remove_reader(rfd)
                 if client is not None:
+                    # What the client still buffers goes out first (within its timeout: the parent
+                    # waits a bounded time for this process to exit), so a drafter's last commits
+                    # reach the shared corpus.
+                    try:
+                        await asyncio.wait_for(client.flush(), client.timeout)
+                    except BrokenPipeError:
+                        raise
+                    except Exception as e:
+                        log.warning("corpus client process: the last calls were not sent: %s: %s", type(e).__name__, e)
                     await client.close()
                 return 0
             if kind == "config":

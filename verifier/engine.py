@@ -366,7 +366,7 @@ class Engine:
             # This step's commits and finishes reach the corpus now if no verify step follows at
             # once; otherwise the next one hands them over while its GPU work runs, off the host's
             # critical path between two drafting steps (a pipe write of ~10 us at batch 1, more at 64).
-            self._dispatch()
+            self._dispatch(hold=bool(self.scheduler.running))
         self.stats.steps += 1
         self.stats.step_seconds += time.perf_counter() - t0
         seen = set()
@@ -543,9 +543,11 @@ class Engine:
         Drafter.await_ahead). Its time is the GPU wait's, not the corpus': it only fills that wait."""
         return self.drafter.await_ahead()
 
-    def _dispatch(self) -> None:
+    def _dispatch(self, hold: bool = False) -> None:
+        """The drafter's held corpus calls and next draft request to its client (Drafter.dispatch);
+        ``hold``: more steps follow soon, so calls no draft request needs may wait for one of them."""
         if self.drafter is not None:
-            self._corpus_call(self.drafter.dispatch)
+            self._corpus_call(self.drafter.dispatch, hold)
 
     def _flush_extends(self) -> None:
         if self._extends:
@@ -657,11 +659,11 @@ class Engine:
         if self._fast_greedy(running):
             packed, inp = self._packed_drafts(running, plain, slots, max_prefix)
             if self.device.type != "cuda":  # a CPU forward is synchronous: hand over the corpus calls first
-                self._dispatch()
+                self._dispatch(hold=True)
             bs, K = packed.bs, packed.K
             t1 = time.perf_counter()
             launch = self.graphs.launch_input(inp, bs)
-            self._dispatch()  # while the GPU runs the step
+            self._dispatch(hold=True)  # while the GPU runs the step
             if arm:
                 self._arm_next(running, K, max_prefix)
             r = self.graphs.collect(launch, idle=self._await_remote if self.drafter is not None and self.drafter.pipelined_remote else None)
@@ -827,9 +829,9 @@ class Engine:
                           kernels.tree_attention_mask(tb.mask, tb.prefix_lens, kv_len),
                           (slots[0], bs) if consecutive else None)
         if self.device.type != "cuda":  # a CPU forward is synchronous: hand over the corpus calls first
-            self._dispatch()
+            self._dispatch(hold=True)
         logits = self.model(tb.tokens, self.cache, fb) if self.graphs is None else self.graphs.forward(tb.tokens, fb)
-        self._dispatch()  # while the GPU runs the forward
+        self._dispatch(hold=True)  # while the GPU runs the forward
         bad = nonfinite_rows(logits)  # before penalties: min_tokens puts -inf in on purpose
         process_logits(logits, running, tb.tokens, tb.mask, self.eos_ids)
         mask_logits(running, drafts, logits)  # structured output: each node's grammar mask

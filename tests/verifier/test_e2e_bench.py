@@ -75,6 +75,11 @@ def test_step_log_accounts_for_every_step_and_token():
     for j, name in enumerate(("prefill_s", "corpus_s", "pack_s", "forward_s", "commit_s")):
         assert sum(x[5 + j] for x in log) == pytest.approx(r[name] * 1e3, abs=0.1)  # totals: 0.1 ms steps
     assert all(0 <= p <= x[0] + 1e-3 for x in log for p in x[5:])
+    # The summary's kinds of steps partition the log.
+    summ = r["step_summary"]
+    assert sum(k["steps"] for k in summ.values()) == len(log) and summ["drafted"]["steps"] > 0
+    assert sum(k["tokens"] for k in summ.values()) == 27
+    assert sum(k["ms"] for k in summ.values()) == pytest.approx(sum(x[0] for x in log), abs=0.1)
     assert eng.step.__func__ is Engine.step  # the wrapper is gone after the run
     assert "step_log" not in e2e.run_engine(eng, prompts[:1], 0, SamplingParams(max_tokens=2, ignore_eos=True))
 
