@@ -384,9 +384,13 @@ class Engine:
         """Runs the given prompts to completion (continuous batching when there are more than slots)."""
         plist = params if isinstance(params, list) else [params] * len(prompts)
         reqs = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
-        while not all(r.finished for r in reqs):
+        i = 0  # reqs[:i] are finished (for good): each step checks from the first one that is not
+        while True:
+            while i < len(reqs) and reqs[i].finished:
+                i += 1
+            if i == len(reqs):
+                return reqs
             self.step()
-        return reqs
 
     def fail_all(self, error: str) -> None:
         """After an internal error: finish every live request with finish_reason "error"."""
@@ -410,11 +414,18 @@ class Engine:
                 req.on_update(req)
 
     def _take_inbox(self) -> list[Request]:
+        """New requests into the queue; aborted ones finished (their requests returned)."""
         with self._lock:
+            if not (self._inbox or self._aborts):
+                # Most steps: nothing arrived. Scanning the queue anyway cost every step time in
+                # proportion to the requests waiting (~20 us at batch 1 behind 100 waiting ones).
+                return []
             new, self._inbox = list(self._inbox), deque()
             aborts, self._aborts = set(self._aborts), deque()
         for req in new:
             self.scheduler.add(req)
+        if not aborts:  # only an abort finishes a waiting request (fail_all empties the queue)
+            return []
         done = []
         for req in list(self.scheduler.waiting) + self.scheduler.running:
             if req.req_id in aborts and not req.finished:

@@ -191,3 +191,28 @@ def test_overlapped_plain_decoding_on_captured_graphs_cuda():
     decisions = itertools.cycle([0, 0, 4, 0, 4])
     eng.policy.draft_budget = lambda bs: next(decisions)
     assert [r.output_ids for r in eng.generate(_prompts(), params)] == outs[0]
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_abort_of_a_waiting_request_and_steps_with_nothing_new():
+    """A request aborted while it waits for a slot finishes at once and never runs; requests that
+    arrive later still join; steps where nothing arrived change nothing in the queue."""
+    lm = tiny_lm(vocab_size=16, seed=3)
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    eng = _engine(lm, overlap=True, max_batch=1)
+    a = eng.add_request(_prompts()[0], params)
+    b = eng.add_request(_prompts()[1], params)
+    c = eng.add_request(_prompts()[2], params)
+    eng.step()
+    assert [r.req_id for r in eng.scheduler.waiting] == [b.req_id, c.req_id]
+    eng.step()  # nothing arrived: the queue stays as it was
+    assert [r.req_id for r in eng.scheduler.waiting] == [b.req_id, c.req_id]
+    eng.abort(b.req_id)
+    done = eng.step()
+    assert b in done and b.finish_reason == "abort" and b.output_ids == []
+    assert [r.req_id for r in eng.scheduler.waiting] == [c.req_id]
+    d = eng.add_request(_prompts()[3], params)
+    while eng.has_work():
+        eng.step()
+    assert [r.finish_reason for r in (a, c, d)] == ["length"] * 3 and b.output_ids == []
+    assert [len(r.output_ids) for r in (a, c, d)] == [6, 6, 6]
