@@ -8,7 +8,8 @@ those threads spend 0.3 ms of CPU per batch-1 step; on the H200 host a remote-dr
 
 ``ClientProcess`` starts ``python -m verifier.corpus_process`` and talks to it over its stdin and
 stdout: length-prefixed pickled frames, written and read without blocking. The engine's side of
-a step is one ``os.write`` of its queued calls and draft request, and one non-blocking ``os.read``
+a step is at most one ``os.write`` of its queued calls and draft request (calls no draft request
+needs are held for a few steps: ``verifier.drafter.HOLD_CALLS_S``), and one non-blocking ``os.read``
 when it wants the answer; the child owns an ``AsyncCorpusClient`` on one event loop (its session,
 retries, circuit breaker and the replay of live requests after a server restart), runs every call
 in order, and sends buffered calls on its own when no draft request has for ``FLUSH_AFTER_S``.

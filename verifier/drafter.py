@@ -27,7 +27,7 @@ step until ``HOT_ASKS`` of its asked steps in a row add none; the mirror drafts 
 ``"always"`` asks every step.
 
 Where the client runs (``remote_client``): ``process`` (the default) runs the ``CorpusClient`` in
-a child process (``verifier.corpus_process``): the engine's side of a step is one pipe write and
+a child process (``verifier.corpus_process``): the engine's side of a step is at most one pipe write and
 one non-blocking read, and the client's Python work (protobuf, gRPC's threads) never holds the
 engine's GIL. A child that dies is replaced in the background; the drafter replays every live
 request into the new one (its prompt, kept here, and its committed tokens, read from the mirror).
