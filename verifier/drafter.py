@@ -309,8 +309,8 @@ class Drafter:
         if self._ask is not None:
             ids, budget = self._ask
             self._ask = None
-            if self._ahead is not None:  # the previous answer is still out: no ask this step
-                self.stats.asks_skipped += 1
+            if self._ahead is not None:  # the previous answer is still out: this step cannot ask
+                pass
             elif self._gate is None or self._gate.ask():
                 ask = ids, budget
             else:
