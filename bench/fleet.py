@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.host_phases import TraceDevice  # noqa: E402
+from bench.report import write_report  # noqa: E402
 from bench.traces import default_trace_files, load_traces  # noqa: E402
 from verifier.drafter import AWAIT_AHEAD_S, Drafter  # noqa: E402
 from verifier.engine import Engine, EngineConfig  # noqa: E402
@@ -175,10 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         res["summary"].update({f"{s}_mat_{m}": row[m]["mat"] for m in MODES})
         res["summary"][f"{s}_adaptive_vs_always_mat"] = row["adaptive_vs_always_mat"]
         res["summary"][f"{s}_adaptive_skipped_share"] = row["adaptive"]["skipped_share"]
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1) + "\n")
-    print("SUMMARY " + json.dumps(res["summary"]), flush=True)
+    write_report(args.out, res, res["summary"])
     return 0
 
 

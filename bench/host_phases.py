@@ -47,6 +47,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.report import write_report  # noqa: E402
 from bench.traces import default_trace_files, load_traces  # noqa: E402
 from verifier.drafter import AWAIT_AHEAD_S, Drafter  # noqa: E402
 from verifier.engine import Engine, EngineConfig  # noqa: E402
@@ -272,10 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     res["summary"] = {f"b{B}_{m}_host_ms": r[m]["host_ms"] for B, r in res["batches"].items() for m in modes}
     res["summary"].update({f"b{B}_{k}": v for B, r in res["batches"].items() for k, v in r.items()
                            if k.endswith("_minus_local_ms")})
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1) + "\n")
-    print("SUMMARY " + json.dumps(res["summary"]), flush=True)
+    write_report(args.out, res, res["summary"])
     return 0
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.report import write_report  # noqa: E402
 from bench.traces import default_trace_files, load_traces  # noqa: E402
 from corpus_service.client import CorpusClient  # noqa: E402
 from verifier.demo import _start_server  # noqa: E402
@@ -125,9 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         proc.wait(30)
         tmp.cleanup()
     res["summary"] = {f"b{B}_{m}_vs_local": r[f"{m}_vs_local"] for B, r in res["batches"].items() for m in MODES[1:]}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
-    print("SUMMARY " + json.dumps(res["summary"]), flush=True)
+    write_report(args.out, res, res["summary"])
     return 0
 
 

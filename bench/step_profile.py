@@ -22,7 +22,6 @@ Prints one summary line, writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -36,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from tokenizers import Tokenizer, models  # noqa: E402
 
+from bench.report import write_report  # noqa: E402
 from verifier import kernels  # noqa: E402
 from verifier.engine import Engine, EngineConfig  # noqa: E402
 from verifier.model import ForwardBatch, ModelConfig, TextCodec, build_model, fusion  # noqa: E402
@@ -179,9 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.first_launch:
         res = {"model": args.model, "prefix": args.prefix, "first_launch": first_launch(model, codec, args.batches, args.ks,
                                                                                       args.prefix)}
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
-        print("SUMMARY " + json.dumps(res["first_launch"]), flush=True)
+        write_report(args.out, res, res["first_launch"])
         return 0
     res = {"model": args.model, "prefix": args.prefix,
            "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
@@ -205,9 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                                                              / res["native"]["prefill_ms"]["one_by_one"], 3)}
     if "eager_ops" in res:
         res["summary"]["compiled_vs_eager"] = round(t["step_ms"] / res["eager_ops"][b1]["step_ms"], 3)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
-    print("SUMMARY " + json.dumps(res["summary"]), flush=True)
+    write_report(args.out, res, res["summary"])
     return 0
 
 
