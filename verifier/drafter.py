@@ -258,10 +258,9 @@ class Drafter:
         return self.local.draft(req_ids, budget)
 
     def close(self) -> None:
-        if self._deferred and self.remote:  # held calls (dispatch(hold=True)) still reach the corpus
-            if self._proc is None or not self._proc.dead:
-                calls, self._deferred = self._deferred, []
-                self._send_calls(calls)
+        if self._deferred and self.remote and not (self._proc is not None and self._proc.dead):
+            calls, self._deferred = self._deferred, []  # held calls (dispatch(hold=True)) still reach the corpus
+            self._send_calls(calls)
         if self._proc is not None and self._restart is not None:
             self._restart.abandon()
             self._restart = None
@@ -306,12 +305,10 @@ class Drafter:
         if self._scoring is not None:
             self._score()
         ask = None  # (request ids, budget) to ask about now
-        if self._ask is not None:
-            ids, budget = self._ask
-            self._ask = None
-            if self._ahead is not None:  # the previous answer is still out: this step cannot ask
-                pass
-            elif self._gate is None or self._gate.ask():
+        pending, self._ask = self._ask, None
+        if pending is not None and self._ahead is None:  # (an answer still out: this step cannot ask)
+            ids, budget = pending
+            if self._gate is None or self._gate.ask():
                 ask = ids, budget
             else:
                 # The new requests and the hot ones alone.
