@@ -9,6 +9,14 @@ baselines: prompt lookup (longest suffix n = 3..1 in the context, a chain) and t
   python bench/acceptance.py                       # both shipped traces, budgets 7 and 15
   python bench/acceptance.py --budget 15 --mode prob --replicas 4 --trace humaneval164_greedy.jsonl
   python bench/acceptance.py --concurrent-samples    # n samples of a prompt at once, without and with groups
+  python bench/acceptance.py --bound                 # also the perfect-ranking bound of the engine's candidates
+
+The bound (``--bound``) replays the same trace with every candidate the engine can find (up to
+1,024 occurrences per source, long chain walks, full continuations) kept in the tree to depth B,
+at any width: the accepted path of that tree is what a perfect ranking of those candidates would
+accept with B nodes, since any B-node tree holding the path accepts it. So no ordering of the
+engine's evidence beats it; "captured" is the share of the bound's accepted tokens a B-node tree
+gets, (MAT - 1) / (bound - 1).
 """
 
 from __future__ import annotations
@@ -52,9 +60,23 @@ def prompt_lookup_chain(ctx: list[int], budget: int, max_ngram: int = 3) -> list
     return []
 
 
+# The bound's tree: every node to depth B, at most this many (steps that reach it are counted).
+BOUND_WIDTH = 1024
+
+
+def bound_config(config: CorpusConfig, budget: int) -> CorpusConfig:
+    """``config`` with the engine's candidate search opened wide and its trees cut at depth
+    ``budget`` instead of at ``budget`` nodes (drafted at ``BOUND_WIDTH`` nodes)."""
+    fields = {k: getattr(config, k) for k in config.__slots__}
+    fields.update(max_depth=budget, max_candidates=1024, max_chain=256, enough_candidates=0, weak_weight=0.0,
+                  min_prob=0.0)
+    return CorpusConfig(**fields)
+
+
 class Replay:
     def __init__(self) -> None:
         self.steps = 0
+        self.full_trees = 0  # steps whose tree had as many nodes as the budget allowed
         self.tokens = 0
         self.drafted = 0
         self.accepted = 0
@@ -72,6 +94,7 @@ class Replay:
             "mat": self.tokens / max(self.steps, 1),
             "accepted_per_drafted_node": self.accepted / max(self.drafted, 1),
             "drafted_nodes_per_step": self.drafted / max(self.steps, 1),
+            "full_trees": self.full_trees,
             "per_category": {c: self.cat_tokens[c] / self.cat_steps[c] for c in sorted(self.cat_steps)},
         }
 
@@ -96,6 +119,7 @@ def replay_engine(traces: list[Trace], budget: int, config: CorpusConfig, replic
             toks, parents, _ = batch.tree(0)
             a = accept_path(toks, parents, out[i:])
             rep.drafted += len(toks)
+            rep.full_trees += len(toks) == budget
             rep.accepted += a
             commit = out[i:i + a + 1]
             t0 = time.perf_counter_ns()
@@ -208,6 +232,11 @@ def replay_oracle(traces: list[Trace], budget: int) -> dict:
     return rep.summary()
 
 
+def captured(run: dict, bound: dict) -> float:
+    """The share of the bound's accepted tokens per step that ``run`` got: (MAT - 1) / (bound - 1)."""
+    return (run["mat"] - 1) / max(bound["mat"] - 1, 1e-9)
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", action="append", help="trace file (repeatable); default: the shipped dev traces")
@@ -219,6 +248,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--concurrent-samples", action="store_true",
                     help="replay the samples of each prompt at once (one batched draft per step), without and "
                          "with request groups; default traces: bench/data/traces/*_t07x4.jsonl")
+    ap.add_argument("--bound", action="store_true",
+                    help="also replay the perfect-ranking bound: every candidate's path to depth B at any width "
+                         "(what no ordering of the engine's candidates can beat with B nodes)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="CorpusConfig override")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "acceptance.json"))
     args = ap.parse_args(argv)
@@ -243,6 +275,11 @@ def main(argv: list[str] | None = None) -> dict:
             run["engine"] = replay_engine(traces, b, config, args.replicas)
             if args.replicas > 1:
                 run["engine_shared"] = replay_engine(traces, b, config, 1)
+            if args.bound:
+                bc = bound_config(config, b)
+                run["bound"] = replay_engine(traces, BOUND_WIDTH, bc, args.replicas)
+                if args.replicas > 1:
+                    run["bound_shared"] = replay_engine(traces, BOUND_WIDTH, bc, 1)
             if not args.no_baselines:
                 run["prompt_lookup"] = replay_prompt_lookup(traces, b)
                 run["oracle_chain"] = replay_oracle(traces, b)
@@ -252,6 +289,13 @@ def main(argv: list[str] | None = None) -> dict:
                     f"{e['drafted_nodes_per_step']:.1f} nodes/step)")
             if "engine_shared" in run:
                 line += f" | shared x1 MAT {run['engine_shared']['mat']:.3f} = {run['engine_shared']['mat'] / e['mat']:.2f}x of R={args.replicas}"
+            if "bound" in run:
+                line += (f" | bound {run['bound']['mat']:.3f} (captured {captured(e, run['bound']):.1%}; "
+                         f"{run['bound']['full_trees']} steps cut at {BOUND_WIDTH} nodes)")
+                if "bound_shared" in run:
+                    line += (f", shared {run['bound_shared']['mat']:.3f} (captured "
+                             f"{captured(run['engine_shared'], run['bound_shared']):.1%}; bound shared/local "
+                             f"{run['bound_shared']['mat'] / run['bound']['mat']:.2f}x)")
             if "prompt_lookup" in run:
                 line += f" | PLD {run['prompt_lookup']['mat']:.3f} ({e['mat'] / run['prompt_lookup']['mat']:.2f}x)"
                 line += f" | oracle {run['oracle_chain']['mat']:.3f}"
