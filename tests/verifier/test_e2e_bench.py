@@ -25,6 +25,13 @@ def test_parse_ints_and_ratio():
     assert e2e.ratio(None, 2.0) is None and e2e.ratio(1.0, 0) is None
 
 
+def test_pooled_rate_weighs_rounds_by_their_time():
+    runs = [{"tokens": 100, "seconds": 1.0}, {"tokens": 300, "seconds": 1.0}]
+    assert e2e.pooled_tok_s(runs) == 200.0
+    # A slow round counts for its time: 200 tokens in 4 s, not the mean of 100 and 33.3 tok/s.
+    assert e2e.pooled_tok_s([{"tokens": 100, "seconds": 1.0}, {"tokens": 100, "seconds": 3.0}]) == 50.0
+
+
 def test_mismatches_reports_first_differing_position():
     assert e2e.mismatches([[1, 2], [3]], [[1, 2], [3]]) == (0, [])
     assert e2e.mismatches([[1, 2, 3], [4]], [[1, 9, 3], [4, 5]]) == (2, [1, 1])
