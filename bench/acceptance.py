@@ -14,8 +14,8 @@ baselines: prompt lookup (longest suffix n = 3..1 in the context, a chain) and t
 The bound (``--bound``) replays the same trace with every candidate the engine can find (up to
 1,024 occurrences per source, long chain walks, full continuations) kept in the tree to depth B,
 at any width: the accepted path of that tree is what a perfect ranking of those candidates would
-accept with B nodes, since any B-node tree holding the path accepts it. So no ordering of the
-engine's evidence beats it; "captured" is the share of the bound's accepted tokens a B-node tree
+accept with B nodes, since any B-node tree holding the path accepts it. So at every step no
+ordering of the engine's evidence accepts more; "captured" is the share of the bound's accepted tokens a B-node tree
 gets, (MAT - 1) / (bound - 1).
 """
 
@@ -67,10 +67,8 @@ BOUND_WIDTH = 1024
 def bound_config(config: CorpusConfig, budget: int) -> CorpusConfig:
     """``config`` with the engine's candidate search opened wide and its trees cut at depth
     ``budget`` instead of at ``budget`` nodes (drafted at ``BOUND_WIDTH`` nodes)."""
-    fields = {k: getattr(config, k) for k in config.__slots__}
-    fields.update(max_depth=budget, max_candidates=1024, max_chain=256, enough_candidates=0, weak_weight=0.0,
-                  min_prob=0.0)
-    return CorpusConfig(**fields)
+    return config.replace(max_depth=budget, max_candidates=1024, max_chain=256, enough_candidates=0,
+                          weak_weight=0.0, min_prob=0.0)
 
 
 class Replay:
@@ -250,7 +248,7 @@ def main(argv: list[str] | None = None) -> dict:
                          "with request groups; default traces: bench/data/traces/*_t07x4.jsonl")
     ap.add_argument("--bound", action="store_true",
                     help="also replay the perfect-ranking bound: every candidate's path to depth B at any width "
-                         "(what no ordering of the engine's candidates can beat with B nodes)")
+                         "(at every step, what no ordering of the engine's candidates can beat with B nodes)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="CorpusConfig override")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "acceptance.json"))
     args = ap.parse_args(argv)
