@@ -33,7 +33,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from corpus_service.client import CorpusClient, RemoteNgramCorpus  # noqa: E402
-from tests.corpus_service.service_fixtures import ServerProcess  # noqa: E402
+from tests.corpus_service.service_fixtures import TOKEN, ServerProcess  # noqa: E402
 
 NS = "default"
 PROBE = 8  # context tokens of a draft probe
@@ -83,7 +83,7 @@ class Workload(threading.Thread):
     def run(self) -> None:
         try:
             with self.srv.http() as http, CorpusClient(self.srv.target, NS, timeout=5.0) as client:
-                remote = RemoteNgramCorpus(self.srv.target, NS)
+                remote = RemoteNgramCorpus(self.srv.target, NS, token=TOKEN)  # gRPC external corpora: admin calls
                 try:
                     k = 0
                     while not self.stop.is_set():

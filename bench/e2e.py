@@ -243,10 +243,25 @@ def run_spec(mode: str, lm, B: int, prompts: list[list[int]], base: dict, target
     decisions = spec.policy.decision_counts()
     if decisions:  # how the policy decided each step, per batch bucket
         out["policy_decisions"] = decisions
-    if spec.policy.cost is not None:
+    if spec.policy.cost is not None:  # at the run's end (refreshed from its steps) and as probed at start-up
         c = spec.policy.cost
         out["cost_model_ms"] = {int(t): round(s * 1e3, 3) for t, s in zip(c.tokens, c.seconds)}
+        out["cost_model_probed_ms"] = {int(t): round(s * 1e3, 3) for t, s in zip(c.tokens, c.probed)}
+        # The policy's switches to plain decoding by reason (cost / delivered / nothing) and the
+        # state each batch bucket ended in (verifier/budget.py).
+        out["budget_stats"] = dataclasses.asdict(spec.stats.budget)
+        out["budget_states"] = spec.policy.states()
     return out
+
+
+def round_spread(rs: list[dict]) -> dict:
+    """The rounds of one mode side by side: tok/s and MAT per round, the slowest round over the median
+    round (tok/s) and the lowest MAT over the median MAT (issue 26: on the H200 one round of five
+    drafted in 3 of its full-batch steps, MAT 1.26 against 2.58)."""
+    tok_s, mat = [r["tok_s"] for r in rs], [r["mat"] for r in rs]
+    return {"rounds_tok_s": tok_s, "rounds_mat": mat,
+            "slowest_vs_median_round": ratio(min(tok_s), statistics.median(tok_s)),
+            "min_mat_vs_median": ratio(min(mat), statistics.median(mat))}
 
 
 def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
@@ -314,19 +329,19 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
                 rs_sorted = sorted(rs, key=lambda r: r["tok_s"])
                 row[mode] = rs_sorted[(len(rs) - 1) // 2]  # the median run (the lower one of two)
                 if len(rs) > 1:
-                    row[mode]["rounds_tok_s"] = [r["tok_s"] for r in rs]
                     # What each round's speed went with (the rounds of one mode vary by up to 20% on
                     # the H200 while plain decoding varies by 1%): its acceptance, its step time, and
                     # the steps the budget policy decided plain.
-                    row[mode]["rounds_mat"] = [r["mat"] for r in rs]
+                    row[mode].update(round_spread(rs))
                     row[mode]["rounds_step_ms"] = [round(1e3 * r["step_s"] / max(r["engine_steps"], 1), 4) for r in rs]
                     row[mode]["rounds_plain_decisions"] = [
                         sum(n for k, n in r.get("policy_decisions", {}).items() if k.endswith("_plain")) for r in rs]
                     # Each round's start time (to line up with a GPU clock log), cost model (measured
                     # at each engine's start) and, with --step-log, its steps by kind.
                     row[mode]["rounds_detail"] = [
-                        {k: r[k] for k in ("started_at", "seconds", "cost_model_ms", "policy_decisions",
-                                           "delivered_tok_s", "step_summary") if k in r} for r in rs]
+                        {k: r[k] for k in ("started_at", "seconds", "cost_model_ms", "cost_model_probed_ms",
+                                           "policy_decisions", "budget_stats", "budget_states", "delivered_tok_s",
+                                           "step_summary") if k in r} for r in rs]
             if args.rounds > 1 and "local" in runs:
                 for m in REMOTE_MODES:
                     if m in runs:  # round by round: the two runs of a pair ran back to back
@@ -342,9 +357,9 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
                 if "local" in row and m in row:
                     row[f"{m}_vs_local"] = ratio(row[m]["tok_s"], row["local"]["tok_s"])
             res["batches"][str(B)] = row
-            print(f"smollm2 batch {B}: " + json.dumps({m: {k: row[m][k] for k in ("tok_s", "mat", "speedup", "identical")
-                                                          if k in row[m]} for m in row if isinstance(row[m], dict)}),
-                  flush=True)
+            print(f"smollm2 batch {B}: " + json.dumps({m: {k: row[m][k] for k in (
+                "tok_s", "mat", "speedup", "identical", "rounds_tok_s", "rounds_mat", "slowest_vs_median_round",
+                "min_mat_vs_median") if k in row[m]} for m in row if isinstance(row[m], dict)}), flush=True)
     finally:
         if server is not None:
             server.terminate()
@@ -518,6 +533,9 @@ def summarize(smol: dict | None, big: dict | None, structured: dict | None = Non
                     s[f"smol_b{B}_{mode}_x"] = row[mode]["speedup"]
                     s[f"smol_b{B}_{mode}_mat"] = row[mode]["mat"]
                     s[f"smol_b{B}_{mode}_identical"] = row[mode]["identical"]
+                    for k in ("rounds_tok_s", "rounds_mat", "slowest_vs_median_round", "min_mat_vs_median"):
+                        if k in row[mode]:  # --rounds > 1: the rounds' spread (round_spread)
+                            s[f"smol_b{B}_{mode}_{k}"] = row[mode][k]
             for m in REMOTE_MODES:
                 if f"{m}_vs_local" in row:
                     s[f"smol_b{B}_{m}_vs_local"] = row[f"{m}_vs_local"]

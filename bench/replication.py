@@ -1,21 +1,25 @@
-"""Replication benchmark: corpus replicas (processes on 127.0.0.1) fed by a local nats-server -js.
+"""Replication benchmark: corpus replicas (processes on 127.0.0.1) fed by a local nats-server -js,
+with snapshots on (every ``--snapshot-interval-s``, jittered, written by a forked child).
 
-1. Commit-to-visible lag at rising commit rates with 1, 2 and 4 replicas: one loader process per
-   replica commits through a real client Session (64 live requests, extends every 10 ms, requests
-   finished and replaced every 1024 tokens) at rate/replicas tokens/s. The lag of a chunk runs from
-   the moment the replica that received its tokens cut it (when a single node would queue it for
-   its learned corpus) to the moment it is visible to drafts on a replica; p50/p99 over every
-   replica's samples.
-2. Lookups per core: a closed-loop drafting client (16 requests, budget 15) per server for a fixed
-   time, with a 10k tokens/s commit stream running; lookups per CPU-second of the server processes,
-   single node (no --log, the same-run baseline) against 1, 2 and 4 replicas.
-3. Bootstrap time against snapshot size: a snapshot of a learned corpus of the given size is put in
-   the blob store; a new replica is timed from process start to /readyz 200 (and its own snapshot
-   load time read from its log); the in-process NgramCorpus.load of the same file is the baseline.
+1. lag: commit-to-visible lag at rising commit rates with 1, 2 and 4 replicas: one loader process
+   per replica commits through a real client Session (64 live requests, extends every 10 ms,
+   requests finished and replaced every 1024 tokens) at rate/replicas tokens/s. The lag of a chunk
+   runs from the moment the replica that received its tokens cut it (when a single node would queue
+   it for its learned corpus) to the moment it is visible to drafts on a replica; p50/p99 over every
+   replica's samples, snapshots included (how many were written is reported).
+2. lookups: lookups per core: a closed-loop drafting client (16 requests, budget 15) per server for a
+   fixed time, with a 10k tokens/s commit stream running; lookups per CPU-second of the server
+   processes, single node (no broker, the same-run baseline) against 1, 2 and 4 replicas.
+3. snapshot: a learned corpus of the given size is built in this process and saved (the in-process
+   save and load are the baselines); a new replica is timed from process start to /readyz 200 on that
+   snapshot (restore to ready); then, with a commit stream running into it, the replica writes a
+   snapshot of that size (POST /v1/snapshot) and the commit-to-visible lags of the batches applied
+   while it was written are compared with the in-process save time (what applying would have waited
+   for, had the snapshot been written under the applier's lock).
 
-  python3 bench/replication.py                                  # all three parts, default sizes
-  python3 bench/replication.py --parts lag --rates 10000 100000 --replicas 1 2
-  python3 bench/replication.py --parts bootstrap --snapshot-mb 64 1024
+  python3 bench/replication.py                                   # all three parts, default sizes
+  python3 bench/replication.py --nats-server /path/to/nats-server --parts lag --rates 100000 --replicas 2 4
+  python3 bench/replication.py --parts snapshot --snapshot-mb 1024
 """
 
 from __future__ import annotations
@@ -39,11 +43,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx  # noqa: E402
 
+from bench.report import write_report  # noqa: E402
 from corpus_service import NgramCorpus  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 NS = "default"
 VOCAB = 5000
+TOKEN = "bench-replication-admin-token"
 
 
 def _free_port() -> int:
@@ -62,9 +68,17 @@ def _doc(rng, pool, n_phrases: int = 64) -> np.ndarray:
     return np.concatenate([pool[i] for i in rng.integers(0, len(pool), n_phrases)])
 
 
+def find_nats_server(given: str | None) -> str:
+    exe = given or shutil.which("nats-server") or next(
+        (p for p in ("/usr/sbin/nats-server", "/usr/bin/nats-server") if Path(p).is_file()), None)
+    if not exe or not Path(exe).is_file() or not os.access(exe, os.X_OK):
+        raise SystemExit(f"bench/replication.py: no nats-server executable ({given or 'not on PATH'}); "
+                         "pass --nats-server PATH (a nats-server 2.9+ binary) or apt-get install nats-server")
+    return exe
+
+
 class Nats:
-    def __init__(self, root: Path) -> None:
-        exe = shutil.which("nats-server") or "/usr/sbin/nats-server"
+    def __init__(self, root: Path, exe: str) -> None:
         self.port = _free_port()
         self.proc = subprocess.Popen([exe, "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(root)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -88,14 +102,16 @@ class Server:
     """``python -m corpus_service serve`` (replicated when ``log`` is given)."""
 
     def __init__(self, root: Path, log: str | None = None, stream: str = "", blobs: Path | None = None,
-                 replica_id: str = "", extra: tuple[str, ...] = ()) -> None:
+                 replica_id: str = "", extra: tuple[str, ...] = (), snapshot_interval_s: float = 0.0) -> None:
         root.mkdir(parents=True, exist_ok=True)
         ports = root / "ports.json"
         cmd = [sys.executable, "-m", "corpus_service", "serve", "--host", "127.0.0.1", "--grpc-port", "0",
                "--admin-port", "0", "--data-dir", str(root), "--ports-file", str(ports), "--worker-threads", "2",
-               "--namespace", f"{NS}:vocab={VOCAB},learned_max_bytes=0", "--snapshot-interval-s", "0", *extra]
+               "--admin-token", TOKEN,
+               "--namespace", f"{NS}:vocab={VOCAB},learned_max_bytes=0",
+               "--snapshot-interval-s", str(snapshot_interval_s if log else 0), *extra]
         if log:
-            cmd += ["--log", log, "--log-stream", stream, "--blob-store", str(blobs), "--replica-id", replica_id,
+            cmd += ["--nats-url", log, "--log-stream", stream, "--blob-store", str(blobs), "--replica-id", replica_id,
                     "--ready-lag", "0"]
         self.t_start = time.perf_counter()
         self.log_path = root / "server.log"
@@ -119,6 +135,13 @@ class Server:
 
     def status(self, lags: int = 0) -> dict:
         return httpx.get(f"{self.admin}/v1/replication", params={"lags": lags}, timeout=30).json()
+
+    def snapshot(self) -> float:
+        """POST /v1/snapshot (answers once written); seconds it took."""
+        t0 = time.perf_counter()
+        r = httpx.post(f"{self.admin}/v1/snapshot", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=600)
+        r.raise_for_status()
+        return time.perf_counter() - t0
 
     def cpu_s(self) -> float:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -204,7 +227,8 @@ def _spawn(fn, *args):
 
 def _cluster(tmp: Path, nats: Nats, n: int, tag: str) -> list[Server]:
     blobs = tmp / f"blobs-{tag}"
-    servers = [Server(tmp / f"{tag}-r{i}", nats.url, f"bench-{tag}", blobs, f"r{i}") for i in range(n)]
+    servers = [Server(tmp / f"{tag}-r{i}", nats.url, f"bench-{tag}", blobs, f"r{i}",
+                      snapshot_interval_s=ARGS.snapshot_interval_s) for i in range(n)]
     for s in servers:
         s.wait_ready()
     return servers
@@ -227,6 +251,7 @@ def bench_lag(args, tmp: Path, nats: Nats) -> list[dict]:
         try:
             for rate in args.rates:
                 before = [s.status()["lag_count"] for s in servers]
+                snaps0 = sum(s.status()["snapshots_written"] for s in servers)
                 procs = [_spawn(_loader, s.target, rate / n, args.seconds, 100 * n + i) for i, s in enumerate(servers)]
                 sent = sum(q.get() for _, q in procs)
                 for p, _ in procs:
@@ -240,7 +265,9 @@ def bench_lag(args, tmp: Path, nats: Nats) -> list[dict]:
                 row = {"replicas": n, "target_tokens_per_s": rate, "achieved_tokens_per_s": sent / args.seconds,
                        "batches_measured": len(lags), "lag_ms_p50": float(np.percentile(lags, 50)) if lags else None,
                        "lag_ms_p99": float(np.percentile(lags, 99)) if lags else None,
-                       "dropped_tokens": st["dropped_tokens"]}
+                       "dropped_tokens": sum(s.status()["dropped_tokens"] for s in servers),
+                       "snapshots_written": sum(s.status()["snapshots_written"] for s in servers) - snaps0,
+                       "snapshot_pause_ms_max": max(s.status()["snapshot_pause_ms"] for s in servers)}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
         finally:
@@ -298,92 +325,140 @@ def bench_lookups(args, tmp: Path, nats: Nats) -> list[dict]:
     return rows
 
 
-def bench_bootstrap(args, tmp: Path, nats: Nats) -> list[dict]:
+def _build_snapshot(mb: float, blobs: Path) -> dict:
+    """A learned corpus of about ``mb`` MB built here and written to ``blobs`` as a snapshot every
+    replica may start from (stream position 0, no incarnation); the in-process save and load of the
+    same corpus are timed as baselines."""
     from corpus_service.replication.blobstore import FileBlobStore
     from corpus_service.replication.snapshots import Snapshots
     from corpus_service.service_config import ServiceConfig
     from corpus_service.service_state import ServiceState
 
-    rows = []
+    state = ServiceState(ServiceConfig(admin_port=-1, namespaces=(f"{NS}:vocab={VOCAB},learned_max_bytes=0",),
+                                       worker_threads=1))
+    corpus = state.corpus(NS)
     pool, rng = _phrases(), np.random.default_rng(3)
-    for mb in args.snapshot_mb:
-        tag = f"boot{int(mb)}"
-        state = ServiceState(ServiceConfig(admin_port=-1, namespaces=(f"{NS}:vocab={VOCAB},learned_max_bytes=0",),
-                                           worker_threads=1))
-        corpus = state.corpus(NS)
-        target_tokens = int(mb * 2**20 / 6.5)  # ~6.5 B per token on disk (measured below)
-        put = 0
-        while put < target_tokens:
-            docs = [_doc(rng, pool, 256) for _ in range(256)]
-            corpus.batch_put(docs)
-            put += sum(d.size for d in docs)
+    put = 0
+    while True:  # until the index holds ~mb (a snapshot is about the index' size; the file is measured)
+        docs = [_doc(rng, pool, 256) for _ in range(256)]
+        corpus.batch_put(docs)
+        put += sum(d.size for d in docs)
         corpus.synchronize()
-        blobs = tmp / f"blobs-{tag}"
-        rec = Snapshots(FileBlobStore(blobs), "bench").write(state, 0)
-        path = blobs / rec.namespaces[NS]
-        t0 = time.perf_counter()
-        loaded = NgramCorpus(corpus.config)
-        loaded.load(path)
-        load_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        loaded.check_integrity()  # the walk load ends with, timed alone: where a load's time goes
-        integrity_s = time.perf_counter() - t0
-        del loaded
-        state.close()
-        del corpus, state
-        s = Server(tmp / tag, nats.url, f"bench-{tag}", blobs, "boot")
+        if corpus.stats()["learned_bytes"] >= mb * 2**20:
+            break
+    t0 = time.perf_counter()
+    corpus.save(blobs.parent / "inline.ngc")  # what an inline snapshot would hold the applier for
+    save_s = time.perf_counter() - t0
+    rec = Snapshots(FileBlobStore(blobs), "bench").write(state, 0)
+    state.close()
+    del corpus, state
+    loaded = NgramCorpus(vocab_size=VOCAB, learned_max_bytes=0)
+    t0 = time.perf_counter()
+    loaded.load(blobs / rec.namespaces[NS])
+    load_s = time.perf_counter() - t0
+    del loaded
+    (blobs.parent / "inline.ngc").unlink()
+    return {"snapshot_mb": rec.bytes / 2**20, "tokens": put, "inprocess_save_s": save_s, "inprocess_load_s": load_s}
+
+
+def bench_snapshot(args, tmp: Path, nats: Nats) -> list[dict]:
+    rows = []
+    for mb in args.snapshot_mb:
+        tag = f"snap{int(mb)}"
+        blobs = tmp / tag / "blobs"
+        blobs.mkdir(parents=True)
+        row = _build_snapshot(mb, blobs)
+        s = Server(tmp / tag / "r", nats.url, f"bench-{tag}", blobs, "r")  # timed from process start
         try:
-            ready_s = s.wait_ready()
+            row["process_to_ready_s"] = s.wait_ready()
             m = re.search(r"loaded snapshot at seq \d+ \((\d+) bytes\) in ([\d.]+)s", s.log_path.read_text())
+            row["replica_load_s"] = float(m.group(2)) if m else None
+            # A commit stream into the replica while it writes a snapshot of the same size.
+            load, q = _spawn(_loader, s.target, args.snapshot_rate, args.seconds + 60, 11)
+            time.sleep(2.0)
+            c0 = s.status()["lag_count"]
+            row["snapshot_request_s"] = s.snapshot()
+            st = s.status()
+            during = s.status(lags=st["lag_count"] - c0)["lags_ms"]
+            time.sleep(2.0)
+            c1 = s.status()["lag_count"]
+            time.sleep(2.0)
+            after = s.status(lags=s.status()["lag_count"] - c1)["lags_ms"]
+            load.terminate()
+            load.join()
+            row.update({"snapshot_written_mb": st["snapshot_bytes"] / 2**20, "snapshot_duration_s": st["snapshot_duration_s"],
+                        "snapshot_pause_ms": st["snapshot_pause_ms"], "commit_rate": args.snapshot_rate,
+                        "batches_during_snapshot": len(during),
+                        "lag_ms_p99_during_snapshot": float(np.percentile(during, 99)) if during else None,
+                        "lag_ms_max_during_snapshot": max(during) if during else None,
+                        "lag_ms_p99_after": float(np.percentile(after, 99)) if after else None,
+                        "dropped_tokens": st["dropped_tokens"]})
+            # Ratios to same-run baselines: the worst lag while writing against what an inline save
+            # would have stalled applying for; the restore against an in-process load.
+            row["max_lag_during_vs_inline_save"] = (row["lag_ms_max_during_snapshot"] or 0) / 1e3 / row["inprocess_save_s"]
+            row["ready_vs_inprocess_load"] = row["process_to_ready_s"] / row["inprocess_load_s"]
         finally:
             s.stop()
-        row = {"snapshot_mb": rec.bytes / 2**20, "tokens": put, "process_to_ready_s": ready_s,
-               "replica_load_s": float(m.group(2)) if m else None, "inprocess_load_s": load_s,
-               "inprocess_check_integrity_s": integrity_s,
-               "ready_vs_inprocess_load": ready_s / load_s}
         rows.append(row)
         print(json.dumps(row), flush=True)
-        shutil.rmtree(blobs, ignore_errors=True)
+        shutil.rmtree(tmp / tag, ignore_errors=True)
     return rows
 
 
+def _summary(result: dict) -> dict:
+    out = {"cpus": result["cpus"]}
+    for r in result.get("lag", []):
+        out[f"lag_p99_ms_{int(r['target_tokens_per_s'] / 1000)}k_x{r['replicas']}"] = r["lag_ms_p99"]
+    if result.get("lag"):
+        out["lag_snapshots_written"] = sum(r["snapshots_written"] for r in result["lag"])
+        out["lag_dropped_tokens"] = sum(r["dropped_tokens"] for r in result["lag"])
+    for r in result.get("lookups", []):
+        if r["replicas"]:
+            out[f"lookups_per_core_x{r['replicas']}_vs_single_node"] = r["per_core_vs_single_node"]
+    for r in result.get("snapshot", []):
+        mb = f"{r['snapshot_mb']:.0f}mb"
+        out[f"snapshot_{mb}_ready_s"] = r["process_to_ready_s"]
+        out[f"snapshot_{mb}_ready_vs_inprocess_load"] = r["ready_vs_inprocess_load"]
+        out[f"snapshot_{mb}_pause_ms"] = r["snapshot_pause_ms"]
+        out[f"snapshot_{mb}_max_lag_during_vs_inline_save"] = r["max_lag_during_vs_inline_save"]
+    return out
+
+
+ARGS = argparse.Namespace(snapshot_interval_s=5.0)
+
+
 def main() -> int:
+    global ARGS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--parts", nargs="+", default=["lag", "lookups", "bootstrap"], choices=["lag", "lookups", "bootstrap"])
+    ap.add_argument("--parts", nargs="+", default=["lag", "lookups", "snapshot"], choices=["lag", "lookups", "snapshot"])
+    ap.add_argument("--nats-server", help="path of the nats-server binary (default: on PATH, /usr/sbin, /usr/bin)")
     ap.add_argument("--rates", type=float, nargs="+", default=[10_000, 30_000, 100_000], help="committed tokens/s")
     ap.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 4])
-    ap.add_argument("--seconds", type=float, default=5.0, help="per measurement")
+    ap.add_argument("--seconds", type=float, default=20.0, help="per measurement")
+    ap.add_argument("--snapshot-interval-s", type=float, default=5.0,
+                    help="replicas' snapshot interval in the lag and lookups parts (0 = snapshots off)")
     ap.add_argument("--rounds", type=int, default=3, help="lookup measurements per configuration (median)")
-    ap.add_argument("--snapshot-mb", type=float, nargs="+", default=[16, 64, 256])
+    ap.add_argument("--snapshot-mb", type=float, nargs="+", default=[64, 256, 1024], help="snapshot sizes (MB)")
+    ap.add_argument("--snapshot-rate", type=float, default=50_000, help="tokens/s committed while a snapshot is written")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "replication.json")
-    args = ap.parse_args()
-    result = {"cpus": os.cpu_count(), "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
+    args = ARGS = ap.parse_args()
+    exe = find_nats_server(args.nats_server)
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip()
+    result = {"date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(), "nats_server": version,
+              "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
     with tempfile.TemporaryDirectory(prefix="bench-repl-") as tmp:
-        nats = Nats(Path(tmp) / "nats")
+        nats = Nats(Path(tmp) / "nats", exe)
         try:
             if "lag" in args.parts:
                 result["lag"] = bench_lag(args, Path(tmp), nats)
             if "lookups" in args.parts:
                 result["lookups"] = bench_lookups(args, Path(tmp), nats)
-            if "bootstrap" in args.parts:
-                result["bootstrap"] = bench_bootstrap(args, Path(tmp), nats)
+            if "snapshot" in args.parts:
+                result["snapshot"] = bench_snapshot(args, Path(tmp), nats)
         finally:
             nats.stop()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    parts = []
-    if result.get("lag"):
-        worst = max(result["lag"], key=lambda r: (r["target_tokens_per_s"], r["replicas"]))
-        parts.append(f"lag p99 {worst['lag_ms_p99']:.1f} ms at {worst['achieved_tokens_per_s']:.0f} tok/s x{worst['replicas']} replicas")
-    if result.get("lookups"):
-        r1 = next((r for r in result["lookups"] if r["replicas"] == 1), None)
-        if r1:
-            parts.append(f"lookups/core replicated {r1['per_core_vs_single_node']:.2f}x single node")
-    if result.get("bootstrap"):
-        b = result["bootstrap"][-1]
-        parts.append(f"{b['snapshot_mb']:.0f} MB snapshot ready in {b['process_to_ready_s']:.1f} s "
-                     f"({b['ready_vs_inprocess_load']:.2f}x in-process load)")
-    print("replication: " + "; ".join(parts) + f"  -> {args.out}")
+    result["summary"] = _summary(result)
+    write_report(args.out, result, result["summary"])
     return 0
 
 

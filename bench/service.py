@@ -90,12 +90,19 @@ async def remote_client(target: str, traces, offset: int, batch: int, budget: in
     lat, tokens = [], 0
     try:
         for s in range(steps + warmup):
-            w.refill(c.start_request)
+            calls: list = []  # the client's buffered calls are awaitable: collected, then awaited
+            w.refill(lambda *a: calls.append(c.start_request(*a)))
+            for call in calls:
+                await call
             rids = list(w.live)
             t0 = time.perf_counter()
             drafts = await c.draft(rids, budget)
             dt = time.perf_counter() - t0
-            committed = w.commit(rids, drafts, c.extend, c.finish)
+            calls = []
+            committed = w.commit(rids, drafts, lambda *a: calls.append(c.extend(*a)),
+                                 lambda *a: calls.append(c.finish(*a)))
+            for call in calls:
+                await call
             if s >= warmup:
                 lat.append(dt)
                 tokens += committed

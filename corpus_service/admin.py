@@ -5,8 +5,10 @@ No ``from __future__ import annotations`` here: FastAPI resolves route signature
 the dependency aliases are local to ``create_admin_app``."""
 
 
+import asyncio
 import logging
 import time
+import uuid
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Path, Query, Request, Response
@@ -20,7 +22,7 @@ from corpus_service.admin_schemas import (CorpusOut, ErrorResponse, IntegrityOut
                                           StatusOut)
 from corpus_service.auth import AuthError, Principal, Role
 from corpus_service.catalog import Catalog, CorpusConflict
-from corpus_service.persistence import check_corpus_name
+from corpus_service.names import check_corpus_name
 from corpus_service.rate_limit import RateLimited
 from corpus_service.service_state import ServiceState
 from corpus_service.uploads import FORMATS, UploadError
@@ -138,8 +140,11 @@ def create_admin_app(state: ServiceState, catalog: Catalog) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def internal(request: Request, exc: Exception):
-        log.exception("%s %s failed", request.method, request.url.path)
-        return _error(500, "internal", f"internal error: {type(exc).__name__}: {exc}")
+        # The exception's text may name server paths (OSError): the log keeps it, the client gets
+        # an id to quote.
+        ref = uuid.uuid4().hex[:12]
+        log.exception("%s %s failed (error id %s)", request.method, request.url.path, ref)
+        return _error(500, "internal", f"internal error ({type(exc).__name__}, error id {ref}; see the server log)")
 
     @app.middleware("http")
     async def record(request: Request, call_next):
@@ -165,7 +170,10 @@ def create_admin_app(state: ServiceState, catalog: Catalog) -> FastAPI:
         return {"status": "ready"}
 
     @app.get("/metrics", response_class=Response)
-    async def metrics():
+    async def metrics(principal: Reader):
+        # With --client-tokens, /metrics needs read on every namespace ('*'): its series name every
+        # namespace (token and byte counts), which a client scoped to one must not enumerate.
+        require(principal, Role.READ)
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     # ------------------------------------------------------------------ namespaces, stats
@@ -173,8 +181,9 @@ def create_admin_app(state: ServiceState, catalog: Catalog) -> FastAPI:
     def namespace_out(ns: str) -> dict:
         corpus = state.corpus(ns)
         spec = state.specs[ns]
-        return {"name": ns, "vocab_size": corpus.config.vocab_size, "tokenizer": spec.tokenizer,
-                "stats": corpus.stats(), "snapshot_error": state.snapshot_errors.get(ns)}
+        return {"name": ns, "vocab_size": corpus.config.vocab_size,
+                "tokenizer": state.tokenizers.name(ns) if spec.tokenizer else None, "stats": corpus.stats(),
+                "snapshot_error": state.snapshot_errors.get(ns), "tokenizer_error": state.tokenizer_errors.get(ns)}
 
     @app.get("/v1/namespaces", response_model=list[NamespaceOut])
     async def list_namespaces(principal: Reader):
@@ -184,7 +193,7 @@ def create_admin_app(state: ServiceState, catalog: Catalog) -> FastAPI:
     async def get_namespace(namespace: Namespace):
         return namespace_out(namespace)
 
-    @app.get("/v1/stats", response_model=dict[str, dict[str, float]])
+    @app.get("/v1/stats", response_model=dict[str, dict[str, int | float]])
     async def stats(principal: Reader):
         return {ns: v for ns, v in state.engine_stats().items() if principal is None or principal.may(Role.READ, ns)}
 
@@ -203,15 +212,25 @@ def create_admin_app(state: ServiceState, catalog: Catalog) -> FastAPI:
                                             "required": True}})
     async def upload_corpus(request: Request, namespace: AdminNamespace, name: Name,
                             format: Annotated[str, Query(description=f"one of {', '.join(FORMATS)}")] = "jsonl",
+                            replace: Annotated[bool, Query(description="replace an existing corpus of this name "
+                                                           "atomically (drafts use the old one until the new one is "
+                                                           "built); without it an existing name answers 409")] = False,
+                            dry_run: Annotated[bool, Query(description="check the token, namespace, name, format and "
+                                                           "size only (200, nothing stored); send no body")] = False,
+                            upload_bytes: Annotated[int | None, Query(ge=0, description="with dry_run: the size of "
+                                                                      "the body the upload will send")] = None,
                             content_length: Annotated[int | None, Header()] = None):
         """Streams the body (a JSONL, text or ids file) to disk; 202 once it is durable. The corpus
         is built in the background (``GET /v1/jobs/{id}``) and becomes visible atomically."""
         if format not in FORMATS:
             raise UploadError(f"format: expected one of {', '.join(FORMATS)}, got {format!r}")
-        if content_length is not None and content_length > state.config.max_upload_bytes:
-            raise UploadError(f"upload of {content_length} bytes exceeds the limit of "
+        size = upload_bytes if dry_run else content_length
+        if size is not None and size > state.config.max_upload_bytes:
+            raise UploadError(f"upload of {size} bytes exceeds the limit of "
                               f"{state.config.max_upload_bytes} bytes (max_upload_bytes)", 413)
-        job = await catalog.upload(namespace, name, format, request.stream())
+        if dry_run:
+            return JSONResponse(catalog.check_upload(namespace, name, replace), status_code=200)
+        job = await catalog.upload(namespace, name, format, request.stream(), replace=replace)
         return job.to_dict()
 
     @app.delete("/v1/namespaces/{namespace}/corpora/{name}", status_code=204, response_class=Response)
@@ -237,7 +256,7 @@ def create_admin_app(state: ServiceState, catalog: Catalog) -> FastAPI:
     async def integrity(_: Auth):
         """Checks every native invariant of every namespace (walks every index: an operator's and
         the crash tests' check, too costly for a probe, hence behind the token). 500 if one fails."""
-        out = {}
+        out, corpora = {}, {}
         for ns in sorted(state.specs):
             try:
                 await state.run(state.corpus(ns).check_integrity)
@@ -245,7 +264,12 @@ def create_admin_app(state: ServiceState, catalog: Catalog) -> FastAPI:
             except AssertionError as e:
                 log.error("integrity check of namespace '%s' failed: %s", ns, e)
                 out[ns] = f"violated: {e}"
+            problems = await asyncio.to_thread(catalog.problems, ns)  # damaged files, catalog vs engine
+            if problems:
+                corpora[ns] = problems
+                if out[ns] == "ok":
+                    out[ns] = f"damaged corpora: {', '.join(sorted(problems))}"
         ok = all(v == "ok" for v in out.values())
-        return JSONResponse({"ok": ok, "namespaces": out}, status_code=200 if ok else 500)
+        return JSONResponse({"ok": ok, "namespaces": out, "corpora": corpora}, status_code=200 if ok else 500)
 
     return app

@@ -14,6 +14,10 @@ import httpx
 _CHUNK = 1 << 20
 
 
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
+
+
 class AdminError(RuntimeError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"HTTP {status}: {message}")
@@ -47,9 +51,19 @@ class AdminClient:
             raise AdminError(r.status_code, msg)
         return r.json() if r.content else None
 
+    def check_upload(self, namespace: str, name: str, fmt: str, replace: bool = False, size: int | None = None) -> dict:
+        """What ``upload`` would meet, without sending the file: AdminError for a refused token,
+        an unknown namespace, a bad name or format, a taken name (409, unless ``replace``) or a
+        ``size`` beyond the server's limit (413)."""
+        params = {"format": fmt, "replace": _flag(replace), "dry_run": "true"}
+        if size is not None:
+            params["upload_bytes"] = str(size)
+        return self._call("PUT", f"/v1/namespaces/{namespace}/corpora/{name}", params=params)
+
     def upload(self, namespace: str, name: str, path: str | os.PathLike[str], fmt: str,
-               on_bytes: Callable[[int], None] | None = None) -> dict:
-        """Streams a file; returns the job once the server acknowledged the upload (durable)."""
+               on_bytes: Callable[[int], None] | None = None, replace: bool = False) -> dict:
+        """Streams a file; returns the job once the server acknowledged the upload (durable).
+        ``replace``: an existing corpus of the name is swapped out once the new one is built."""
         size = Path(path).stat().st_size
 
         def chunks() -> Iterator[bytes]:
@@ -59,7 +73,8 @@ class AdminClient:
                     if on_bytes:
                         on_bytes(len(chunk))
 
-        return self._call("PUT", f"/v1/namespaces/{namespace}/corpora/{name}", params={"format": fmt},
+        return self._call("PUT", f"/v1/namespaces/{namespace}/corpora/{name}",
+                          params={"format": fmt, "replace": _flag(replace)},
                           content=chunks(), headers={"Content-Length": str(size),
                                                      "Content-Type": "application/octet-stream"})
 
@@ -84,6 +99,9 @@ class AdminClient:
 
     def delete(self, namespace: str, name: str) -> None:
         self._call("DELETE", f"/v1/namespaces/{namespace}/corpora/{name}")
+
+    def namespace(self, namespace: str) -> dict:
+        return self._call("GET", f"/v1/namespaces/{namespace}")
 
     def namespaces(self) -> list[dict]:
         return self._call("GET", "/v1/namespaces")

@@ -32,9 +32,11 @@ class JobOut(BaseModel):
 class CorpusOut(BaseModel):
     name: str
     namespace: str
-    state: str = Field(description="acknowledged | building | ready | failed")
+    state: str = Field(description="acknowledged | building | ready | failed | damaged (error says why; delete "
+                       "or replace it)")
     tokens: int
-    source: str = Field(description="'upload' (REST, rebuilt from its file after a restart) or 'grpc'")
+    source: str = Field(description="'upload' (REST) or 'grpc' (LoadExternalCorpus); both are rebuilt from "
+                        "their file after a restart; 'unknown' for a damaged manifest")
     format: str | None = None
     bytes: int | None = None
     job_id: str | None = None
@@ -45,9 +47,10 @@ class CorpusOut(BaseModel):
 class NamespaceOut(BaseModel):
     name: str
     vocab_size: int
-    tokenizer: str | None
-    stats: dict[str, float]
+    tokenizer: str | None = Field(description="the tokenizer spec's name ('smollm2', a file's name); null if none")
+    stats: dict[str, int | float] = Field(description="counters as integers; seconds and ratios as numbers")
     snapshot_error: str | None = None
+    tokenizer_error: str | None = Field(None, description="why the namespace's tokenizer cannot be loaded")
 
 
 class SnapshotOut(BaseModel):
@@ -61,4 +64,14 @@ class StatusOut(BaseModel):
 
 class IntegrityOut(BaseModel):
     ok: bool
-    namespaces: dict[str, str] = Field(description="namespace -> 'ok' or the first violated invariant")
+    namespaces: dict[str, str] = Field(description="namespace -> 'ok', the first violated invariant, or the "
+                                       "damaged corpora")
+    corpora: dict[str, dict[str, str]] = Field(default_factory=dict,
+                                               description="namespace -> corpus -> what is wrong with it")
+
+
+class UploadCheckOut(BaseModel):
+    namespace: str
+    name: str
+    replace: bool
+    exists: bool = Field(description="a corpus of this name exists (a PUT needs replace=true)")

@@ -1,4 +1,9 @@
-"""AsyncCorpusClient: ``CorpusClient`` for asyncio (grpc.aio), same semantics and errors."""
+"""AsyncCorpusClient: ``CorpusClient`` for asyncio (grpc.aio), same semantics and errors.
+
+Every call is awaitable, as every ``CorpusClient`` call may block: ``start_request``, ``extend``,
+``extend_many`` and ``finish`` buffer their operation (it rides on the next ``draft`` or ``flush``)
+and send it themselves only when they must, as the sync client does: a restart of an id finished in
+the pending step is flushed first, and more than ``max_pending_tokens`` buffered tokens are flushed."""
 
 from __future__ import annotations
 
@@ -13,7 +18,8 @@ import numpy as np
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2_grpc as pb_grpc
 from corpus_service.circuit_breaker import CircuitBreaker
-from corpus_service.client_policy import CHANNEL_OPTIONS, RetryPolicy, channel_target, decode_drafts, settle_step
+from corpus_service.client_policy import (CHANNEL_OPTIONS, RetryPolicy, channel_target, decode_drafts, describe_of,
+                                          settle_step, stats_of)
 from corpus_service.engine import DraftBatch
 from corpus_service.errors import (TRANSIENT, CorpusDeadlineExceeded, CorpusError, CorpusUnavailable,
                                    from_rpc_error)
@@ -89,8 +95,8 @@ class _AioStream:
 class AsyncCorpusClient:
     def __init__(self, target: str, namespace: str = "default", *, timeout: float = 2.0,
                  retry: RetryPolicy | None = None, breaker: CircuitBreaker | None = None,
-                 channel: grpc.aio.Channel | None = None, token: str | None = None,
-                 tls: ClientTLS | str | bool | None = None) -> None:
+                 channel: grpc.aio.Channel | None = None, max_pending_tokens: int = 1 << 20,
+                 token: str | None = None, tls: ClientTLS | str | bool | None = None) -> None:
         self.target, self.namespace, self.timeout = target, namespace, float(timeout)
         self.retry = retry or RetryPolicy()
         self.breaker = breaker or CircuitBreaker()
@@ -104,33 +110,42 @@ class AsyncCorpusClient:
         self._stream: _AioStream | None = None
         self._seq = itertools.count(1)
         self._lock = asyncio.Lock()  # one step at a time: steps mutate the request log
+        self.max_pending_tokens = max_pending_tokens
 
-    # Buffered operations are synchronous: they only touch the local log.
-    def start_request(self, req_id_: object, prompt_ids: Sequence[int] | np.ndarray, group: str | None = None) -> None:
+    # Buffered operations: they touch the local log and send only when they must (see above).
+    async def start_request(self, req_id_: object, prompt_ids: Sequence[int] | np.ndarray,
+                            group: str | None = None) -> None:
         """``group``: requests of one key (the n samples of one prompt) draft from each other."""
-        rid, key = req_id(req_id_), group_key(group)
-        if self._log.needs_flush_before_start(rid):
-            raise ValueError(f"request '{rid}' is finished in the pending step; await flush() before restarting it")
-        self._log.start(rid, token_array(prompt_ids, "prompt"), key)
+        rid, prompt, key = req_id(req_id_), token_array(prompt_ids, "prompt"), group_key(group)
+        if self._log.needs_flush_before_start(rid):  # a step applies starts before finishes
+            await self.flush()
+        self._log.start(rid, prompt, key)
+        await self._maybe_flush()
 
-    def extend(self, req_id_: object, token_ids: Sequence[int] | np.ndarray) -> None:
+    async def extend(self, req_id_: object, token_ids: Sequence[int] | np.ndarray) -> None:
         self._log.extend(req_id(req_id_), token_array(token_ids, "tokens"))
+        await self._maybe_flush()
 
-    def extend_many(self, items: Sequence[tuple[object, Sequence[int] | np.ndarray]]) -> None:
+    async def extend_many(self, items: Sequence[tuple[object, Sequence[int] | np.ndarray]]) -> None:
         """``extend`` for several requests (a verifier step's commits): one validation of all their
         tokens, all or none (a per-request ``extend`` validates each run with numpy calls of its own)."""
         if items:
             self._log.extend_many(*token_runs(items))
+            await self._maybe_flush()
 
-    def finish(self, req_id_: object) -> None:
+    async def finish(self, req_id_: object) -> None:
         self._log.finish(req_id(req_id_))
+
+    async def _maybe_flush(self) -> None:
+        if self._log.pending_tokens() > self.max_pending_tokens:
+            await self.flush()
 
     def has_request(self, req_id_: object) -> bool:
         return self._log.is_live(req_id(req_id_))
 
     def must_flush_before_start(self, req_id_: object) -> bool:
-        """Whether starting this id waits for ``flush()``: it was finished in the pending step (a
-        step applies starts before finishes), so ``start_request`` would refuse it."""
+        """Whether starting this id sends the pending step first: it was finished in that step (a
+        step applies starts before finishes), so ``start_request`` flushes before it buffers."""
         return self._log.needs_flush_before_start(req_id(req_id_))
 
     async def draft(self, req_ids: Sequence[object], budget: int, timeout: float | None = None) -> DraftBatch:
@@ -154,9 +169,16 @@ class AsyncCorpusClient:
         await self.flush(timeout)
         await self.unary(self.stub.BatchPut, pb.BatchPutRequest(namespace=self.namespace, synchronize=True), timeout)
 
-    async def stats(self, timeout: float | None = None) -> dict[str, float]:
+    async def stats(self, timeout: float | None = None) -> dict[str, int | float]:
+        """This namespace's statistics: counters as ints, seconds and ratios as floats."""
         resp = await self.unary(self.stub.Stats, pb.StatsRequest(namespace=self.namespace), timeout)
-        return dict(resp.namespaces[self.namespace].values)
+        return stats_of(resp.namespaces[self.namespace])
+
+    async def describe_namespaces(self, timeout: float = 30.0) -> dict[str, dict]:
+        """Every namespace this client may read: name -> ('vocab_size', 'tokenizer', 'tokenizer_probe', 'tokenizer_error'). A verifier compares ``tokenizer_probe`` with its
+        own tokenizer's ids of ``corpus_service.tokenizer.PROBE_TEXT``. The default timeout leaves
+        room for a server that is still loading a tokenizer (seconds for a GGUF)."""
+        return describe_of(await self.unary(self.stub.Stats, pb.StatsRequest(describe=True), timeout))
 
     async def reset(self, timeout: float | None = None) -> None:
         await self.unary(self.stub.Reset, pb.ResetRequest(namespace=self.namespace), timeout)

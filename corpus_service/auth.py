@@ -6,8 +6,10 @@ BatchGet, BatchPut, EraseMatchState: an inference replica's traffic, which feeds
 or ``admin`` (draft + Reset, external corpora over gRPC, uploads and deletes over REST; snapshots
 need admin on ``"*"``). The ``--admin-token`` is an admin on every namespace.
 
-Without a token file gRPC stays open and REST reads stay open (the loopback default); mutating REST
-routes need the admin token when one is set. With one, every call needs a known token: gRPC answers
+Without a token file gRPC drafting and reads and REST reads stay open (the loopback default); the
+mutating admin calls of both surfaces (REST writes; gRPC ``Reset`` and the external-corpus methods)
+need the admin token when one is set: one authority for admin actions, whichever surface they come
+through. With a token file, every call needs a known token: gRPC answers
 UNAUTHENTICATED (missing or unknown token) or PERMISSION_DENIED (namespace or role); REST 401
 (missing), 403 (unknown token, namespace or role). Permission is checked before existence, so a
 client cannot probe which namespaces exist.
@@ -32,12 +34,12 @@ from pathlib import Path
 import grpc
 
 from corpus_service.errors import CorpusError
+from corpus_service.names import NAME_RULE_TEXT, is_valid_name
 
 log = logging.getLogger("corpus_service.auth")
 ALL = "*"
 MIN_TOKEN_CHARS = 16
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HEX64 = re.compile(r"[0-9a-f]{64}")  # fullmatch
 
 
 class Role(enum.IntEnum):
@@ -127,8 +129,8 @@ def parse_client_tokens(data: object, known_namespaces: Iterable[str] = ()) -> t
         if extra:
             raise ValueError(f"{where}: unknown keys {sorted(extra)}")
         name = entry.get("name")
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise ValueError(f"{where}: name: expected 1-64 characters [A-Za-z0-9_.-], got {name!r:.80}")
+        if not is_valid_name(name):
+            raise ValueError(f"{where}: name: expected {NAME_RULE_TEXT}, got {name!r:.80}")
         where = f"client_tokens: client '{name}'"
         if name in names:
             raise ValueError(f"{where}: duplicate name")
@@ -141,7 +143,7 @@ def parse_client_tokens(data: object, known_namespaces: Iterable[str] = ()) -> t
                                  "without surrounding spaces")
             d = digest(token)
         else:
-            if not isinstance(hexdigest, str) or not _HEX64.match(hexdigest):
+            if not isinstance(hexdigest, str) or not _HEX64.fullmatch(hexdigest):
                 raise ValueError(f"{where}: token_sha256: expected 64 lowercase hex digits")
             d = bytes.fromhex(hexdigest)
         if d in digests:
@@ -262,7 +264,8 @@ def _rejecting(handler: grpc.RpcMethodHandler, error: AuthError) -> grpc.RpcMeth
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
     """Authenticates every call (health checks excepted) and checks the method's least role; the
-    servicer checks each request's namespace against ``current_principal()``."""
+    servicer checks each request's namespace against ``current_principal()``. With only an admin
+    token (no client tokens), only the admin methods need a token (the admin token)."""
 
     def __init__(self, auth: Authenticator, on_denied=None) -> None:
         self.auth = auth
@@ -272,6 +275,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         method = details.method or ""
         if method.startswith(OPEN_PREFIXES):
             return await continuation(details)
+        if not self.auth.required:  # admin token only: drafting, reads and other services stay open
+            role = METHOD_ROLES.get(method[len(CORPUS_SERVICE):]) if method.startswith(CORPUS_SERVICE) else None
+            if role != Role.ADMIN:
+                return await continuation(details)
         try:
             principal = self.auth.authenticate(_metadata_value(details.invocation_metadata, "authorization"))
             role = METHOD_ROLES.get(method[len(CORPUS_SERVICE):]) if method.startswith(CORPUS_SERVICE) else None

@@ -27,7 +27,8 @@ import numpy as np
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2_grpc as pb_grpc
 from corpus_service.circuit_breaker import CircuitBreaker
-from corpus_service.client_policy import CHANNEL_OPTIONS, RetryPolicy, channel_target, decode_drafts, settle_step
+from corpus_service.client_policy import (CHANNEL_OPTIONS, RetryPolicy, channel_target, decode_drafts, describe_of,
+                                          settle_step, stats_of)
 from corpus_service.engine import DraftBatch
 from corpus_service.errors import (TRANSIENT, CorpusDeadlineExceeded, CorpusError, CorpusUnavailable,
                                    from_rpc_error)
@@ -160,9 +161,16 @@ class CorpusClient:
         self.flush(timeout)
         self.unary(self.stub.BatchPut, pb.BatchPutRequest(namespace=self.namespace, synchronize=True), timeout)
 
-    def stats(self, timeout: float | None = None) -> dict[str, float]:
+    def stats(self, timeout: float | None = None) -> dict[str, int | float]:
+        """This namespace's statistics: counters as ints, seconds and ratios as floats."""
         resp = self.unary(self.stub.Stats, pb.StatsRequest(namespace=self.namespace), timeout)
-        return dict(resp.namespaces[self.namespace].values)
+        return stats_of(resp.namespaces[self.namespace])
+
+    def describe_namespaces(self, timeout: float = 30.0) -> dict[str, dict]:
+        """Every namespace this client may read: name -> ('vocab_size', 'tokenizer', 'tokenizer_probe', 'tokenizer_error'). A verifier compares ``tokenizer_probe`` with its
+        own tokenizer's ids of ``corpus_service.tokenizer.PROBE_TEXT``. The default timeout leaves
+        room for a server that is still loading a tokenizer (seconds for a GGUF)."""
+        return describe_of(self.unary(self.stub.Stats, pb.StatsRequest(describe=True), timeout))
 
     def reset(self, timeout: float | None = None) -> None:
         self.unary(self.stub.Reset, pb.ResetRequest(namespace=self.namespace), timeout)

@@ -10,7 +10,7 @@ import grpc
 
 from corpus_service import wire
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
-from corpus_service.engine import DraftBatch
+from corpus_service.engine import DraftBatch, typed_stats
 from corpus_service.errors import CorpusError, code_from_value, to_exception
 
 # Reconnect quickly after a server restart (gRPC's default backoff starts at 1 s and grows to 120 s).
@@ -23,6 +23,20 @@ CHANNEL_OPTIONS = (
     ("grpc.keepalive_time_ms", 30_000),
 )
 
+
+def stats_of(ns: pb.NamespaceStats) -> dict[str, int | float]:
+    """A namespace's statistics: counters as ints, the rest as floats (a server older than
+    ``counters`` sends only doubles: they are typed by the engine's rule)."""
+    out = typed_stats(dict(ns.values))
+    out.update(ns.counters)
+    return out
+
+
+def describe_of(resp: pb.StatsResponse) -> dict[str, dict]:
+    """name -> {"vocab_size", "tokenizer", "tokenizer_probe", "tokenizer_error"} of a Stats answer."""
+    return {name: {"vocab_size": int(s.vocab_size), "tokenizer": s.tokenizer,
+                   "tokenizer_probe": [int(t) for t in s.tokenizer_probe], "tokenizer_error": s.tokenizer_error}
+            for name, s in sorted(resp.namespaces.items())}
 
 
 def channel_target(target: str | list[str] | tuple[str, ...]) -> tuple[str, tuple]:

@@ -37,7 +37,10 @@ class CorpusConfig:
     path probability form the draft tree (see ``csrc/draft_tree.h``).
     """
 
-    mode: str = "score"  # "score" (ours), "prob" (SGLang PROB: frequency), "bfs" (SGLang BFS: recency)
+    # "score" (ours; also the SGLang drop-in's, whatever match_type it is given), "prob" (SGLang's PROB
+    # ordering: frequency), "bfs" (SGLang's BFS ordering: recency); the last two order this engine's
+    # candidates (NgramCorpus(..., sglang_ordering=True) picks them from match_type).
+    mode: str = "score"
     # Orders above 8 found no extra candidates on the dev traces (long matches are measured by
     # verification, not by the key), and each order costs 4-8 B per token and a table write.
     own_orders: tuple[int, ...] = (1, 3, 8)  # (1, 2, 4) and (1, 2, 4, 8) drafted the same

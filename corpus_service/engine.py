@@ -10,6 +10,7 @@ Every method is thread-safe; the native calls release the GIL.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from corpus_service.config import MAX_BUDGET, CorpusConfig
 from corpus_service.exceptions import AlreadyExistsError
 
 ReqId = str | int
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,18 @@ def merge_with_earlier(fresh: DraftBatch, earlier: DraftBatch, since: Sequence[S
     return DraftBatch(*out)
 
 
+# Statistics that are fractional by nature; every other one counts something (the native side
+# reports all of them as doubles).
+_FRACTIONAL_SUFFIXES = ("_seconds", "_per_token", "_ratio", "_rate")
+
+
+def typed_stats(raw: dict[str, float]) -> dict[str, int | float]:
+    """Counters as ints, fractional statistics as floats. An unknown statistic that is not
+    integral stays a float rather than being truncated."""
+    return {k: (int(v) if not k.endswith(_FRACTIONAL_SUFFIXES) and float(v).is_integer() else float(v))
+            for k, v in raw.items()}
+
+
 def _check_budget(budget: Any) -> int:
     if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or not 1 <= budget <= MAX_BUDGET:
         raise ValueError(f"budget: expected an int in [1, {MAX_BUDGET}], got {budget!r}")
@@ -110,6 +124,14 @@ class NgramCorpus:
     (``draft_token_num``, ``match_type``, ``capacity``, ``max_trie_depth``, ``min_bfs_breadth``,
     ``max_bfs_breadth``, ``external_sam_budget``, ``external_corpus_max_tokens``) are accepted too,
     so the object drops into SGLang's ngram worker.
+
+    Whatever ``match_type`` SGLang passes, the drop-in drafts in the config's mode, ``score`` by
+    default: under SGLang's calling pattern it drafts more than SGLang's own BFS and PROB
+    (``bench/sglang_pattern.py``, docs/benchmarks.md). ``sglang_ordering=True`` makes ``match_type``
+    choose the mode as SGLang's does instead: ``"BFS"`` (the default) the ``bfs`` mode (most recent
+    continuations first, breadth by match length), ``"PROB"`` the ``prob`` mode (most frequent), and
+    ``max_trie_depth`` bounds the trees' depth as it does SGLang's; both order this engine's
+    candidates, they do not rebuild SGLang's trie.
     """
 
     def __init__(
@@ -119,23 +141,38 @@ class NgramCorpus:
         draft_token_num: int = 8,
         match_type: str | None = None,
         capacity: int | None = None,
-        max_trie_depth: int | None = None,
+        max_trie_depth: int | None = None,  # the tree depth with sglang_ordering; unused otherwise
         min_bfs_breadth: int | None = None,  # accepted for SGLang compatibility; unused
         max_bfs_breadth: int | None = None,  # accepted for SGLang compatibility; unused
         external_sam_budget: int | None = None,  # accepted for SGLang compatibility; unused
         external_corpus_max_tokens: int | None = None,
+        sglang_ordering: bool = False,
         **overrides: Any,
     ) -> None:
         if config is not None and not isinstance(config, CorpusConfig):
             raise TypeError(f"config: expected CorpusConfig, got {type(config).__name__}")
         cfg = config or CorpusConfig()
-        if match_type is not None:
-            if str(match_type).upper() not in ("BFS", "PROB"):
-                raise ValueError(f"match_type: expected 'BFS' or 'PROB', got {match_type!r}")
-            overrides.setdefault("mode", str(match_type).lower())
+        if match_type is not None and str(match_type).upper() not in ("BFS", "PROB"):
+            raise ValueError(f"match_type: expected 'BFS' or 'PROB', got {match_type!r}")
+        if not isinstance(sglang_ordering, bool):
+            raise ValueError(f"sglang_ordering: expected a bool, got {sglang_ordering!r}")
+        if sglang_ordering:
+            # SGLang's orderings on request only: match_type alone (SGLang always passes one) keeps
+            # the config's mode, the better drafter under SGLang's calls (bench/sglang_pattern.py).
+            mode = str(match_type or "BFS").lower()
+            if overrides.get("mode", mode) != mode:
+                raise ValueError(f"sglang_ordering: match_type {match_type!r} picks mode '{mode}', "
+                                 f"but mode={overrides['mode']!r} was passed too")
+            overrides["mode"] = mode
+        elif match_type is not None and "mode" not in overrides and cfg.mode != str(match_type).lower():
+            log.info("match_type=%r is accepted for SGLang compatibility; drafting in mode '%s' "
+                     "(sglang_ordering=True for SGLang's ordering)", match_type, cfg.mode)
         if capacity is not None:
             overrides.setdefault("learned_max_bytes", int(int(capacity) * cfg.bytes_per_token()))
-        if max_trie_depth is not None:
+        if max_trie_depth is not None and sglang_ordering:
+            # SGLang's trie depth bounds what its trie stores (and its windows), so it bounds its
+            # trees' depth; this engine's sources have no such bound, and capping the default's
+            # trees there cost 0.4-0.9% MAT at draft_token_num 32 (bench/sglang_pattern.py).
             overrides.setdefault("max_depth", int(max_trie_depth))
         if external_corpus_max_tokens is not None:
             overrides.setdefault("max_external_tokens", int(external_corpus_max_tokens))
@@ -399,10 +436,12 @@ class NgramCorpus:
 
     # ------------------------------------------------------------------ external corpora, staged
 
-    def begin_external_corpus(self, name: str) -> None:
+    def begin_external_corpus(self, name: str, replace: bool = False) -> None:
+        """Starts loading ``name`` invisibly. ``replace``: the name may be committed already; the
+        commit then swaps the new corpus in atomically (drafts use the old one until then)."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"external corpus name: expected a non-empty str, got {name!r}")
-        self._native.begin_external(name)
+        self._native.begin_external(name, bool(replace))
 
     def add_external_chunk(self, name: str, token_ids: Sequence[int] | np.ndarray) -> None:
         self._native.add_external(name, token_ids)
@@ -430,8 +469,9 @@ class NgramCorpus:
         either way nothing changes."""
         self._native.load(os.fspath(path))
 
-    def stats(self) -> dict[str, float]:
-        return dict(self._native.stats())
+    def stats(self) -> dict[str, int | float]:
+        """Counts, tokens and bytes as ints; seconds and ratios as floats (see ``typed_stats``)."""
+        return typed_stats(self._native.stats())
 
     def check_integrity(self) -> None:
         """Verifies every native invariant; raises AssertionError naming the first violation."""

@@ -117,5 +117,9 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
 
 
 def message_for(exc: BaseException) -> str:
+    if status_for(exc) == grpc.StatusCode.INTERNAL:
+        # An unexpected failure's text may name server paths (OSError): the server logs it, the
+        # caller gets its kind only.
+        return f"internal error ({type(exc).__name__}; see the corpus server's log)"
     # KeyError's str() quotes its argument; the message itself is what the caller needs.
     return str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)

@@ -54,8 +54,12 @@ class Job:
 
 
 class Jobs:
-    def __init__(self, state: ServiceState, data: DataDir, tokenizers: Tokenizers) -> None:
+    def __init__(self, state: ServiceState, data: DataDir, tokenizers: Tokenizers,
+                 lock: threading.RLock | None = None) -> None:
         self.state, self.data, self.tokenizers = state, data, tokenizers
+        # The catalog's lock: a build commits and records its manifest under it, after checking it
+        # was not cancelled (a DELETE or a replacement), so a cancelled build never resurrects.
+        self.commit_lock = lock if lock is not None else threading.RLock()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="corpus-build")
         self._lock = threading.Lock()
         self._jobs: dict[str, Job] = {}
@@ -102,12 +106,18 @@ class Jobs:
         name = job.corpus
         t0 = time.perf_counter()
         try:
-            corpus.begin_external_corpus(name)
+            # replace: the manifest is the authority; a corpus of the name already in the engine
+            # (the one a replacement supersedes) keeps drafting until the commit swaps this one in.
+            corpus.begin_external_corpus(name, replace=True)
             try:
                 self._load(job, corpus, manifest)
-                if job.cancel.is_set():
-                    raise _Cancelled()
-                count = corpus.commit_external_corpus(name)
+                with self.commit_lock:
+                    if job.cancel.is_set():
+                        raise _Cancelled()
+                    count = corpus.commit_external_corpus(name)
+                    job.tokens = count
+                    manifest.state, manifest.tokens, manifest.documents, manifest.error = READY, count, job.documents, ""
+                    self.data.write_manifest(manifest)
             except BaseException:
                 if corpus.is_loading_external_corpus(name):
                     corpus.abort_external_corpus(name)
@@ -117,14 +127,14 @@ class Jobs:
             log.info("build of '%s/%s' cancelled", job.namespace, name)
             return
         except Exception as e:  # noqa: BLE001 - a failed build is reported on the job and manifest
-            job.state, job.error, job.finished_at = FAILED, str(e), time.time()
-            manifest.state, manifest.error = FAILED, str(e)
-            self.data.write_manifest(manifest)
+            reason = _reason(e)
+            job.state, job.error, job.finished_at = FAILED, reason, time.time()
+            with self.commit_lock:
+                if not job.cancel.is_set():  # a DELETE's tombstone stays a tombstone
+                    manifest.state, manifest.error = FAILED, reason
+                    self.data.write_manifest(manifest)
             log.error("build of '%s/%s' failed: %s", job.namespace, name, e)
             return
-        job.tokens = count
-        manifest.state, manifest.tokens, manifest.documents, manifest.error = READY, count, job.documents, ""
-        self.data.write_manifest(manifest)
         job.state, job.bytes_done, job.finished_at = DONE, job.bytes_total, time.time()
         dt = time.perf_counter() - t0
         log.info("built '%s/%s': %d documents, %d tokens in %.2fs (%.0f tokens/s)", job.namespace, name,
@@ -165,3 +175,11 @@ class Jobs:
 
 class _Cancelled(Exception):
     pass
+
+
+def _reason(e: Exception) -> str:
+    """What the job and the manifest say about a failed build: no server path (an OSError's str()
+    names the file; the log line keeps it)."""
+    if isinstance(e, OSError):
+        return f"{type(e).__name__}: {e.strerror or 'I/O error'}"
+    return str(e)

@@ -6,22 +6,13 @@ a vocabulary size that every id is checked against.
 
 from __future__ import annotations
 
-import re
 import threading
 
 from corpus_service.config import CorpusConfig
 from corpus_service.engine import NgramCorpus
+from corpus_service.names import check_namespace_name
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
-
-
-def check_namespace_name(name: object) -> str:
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise ValueError(
-            f"namespace: expected 1-64 characters of letters, digits, '_', '.', '-' (not starting with "
-            f"a symbol), got {name!r}"
-        )
-    return name
+__all__ = ["Namespaces", "check_namespace_name"]  # the name rule is re-exported: older imports use it
 
 
 class Namespaces:

@@ -9,6 +9,8 @@ place (and the directory fsync'd), so it survives kill -9. Uploaded corpora are 
 data file when a restart finds them missing from the restored snapshot. A deleted corpus keeps a
 tombstone manifest until a snapshot without it has been written, so an older snapshot cannot bring
 it back. A corrupt snapshot is reported and moved aside (``*.corrupt-TIMESTAMP``), never half-loaded.
+A manifest that does not parse, or a data file whose size is not the manifest's, is reported as a
+``damaged`` corpus (never skipped: an acknowledged upload must not vanish without a word).
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ import json
 import logging
 import os
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from corpus_service.exceptions import CorruptSnapshotError
-from corpus_service.namespaces import check_namespace_name
+from corpus_service.names import is_valid_name
 
 log = logging.getLogger("corpus_service.persistence")
 
@@ -31,15 +34,7 @@ ACKNOWLEDGED = "acknowledged"  # data durable, corpus not built yet (or being bu
 READY = "ready"  # built and committed in the engine
 FAILED = "failed"  # the build failed; the error says why
 DELETED = "deleted"  # tombstone until the next snapshot
-
-
-def check_corpus_name(name: object) -> str:
-    """Corpus names become file names here: the namespace rule (no '/', no leading '.')."""
-    try:
-        return check_namespace_name(name)
-    except ValueError:
-        raise ValueError(f"corpus name: expected 1-64 characters of letters, digits, '_', '.', '-' "
-                         f"(not starting with a symbol), got {name!r:.80}") from None
+DAMAGED = "damaged"  # never written: an unreadable manifest, or a data file that is not the manifest's
 
 
 def fsync_dir(path: Path) -> None:
@@ -51,13 +46,19 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_durable(path: Path, data: bytes) -> None:
-    """Writes a small file atomically and durably: tmp file, fsync, rename, fsync the directory."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Writes a small file atomically and durably: tmp file, fsync, rename, fsync the directory.
+    The tmp file is unique per writer (two writers of one name must not share it) and removed if
+    anything fails; leftovers of a crash are hidden ('.'-prefixed) and removed at start."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(path.parent)
 
 
@@ -73,10 +74,27 @@ class Manifest:
     tokens: int = 0
     documents: int = 0
     error: str = ""
+    source: str = "upload"  # 'upload' (REST) or 'grpc' (LoadExternalCorpus + CommitExternalCorpus)
+    # The last snapshot may hold an older corpus of this name (a replacement, a load over an old
+    # name): a restart rebuilds from the data file instead of trusting the snapshot. Cleared by
+    # the next snapshot taken after the build.
+    stale_in_snapshot: bool = False
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Manifest":
-        return cls(**{k: data[k] for k in cls.__slots__ if k in data})
+        if not isinstance(data, dict):
+            raise TypeError(f"expected a JSON object, got {type(data).__name__}")
+        m = cls(**{k: data[k] for k in cls.__slots__ if k in data})
+        if not isinstance(m.name, str) or not isinstance(m.bytes, int) or m.state not in _STATES:
+            raise ValueError("fields of the wrong type or an unknown state")
+        return m
+
+    @classmethod
+    def damaged(cls, namespace: str, name: str, reason: str) -> "Manifest":
+        return cls(namespace, name, "", 0, DAMAGED, error=reason)
+
+
+_STATES = (ACKNOWLEDGED, READY, FAILED, DELETED)
 
 
 class DataDir:
@@ -102,9 +120,10 @@ class DataDir:
         except CorruptSnapshotError as e:
             aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
             os.replace(path, aside)
-            msg = f"snapshot {path} refused ({e}); moved to {aside.name}, namespace '{namespace}' starts empty"
-            log.error(msg)
-            return msg
+            log.error("snapshot %s refused (%s); moved to %s, namespace '%s' starts empty", path, e, aside.name, namespace)
+            # What the API shows (GET /v1/namespaces/NS) names files, never the server's paths.
+            why = str(e).replace(str(path), path.name)  # the engine's message names the file it read
+            return f"snapshot {path.name} refused ({why}); moved to {aside.name}, namespace '{namespace}' starts empty"
         log.info("restored namespace '%s' from %s", namespace, path)
         return None
 
@@ -131,19 +150,49 @@ class DataDir:
         write_durable(self.upload_dir(m.namespace) / f"{m.name}.json", json.dumps(asdict(m)).encode())
 
     def manifests(self, namespace: str) -> list[Manifest]:
+        """Every manifest of the namespace; an unreadable one as a ``damaged`` entry."""
         out = []
         for path in sorted(self.upload_dir(namespace).glob("*.json")):
-            try:
-                out.append(Manifest.from_json(json.loads(path.read_text())))
-            except (ValueError, TypeError, KeyError) as e:
-                log.error("manifest %s is unreadable (%s); skipped", path, e)
+            name = path.name[:-len(".json")]
+            if not is_valid_name(name):  # not written by this service: no API name could reach it
+                log.warning("ignoring %s: not a corpus manifest name", path)
+                continue
+            m = self._read_manifest(namespace, name, path)
+            if m is not None:
+                out.append(m)
         return out
 
     def manifest(self, namespace: str, name: str) -> Manifest | None:
-        path = self.upload_dir(namespace) / f"{name}.json"
-        if not path.exists():
+        """The manifest of ``name`` (``damaged`` if unreadable), or None."""
+        return self._read_manifest(namespace, name, self.upload_dir(namespace) / f"{name}.json")
+
+    def _read_manifest(self, namespace: str, name: str, path: Path) -> Manifest | None:
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
             return None
-        return Manifest.from_json(json.loads(path.read_text()))
+        except OSError as e:
+            return Manifest.damaged(namespace, name, f"manifest unreadable ({e.strerror})")
+        try:
+            m = Manifest.from_json(json.loads(data))
+        except (ValueError, TypeError, KeyError, RecursionError) as e:
+            reason = "empty" if not data else f"truncated or not a manifest ({len(data)} bytes; {type(e).__name__})"
+            return Manifest.damaged(namespace, name, f"manifest {reason}")
+        if m.namespace != namespace or m.name != name:
+            return Manifest.damaged(namespace, name, f"manifest names another corpus ({m.namespace!r:.80}/{m.name!r:.80})")
+        return m
+
+    def data_damage(self, m: Manifest) -> str:
+        """Why the data file of a live manifest cannot rebuild its corpus ("" if it can)."""
+        if m.state in (DELETED, DAMAGED):
+            return ""
+        try:
+            size = self.data_path(m.namespace, m.name).stat().st_size
+        except FileNotFoundError:
+            return "data file missing"
+        if size != m.bytes:
+            return f"data file holds {size} bytes, the manifest {m.bytes} (truncated or overwritten)"
+        return ""
 
     def drop_upload(self, namespace: str, name: str) -> None:
         """Removes the data file and manifest (after a snapshot made the tombstone unnecessary)."""
@@ -153,7 +202,10 @@ class DataDir:
         fsync_dir(d)
 
     def clean_incoming(self) -> None:
-        """Partial uploads never acknowledged (the server died mid-upload) are discarded."""
+        """Partial uploads never acknowledged (the server died mid-upload) and the tmp files of
+        interrupted manifest writes are discarded."""
         for path in self.uploads.glob("*/.*.incoming"):
             log.warning("discarding unacknowledged partial upload %s", path)
+            path.unlink(missing_ok=True)
+        for path in self.uploads.glob("*/.*.tmp"):
             path.unlink(missing_ok=True)

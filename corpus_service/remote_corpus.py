@@ -1,9 +1,14 @@
 """RemoteNgramCorpus: SGLang's ``NgramCorpus`` interface over the network (a drop-in for its ngram
 worker). Same arguments and returns as ``corpus_service.NgramCorpus``' SGLang API; ``batch_put``
-is asynchronous as in SGLang (its errors surface at the next ``synchronize``)."""
+is asynchronous as in SGLang (its errors surface at the next ``synchronize``).
+
+How it drafts is the server's namespace's: its ``mode`` is ``score`` unless the namespace spec sets
+one, whatever ``match_type`` the worker passes here. SGLang's orderings are a namespace setting:
+``ngram-corpus serve --namespace NAME:mode=bfs`` (or ``mode=prob``)."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterable, Sequence
 
@@ -16,12 +21,34 @@ from corpus_service.client import CorpusClient
 from corpus_service.errors import from_rpc_error
 from corpus_service.request_log import req_id, token_array
 
+log = logging.getLogger(__name__)
+
+
+# SGLang's NgramCorpus constructor arguments: accepted so the worker's call works unchanged, unused
+# (the server's namespace holds the corpus and its settings).
+_SGLANG_ARGS = ("max_trie_depth", "min_bfs_breadth", "max_bfs_breadth", "capacity", "external_sam_budget",
+                "external_corpus_max_tokens")
+
 
 class RemoteNgramCorpus:
     def __init__(self, target: str, namespace: str = "default", *, draft_token_num: int = 8,
+                 match_type: str | None = None, sglang_ordering: bool = False,
                  client_id: str | None = None, timeout: float = 2.0, **client_kwargs) -> None:
         if isinstance(draft_token_num, bool) or not isinstance(draft_token_num, int) or draft_token_num < 2:
             raise ValueError(f"draft_token_num: expected an int >= 2, got {draft_token_num!r}")
+        if match_type is not None and str(match_type).upper() not in ("BFS", "PROB"):
+            raise ValueError(f"match_type: expected 'BFS' or 'PROB', got {match_type!r}")
+        if not isinstance(sglang_ordering, bool):
+            raise ValueError(f"sglang_ordering: expected a bool, got {sglang_ordering!r}")
+        if sglang_ordering:
+            # The ordering is the namespace's on the server; a client-side switch would only pretend.
+            raise ValueError(f"sglang_ordering: a remote corpus drafts in its namespace's mode; start the server "
+                             f"with --namespace {namespace}:mode={str(match_type or 'BFS').lower()} instead")
+        if match_type is not None:
+            log.info("match_type=%r is accepted for SGLang compatibility; namespace '%s' drafts in the mode "
+                     "its server gives it (score unless its spec sets mode=bfs or mode=prob)", match_type, namespace)
+        for name in _SGLANG_ARGS:
+            client_kwargs.pop(name, None)
         self.draft_token_num = draft_token_num
         self.client_id = client_id or uuid.uuid4().hex  # scopes this worker's request state on the server
         self._client = CorpusClient(target, namespace, timeout=timeout, **client_kwargs)
@@ -54,7 +81,9 @@ class RemoteNgramCorpus:
                                                               metadata=self._client.metadata or None))
 
     def synchronize(self) -> None:
-        """Waits for this client's puts, then for the server to apply every queued insert."""
+        """Waits for this client's puts, then for the server to apply every queued insert. On a
+        replica: until the commits it queued and the stream's messages are applied there (the next
+        draft on that replica sees them; docs/reliability.md, "Replication")."""
         puts, self._puts = self._puts, []
         for f in puts:
             try:

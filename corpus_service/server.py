@@ -7,6 +7,7 @@ loop itself (a thread hop costs about as much as drafting a few trees).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
@@ -19,8 +20,10 @@ from corpus_service import wire
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2_grpc as pb_grpc
 from corpus_service.auth import AuthError, Principal, Role, current_principal
+from corpus_service.catalog import Catalog
 from corpus_service.errors import CorpusError, message_for, status_for
-from corpus_service.persistence import check_corpus_name
+from corpus_service.housekeeping import Housekeeping
+from corpus_service.names import check_corpus_name
 from corpus_service.rate_limit import RateLimited, RateLimiter, peer_host
 from corpus_service.rpc_handlers import Malformed
 from corpus_service.service_state import ServiceState
@@ -61,6 +64,19 @@ def _unary(method: Callable) -> Callable:
     return wrapper
 
 
+try:  # what grpc.aio's own write raises when the call is gone; grpc.aio does not re-export it
+    from grpc._cython.cygrpc import ExecuteBatchError
+except ImportError:  # a grpcio without it: the context's own state is the only sign left
+    class ExecuteBatchError(Exception):
+        pass
+
+
+def stream_gone(context: grpc.aio.ServicerContext, error: Exception) -> bool:
+    """A write failed because the client cancelled the call or its connection went away: gRPC's
+    core refuses the send (ExecuteBatchError) before the context learns of the cancellation."""
+    return isinstance(error, ExecuteBatchError) or context.cancelled() or context.done()
+
+
 def _check_client_id(client_id: str) -> str:
     if len(client_id) > MAX_CLIENT_ID_CHARS or "/" in client_id:
         raise CorpusError(f"client_id: expected at most {MAX_CLIENT_ID_CHARS} characters without '/', got {client_id!r:.80}",
@@ -69,8 +85,10 @@ def _check_client_id(client_id: str) -> str:
 
 
 class CorpusServicer(pb_grpc.CorpusServicer):
-    def __init__(self, state: ServiceState) -> None:
+    def __init__(self, state: ServiceState, catalog: "Catalog") -> None:
         self.state = state
+        self.catalog = catalog  # external corpora go through it: REST lists and persists what gRPC loads
+        self._housekeeping = Housekeeping(state)  # idle BatchGet state, memory reclaim
 
     # ------------------------------------------------------------------ who may call what
 
@@ -96,11 +114,12 @@ class CorpusServicer(pb_grpc.CorpusServicer):
 
     # ------------------------------------------------------------------ streaming session
 
-    async def Session(self, request_iterator: AsyncIterator[pb.SessionRequest], context) -> AsyncIterator[pb.SessionResponse]:
+    async def Session(self, request_iterator: AsyncIterator[pb.SessionRequest], context) -> None:
         state = self.state
         if state.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the corpus server is draining (shutting down)")
         principal = current_principal()
+        self._housekeeping.ensure_running()
         session = Session(state)
         state.live_sessions += 1
         state.metrics.sessions.inc()
@@ -139,7 +158,22 @@ class CorpusServicer(pb_grpc.CorpusServicer):
                     out = pb.SessionResponse(seq=msg.seq, error=pb.Error(code=code.value[0], message=message_for(e)))
                     steps.labels("Session", code.name).inc()
                 latency.observe(time.perf_counter() - t0)
-                yield out
+                # Written here, not yielded: when the client cancels while it is not reading, the
+                # write fails in this frame and the stream ends quietly, where a generator's failed
+                # write would be logged by gRPC with a traceback.
+                try:
+                    await context.write(out)
+                except Exception as e:  # noqa: BLE001 - only a stream the client gave up on ends here
+                    if not stream_gone(context, e):
+                        raise
+                    log.debug("session %d: cancelled by the client (%s)", session.id, type(e).__name__)
+                    state.metrics.sessions_cancelled.inc()
+                    return
+        except asyncio.CancelledError:  # the client cancelled while the handler awaited (gRPC cancels it)
+            if not state.draining:
+                log.debug("session %d: cancelled by the client", session.id)
+                state.metrics.sessions_cancelled.inc()
+            raise
         finally:
             # Synchronous on purpose: a cancelled stream's handler must not await here (a second
             # cancellation would skip the cleanup and leak the session's requests until their TTL).
@@ -174,8 +208,33 @@ class CorpusServicer(pb_grpc.CorpusServicer):
         def run() -> tuple[np.ndarray, np.ndarray]:
             return corpus.batch_get([prefix + r for r in ids], windows, total_lens.tolist(), draft_token_num=k)
 
-        drafts, mask = await self.state.run(run)
+        drafts, mask = await self._batch_get_bounded(request.namespace, prefix, corpus, ids, lens, total_lens, run)
         return pb.BatchGetResponse(draft_token_num=k, drafts=wire.pack(drafts), mask=wire.pack(mask, wire.U8))
+
+    async def _batch_get_bounded(self, namespace: str, prefix: str, corpus, ids, lens, total_lens, run):
+        """Runs a BatchGet engine call within its client's limits and the live-request budget
+        (batch_clients.py). The call's state is settled when the engine is done with it, even if
+        the RPC was cancelled meanwhile: the engine call runs to its end either way."""
+        state = self.state
+        clients = state.batch_clients
+        self._housekeeping.ensure_running()
+        client = clients.client(namespace, prefix)
+        tb, max_tokens = state.token_bytes[namespace], corpus.config.max_request_tokens
+        try:
+            adm = clients.admit(client, ids, lens, total_lens, tb, max_tokens)
+        except BaseException:
+            clients.done(client)
+            raise
+
+        def settle(fut: asyncio.Future) -> None:
+            applied = not fut.cancelled() and fut.exception() is None
+            erase = clients.settle(adm, applied, tb, max_tokens)
+            if erase:  # a failed call may have created some of its new ids before it failed
+                corpus.erase_match_state(erase)
+
+        fut = asyncio.ensure_future(state.run(run))
+        fut.add_done_callback(settle)
+        return await asyncio.shield(fut)
 
     @_unary
     async def BatchPut(self, request: pb.BatchPutRequest, context) -> pb.BatchPutResponse:
@@ -198,8 +257,15 @@ class CorpusServicer(pb_grpc.CorpusServicer):
                 corpus.synchronize()
 
         if self.state.chunkers is not None:  # replicated: every replica learns them from the log
-            for r in runs:
-                self.state.replica.publisher.add_chunk(request.namespace, np.array(r, np.int32))
+            replica = self.state.replica
+            refused = sum(r.size for r in runs if not replica.publisher.add_chunk(request.namespace, np.array(r, np.int32)))
+            if refused:  # counted and logged by the publisher; the caller hears it too
+                raise CorpusError(f"BatchPut: {refused} of {total} tokens refused: the commit log buffer is full "
+                                  f"(broker down or slower than the commits); retry later",
+                                  grpc.StatusCode.RESOURCE_EXHAUSTED)
+            if request.synchronize:  # read-your-writes: visible here before the answer
+                left = context.time_remaining()
+                await replica.wait_visible(min(30.0, left - 0.05) if left is not None else 30.0)
             return pb.BatchPutResponse(tokens=total)
         await self.state.run(run)
         return pb.BatchPutResponse(tokens=total)
@@ -212,13 +278,16 @@ class CorpusServicer(pb_grpc.CorpusServicer):
         ids = list(request.req_ids)
         check_req_ids(ids, "req_ids", self.state.config.max_batch)
         await self.state.run(corpus.erase_match_state, [prefix + r for r in ids])
+        client = self.state.batch_clients.find(request.namespace, prefix)
+        if client is not None:  # their budget and the client's room are free again
+            self.state.batch_clients.erase(client, ids, self.state.token_bytes[request.namespace])
         return pb.EraseMatchStateResponse()
 
     # ------------------------------------------------------------------ external corpora
 
     @_unary
     async def LoadExternalCorpus(self, request_iterator, context) -> pb.LoadExternalCorpusResponse:
-        corpus, ns, name, loaded = None, "", "", 0
+        corpus, ns, name, loaded, begun = None, "", "", 0, False
         try:
             async for chunk in request_iterator:
                 if isinstance(chunk, Malformed):
@@ -231,16 +300,17 @@ class CorpusServicer(pb_grpc.CorpusServicer):
                                           "replica builds", grpc.StatusCode.FAILED_PRECONDITION)
                     ns, corpus = chunk.namespace, self.state.corpus(chunk.namespace)
                     name = check_corpus_name(chunk.name)
-                    await self.state.run(corpus.begin_external_corpus, name)
+                    await self.state.run(self.catalog.begin_load, ns, name)  # staged, with its data file
+                    begun = True
                 elif chunk.namespace not in ("", ns) or chunk.name not in ("", name):
                     raise ValueError("LoadExternalCorpus: every chunk must name the same namespace and corpus")
                 tokens = wire.unpack(chunk.tokens, wire.I32, "tokens")
                 check_tokens([tokens], corpus.config.vocab_size, "tokens")
-                await self.state.run(corpus.add_external_chunk, name, tokens)
+                await self.state.run(self.catalog.load_chunk, ns, name, tokens)
                 loaded += tokens.size
         except BaseException:
-            if corpus is not None and corpus.is_loading_external_corpus(name):
-                corpus.abort_external_corpus(name)
+            if begun:  # not another call's load of the same name
+                self.catalog.abort_load(ns, name)
             raise
         if corpus is None:
             raise ValueError("LoadExternalCorpus: the stream carried no chunk")
@@ -249,20 +319,18 @@ class CorpusServicer(pb_grpc.CorpusServicer):
     @_unary
     async def CommitExternalCorpus(self, request: pb.CommitExternalCorpusRequest, context) -> pb.CommitExternalCorpusResponse:
         self._limit(self.state.admin_limit, self._allow(request.namespace, Role.ADMIN), context)
-        corpus = self.state.corpus(request.namespace)
+        self.state.corpus(request.namespace)
         name = check_corpus_name(request.name)
-        count = await self.state.run(corpus.commit_external_corpus, name)
-        if request.expected_tokens >= 0 and request.expected_tokens != count:
-            await self.state.run(corpus.remove_external_corpus, name)
-            raise ValueError(f"CommitExternalCorpus: corpus '{name}' holds {count} tokens, caller expected "
-                             f"{request.expected_tokens}; the load was discarded")
+        # Visible and durable (data file + manifest, listed by REST) before it answers.
+        count = await self.state.run(self.catalog.commit_load, request.namespace, name, request.expected_tokens)
         return pb.CommitExternalCorpusResponse(tokens=count)
 
     @_unary
     async def RemoveExternalCorpus(self, request: pb.RemoveExternalCorpusRequest, context) -> pb.RemoveExternalCorpusResponse:
         self._limit(self.state.admin_limit, self._allow(request.namespace, Role.ADMIN), context)
-        corpus = self.state.corpus(request.namespace)
-        await self.state.run(corpus.remove_external_corpus, check_corpus_name(request.name))
+        self.state.corpus(request.namespace)
+        # The catalog's delete, as REST's: tombstone, data file, engine, replicas.
+        await self.catalog.delete(request.namespace, check_corpus_name(request.name))
         return pb.RemoveExternalCorpusResponse()
 
     @_unary
@@ -282,9 +350,17 @@ class CorpusServicer(pb_grpc.CorpusServicer):
         for ns in names:
             corpus = self.state.corpus(ns)
             s = out.namespaces[ns]
-            s.values.update(corpus.stats())
+            stats = corpus.stats()
+            s.values.update(stats)  # every statistic as a double: what clients older than `counters` read
+            s.counters.update({k: v for k, v in stats.items() if isinstance(v, int)})
             s.external_corpora.update(corpus.list_external_corpora())
             s.sessions = self.state.live_sessions
+            s.vocab_size = corpus.config.vocab_size
+            s.tokenizer = self.state.tokenizers.name(ns)
+            probe = self.state.tokenizer_probe(ns)
+            if request.describe or probe.done():  # a plain Stats never waits on a tokenizer load
+                s.tokenizer_probe.extend(await probe)
+            s.tokenizer_error = self.state.tokenizer_errors.get(ns, "")
         return out
 
     @_unary
@@ -295,6 +371,7 @@ class CorpusServicer(pb_grpc.CorpusServicer):
             self.state.replica.publisher.add_marker(["z", request.namespace])
             return pb.ResetResponse()
         await self.state.run(corpus.reset)
+        self.state.batch_clients.drop_namespace(request.namespace)  # the engine dropped their requests
         return pb.ResetResponse()
 
 

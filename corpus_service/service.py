@@ -32,7 +32,7 @@ from corpus_service.persistence import DataDir
 from corpus_service.rpc_handlers import add_corpus_servicer
 from corpus_service.security_config import security_warnings
 from corpus_service.server import CorpusServicer
-from corpus_service.service_config import ServiceConfig
+from corpus_service.service_config import ServiceConfig, deprecations
 from corpus_service.service_state import ServiceState
 from corpus_service.tls import server_credentials
 
@@ -46,6 +46,17 @@ class _AdminServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self):
         yield
+
+
+def connection_age_options(age_s: float) -> list[tuple[str, int]]:
+    """gRPC server options that make clients reconnect after ``age_s`` (0: never), so a client's
+    channel reaches replicas added since it connected. gRPC adds +-10% jitter to the age; streams
+    still open then get a grace of a tenth of it (at most 30 s) before they are cut (a Session the
+    client replays on a new stream)."""
+    if not age_s:
+        return []
+    return [("grpc.max_connection_age_ms", max(1, int(age_s * 1000))),
+            ("grpc.max_connection_age_grace_ms", max(1, int(min(30.0, age_s / 10) * 1000)))]
 
 
 def _hostport(host: str, port: int) -> str:
@@ -81,12 +92,15 @@ class CorpusService:
         opts = [("grpc.max_receive_message_length", cfg.max_message_bytes),
                 ("grpc.max_send_message_length", cfg.max_message_bytes),
                 ("grpc.so_reuseport", 0)]  # two servers must never share a port by accident
+        opts += connection_age_options(cfg.grpc_max_connection_age_s)
         interceptors = []
-        if self.state.auth.required:  # without client tokens gRPC stays open and pays nothing
+        # Client tokens: every call needs one. Only the admin token: the admin methods need it. Neither:
+        # gRPC stays open and pays nothing.
+        if self.state.auth.required or self.state.auth.has_admin_token:
             refused = self.state.metrics.auth_refused
             interceptors.append(AuthInterceptor(self.state.auth, lambda code: refused.labels("grpc", code).inc()))
         self._grpc = grpc.aio.server(options=opts, interceptors=interceptors)
-        add_corpus_servicer(CorpusServicer(self.state), self._grpc)  # malformed messages -> INVALID_ARGUMENT
+        add_corpus_servicer(CorpusServicer(self.state, self.catalog), self._grpc)  # malformed messages -> INVALID_ARGUMENT
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), self._grpc)
@@ -100,6 +114,9 @@ class CorpusService:
         await self._grpc.start()
         if cfg.admin_port >= 0:
             await self._start_admin()
+        for ns in self.state.specs:  # loaded in the background, so the first Stats answers at once
+            if self.state.tokenizers.has(ns):
+                self.state.tokenizer_probe(ns)
         for name in ("", SERVICE_NAME):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.replica is None:
@@ -110,7 +127,7 @@ class CorpusService:
             self._snapshot_task = asyncio.create_task(self._snapshot_loop())
         scheme = "https" if cfg.tls_cert else "http"
         admin = f"{scheme}://{_hostport(cfg.host, self.admin_port)}" if self.admin_port is not None else "off"
-        for warning in security_warnings(cfg):
+        for warning in security_warnings(cfg) + deprecations(cfg):
             log.warning("%s", warning)
         log.info("ngram-corpus listening: grpc=%s admin=%s namespaces=%s data_dir=%s",
                  _hostport(cfg.host, self.grpc_port), admin, ",".join(self.state.specs), cfg.data_dir or "(none)")
@@ -153,8 +170,12 @@ class CorpusService:
             await asyncio.sleep(self.config.snapshot_interval_s)
             try:
                 await self.catalog.snapshot()
-            except Exception:  # noqa: BLE001 - a failed periodic snapshot must not stop serving
-                log.exception("periodic snapshot failed")
+            except Exception as e:  # noqa: BLE001 - a failed periodic snapshot must not stop serving
+                # Once per outage (outages.py), not once per interval.
+                self.state.outages.down("data directory", f"periodic snapshot failed ({type(e).__name__}: {e})",
+                                        exc_info=True)
+            else:
+                self.state.outages.up("data directory")
 
     def request_stop(self) -> None:
         self._stopped.set()

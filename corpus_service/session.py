@@ -7,6 +7,7 @@ Engine request ids are prefixed with the session id: two clients may both call a
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import grpc
@@ -16,6 +17,7 @@ from corpus_service import wire
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
 from corpus_service.engine import NgramCorpus
 from corpus_service.errors import CorpusError
+from corpus_service.live_budget import REQUEST_CHARGE_BYTES
 from corpus_service.service_state import ServiceState
 
 MAX_REQ_ID_CHARS = 256
@@ -125,6 +127,12 @@ class Session:
         self.id = state.next_session_id()
         self.prefix = f"s{self.id}:"
         self.live: dict[str, set[str]] = {}  # namespace -> live request ids
+        # Bytes this session's live requests hold in the server-wide budget (live_budget.py): charged
+        # when a step is admitted, released by its finishes and, for whatever is left, at close. A
+        # step the engine refuses midway keeps its charge until close: an over-count, never an under-count.
+        self.charged = 0
+        self.closed = False
+        self._lock = threading.Lock()
 
     def parse(self, msg: pb.SessionRequest) -> Step:
         """Validates a step completely (vectorized: no per-request Python work on the common path;
@@ -189,7 +197,20 @@ class Session:
                 if rid is not None:
                     raise CorpusError(f"draft: unknown request '{rid}' (never started in this session, or finished)",
                                       grpc.StatusCode.NOT_FOUND)
+        if num_tokens or started:  # last: a step refused here changes nothing, like every refusal above
+            tb = self.state.token_bytes[ns]
+            charge = num_tokens * tb + len(started) * REQUEST_CHARGE_BYTES
+            credit = self._held_bytes(corpus, finish, tb, live) if finish else 0
+            self.state.budget.reserve(charge, "start" if started else "extend", credit)
+            self.charged += charge
         return Step(ns, restore, start, extend, finish, draft, budget, restore_groups, start_groups)
+
+    def _held_bytes(self, corpus: NgramCorpus, rids: list[str], tb: int, live: set[str] | None = None) -> int:
+        """Budget bytes the live ones of ``rids`` hold now (a request the engine expired holds none)."""
+        p = self.prefix
+        lens = corpus.context_lengths([p + r for r in rids if live is None or r in live])
+        held = lens[lens >= 0]
+        return int(held.sum()) * tb + held.size * REQUEST_CHARGE_BYTES
 
     def apply(self, step: Step, out: pb.SessionResponse) -> int:
         """Applies a validated step to the engine; fills ``out.drafts``. Returns drafted nodes."""
@@ -231,6 +252,8 @@ class Session:
             extend_packed(corpus, [p + rid for rid in ids], lens, toks)
             if ch is not None:
                 ch.extend_packed([p + rid for rid in ids], lens, toks)
+        if step.finish:
+            self._release(self._held_bytes(corpus, step.finish, self.state.token_bytes[step.namespace]))
         for rid in step.finish:
             live.discard(rid)
             if ch is not None:
@@ -257,3 +280,13 @@ class Session:
                 except ValueError:
                     pass  # expired by the engine's idle timeout meanwhile
         self.live.clear()
+        self._release(self.charged)
+        self.closed = True
+
+    def _release(self, nbytes: int) -> None:
+        # A step applied on the pool may still finish requests after its cancelled stream closed:
+        # what close released must not be released twice.
+        with self._lock:
+            nbytes = 0 if self.closed else min(nbytes, self.charged)
+            self.charged -= nbytes
+        self.state.budget.release(nbytes)

@@ -21,6 +21,10 @@ _DIGIT_SPLIT_PRE = {"smollm", "starcoder", "refact"}
 _DEFAULT_PRE = {"default", "gpt2", *_DIGIT_SPLIT_PRE}
 _CONTROL = 3  # llama.cpp LLAMA_TOKEN_TYPE_CONTROL
 _USER_DEFINED = 4
+# Encoded by a namespace's tokenizer (no special tokens) and compared by clients with their own
+# model's tokenizer: equal vocabulary sizes do not mean equal ids (two BPEs of 49152 tokens differ
+# here). English words, digits, code punctuation and indentation exercise the pre-tokenizer.
+PROBE_TEXT = "Hello world! The 2 cats ran 42 km.\ndef f(x):\n    return x + 1  # done"
 
 
 def smollm2_gguf_path() -> Path:
@@ -82,6 +86,17 @@ def load_tokenizer(spec: str) -> Tokenizer:
     return Tokenizer.from_file(os.fspath(path))
 
 
+def tokenizer_name(spec: str | None) -> str:
+    """What clients are told about a tokenizer spec: a file's name, never the server's path."""
+    if not spec:
+        return ""
+    return spec if spec == "smollm2" else Path(spec).name
+
+
+def probe_ids(tokenizer: Tokenizer) -> list[int]:
+    return tokenizer.encode(PROBE_TEXT, add_special_tokens=False).ids
+
+
 class Tokenizers:
     """Each namespace's tokenizer, loaded on first use (a GGUF takes seconds to read; serving drafts
     never needs it, only text uploads do)."""
@@ -92,6 +107,7 @@ class Tokenizers:
         self._specs = specs
         self._lock = threading.Lock()
         self._loaded: dict[str, Tokenizer] = {}
+        self._probes: dict[str, list[int]] = {}
 
     def has(self, namespace: str) -> bool:
         return bool(self._specs.get(namespace))
@@ -104,3 +120,16 @@ class Tokenizers:
             if namespace not in self._loaded:
                 self._loaded[namespace] = load_tokenizer(spec)
             return self._loaded[namespace]
+
+    def name(self, namespace: str) -> str:
+        return tokenizer_name(self._specs.get(namespace))
+
+    def probe(self, namespace: str) -> list[int]:
+        """PROBE_TEXT's ids under the namespace's tokenizer ([] without one); loads it on first use
+        (seconds for a GGUF: call off the event loop). Raises if the tokenizer cannot be loaded."""
+        if not self.has(namespace):
+            return []
+        probe = self._probes.get(namespace)
+        if probe is None:
+            probe = self._probes[namespace] = probe_ids(self.get(namespace))
+        return probe

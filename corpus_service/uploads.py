@@ -52,6 +52,8 @@ def parse_jsonl_line(line: bytes, where: str, vocab_size: int, has_tokenizer: bo
         doc = json.loads(line)
     except (ValueError, UnicodeDecodeError) as e:
         raise UploadError(f"{where}: not valid JSON ({e})") from None
+    except RecursionError:  # thousands of nested brackets: hostile or broken, never a document
+        raise UploadError(f"{where}: JSON nested too deeply (expected an object with \"text\" or \"ids\")") from None
     if isinstance(doc, dict) and isinstance(doc.get("text"), str):
         if not has_tokenizer:
             raise UploadError(f"{where}: this namespace has no tokenizer; upload token ids ({{\"ids\": [...]}})")

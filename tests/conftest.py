@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+REPO_TRACES = REPO / "bench" / "data" / "traces"
+# The shared folder's greedy traces and the repository's sampled traces of the same prompts: the same
+# ids and prompt_ids in the same order, each prompt's samples on consecutive lines, sample 0 first
+# (tests/test_trace_fallback.py checks it where the shared folder is present).
+SAMPLED_TWINS = {"humaneval164_greedy.jsonl": "humaneval164_t07x4.jsonl",
+                 "specbench_dev120_greedy.jsonl": "specbench_dev120_t07x4.jsonl"}
 
 
 def shared_data_dir() -> Path:
@@ -21,3 +28,23 @@ def data_dir() -> Path:
     if not d.exists():
         pytest.skip(f"shared data folder not found at {d} (set NGRAM_SHARED_DATA)")
     return d
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def prompt_trace(name: str) -> list[dict]:
+    """The rows of one of the shared folder's greedy traces (``name``), or, on a fresh clone without
+    it, sample 0 of each prompt of the repository's sampled trace of the same prompts: the same
+    prompts, with real outputs of the same model sampled at temperature 0.7 (each row's
+    ``temperature`` says which). For tests that need the prompts or model-made text, not the greedy
+    outputs."""
+    shared = shared_data_dir() / "traces" / name
+    if shared.is_file():
+        return read_jsonl(shared)
+    if name not in SAMPLED_TWINS:
+        raise FileNotFoundError(f"{shared}: not found, and the repository has no trace of the same prompts "
+                                f"(it has {sorted(SAMPLED_TWINS)})")
+    return [r for r in read_jsonl(REPO_TRACES / SAMPLED_TWINS[name]) if r["sample"] == 0]

@@ -5,10 +5,20 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .config import VerifierConfig, add_config_flags, config_from_args
+# The verifier's own dependencies are the package's "verifier" extra: a plain `pip install
+# ngram-corpus` serves the corpus, and this command then says what to install instead of a traceback.
+VERIFIER_EXTRA_MODULES = ("torch", "jinja2", "llguidance")
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        from .config import VerifierConfig, add_config_flags, config_from_args
+    except ModuleNotFoundError as e:
+        if e.name not in VERIFIER_EXTRA_MODULES:
+            raise
+        print(f"ngram-verifier: error: {e.name} is not installed; the verifier needs the extra: "
+              'pip install "ngram-corpus[verifier]"', file=sys.stderr)
+        return 2
     parser = argparse.ArgumentParser(prog="ngram-verifier", description="speculative decoding verifier")
     sub = parser.add_subparsers(dest="command", required=True)
     add_config_flags(sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API"), VerifierConfig)

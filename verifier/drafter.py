@@ -17,7 +17,16 @@ When the corpus is down (``CorpusUnavailable``: the client's circuit breaker ans
 microseconds), errs, or is slow, steps draft from the mirror alone. A call still in flight keeps
 running in the background (the client retries and, once the server is back, replays every live
 request on a new session); until it returns, the engine does not wait on the remote corpus at all.
-No corpus failure ever fails a request.
+No corpus failure ever fails a request. An outage is said once when it starts and once when it
+ends, and shown in /healthz and /metrics (``verifier.corpus_health.CorpusHealth``).
+
+The namespace (``check``, ``verifier.corpus_health.check_namespace``): checked when the drafter is
+made. A mismatch raises (a start-up error); a corpus that cannot be reached then leaves remote
+drafting held (the mirror drafts, nothing is sent) and the check is retried in the background every
+``CHECK_RETRY_S``; once it passes, every live request is replayed to the corpus and remote drafting
+starts. After every outage the check runs again: a mismatch found at run time turns remote drafting
+off for good, loudly (log, metric, health field), since this verifier's commits would spoil a
+namespace of another model's token ids.
 
 Asking is measured (``remote_asks="adaptive"``, the default; ``verifier.ask_gate``): each merged
 step counts the accepted tokens only the remote tree drafted, and where the remote trees add less
@@ -46,6 +55,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_futures
@@ -58,7 +68,8 @@ from corpus_service.config import MAX_BUDGET, CorpusConfig
 from corpus_service.engine import DraftBatch
 
 from .ask_gate import AskGate, AskGateConfig
-from .corpus_process import FLUSH_AFTER_S, ClientProcess, ClientSettings, Ticket, draft_capped
+from .corpus_health import BackgroundCheck, CorpusHealth, NamespaceMismatch, unreachable
+from .corpus_process import FLUSH_AFTER_S, REACHABLE_NOTE, ClientProcess, ClientSettings, Ticket, draft_capped
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +110,8 @@ HOT_ASKS = 8
 # this long after the last hand-off, or until this many are held (a step adds one commit call).
 HOLD_CALLS_S = 0.02
 HOLD_CALLS_MAX = 64
+# A namespace check the corpus could not answer (down at start-up) is tried again this often.
+CHECK_RETRY_S = 1.0
 
 
 @dataclass
@@ -119,7 +132,11 @@ class Drafter:
                  draft_timeout_s: float = 0.05, client_timeout_s: float = 1.0, vocab_size: int = 0,
                  breaker_cooldown_s: float = 0.5, token: str | None = None, tls: str | None = None,
                  remote_drafts: str = "pipelined", remote_client: str = "process", draft_threads: int = 1,
-                 remote_asks: str = "adaptive", ask_gate: AskGateConfig | None = None) -> None:
+                 remote_asks: str = "adaptive", ask_gate: AskGateConfig | None = None,
+                 check: Callable[[], str] | None = None) -> None:
+        """``check``: the remote namespace's check (``verifier.corpus_health.check_namespace`` bound to
+        this verifier's model): run now (a mismatch raises NamespaceMismatch, a ValueError), again
+        in the background while the corpus cannot be reached, and after every outage."""
         # A short cool-down: a trial against a dead corpus runs on the client thread and fails fast
         # (the channel is in backoff), while a long one would delay resuming speculation after a restart
         # (docs/reliability.md promises 2 s; the channel's reconnect backoff is at most 1 s).
@@ -158,6 +175,23 @@ class Drafter:
         self._pool: ThreadPoolExecutor | None = None
         self._proc: ClientProcess | None = None  # process client
         self._inflight: Future | Ticket | None = None
+        self.health: CorpusHealth | None = None  # remote only
+        # Remote: every live request's prompt and group: with its committed tokens (the mirror's
+        # context after the prompt), what a corpus that has not seen them is given (a replacement
+        # client process, whose predecessor's session and server state are gone, or a corpus whose
+        # namespace check passed only after requests started).
+        self._live: dict[str, tuple[list[int], str | None]] | None = None
+        self._check, self._checking = check, None
+        self._held = False  # remote drafting waits for the namespace check (the corpus was down)
+        self._off = ""  # why remote drafting was turned off for good ("" while it is not)
+        self._recoveries = 0  # outages ended, as of the last re-check started
+        if not isinstance(corpus, NgramCorpus) and corpus != "local":
+            self._live = {}
+            self.health = CorpusHealth(corpus, namespace)
+            self.health.remote_drafting = True
+            if check is not None:  # before any client exists: a mismatch costs no child process
+                self.target = corpus
+                self._check_at_start()
         if isinstance(corpus, NgramCorpus):
             self.local, self.target = corpus, "local"
         elif corpus == "local":
@@ -168,10 +202,6 @@ class Drafter:
                                             breaker_cooldown_s=breaker_cooldown_s, token=token, tls=tls)
             self._proc = ClientProcess(self._settings)
             self.local = NgramCorpus(local_config)
-            # Every live request's prompt and group: with its committed tokens (the mirror's context
-            # after the prompt), what a replacement client process is given (the dead one's session,
-            # and the server's state for it, are gone).
-            self._live: dict[str, tuple[list[int], str | None]] = {}
             self._restart: _Restart | None = None
             self._restart_delay = RESTART_DELAY_S
             self._restart_at: float | None = None  # when to start a replacement (None: no death handled)
@@ -191,7 +221,9 @@ class Drafter:
 
     @property
     def remote(self) -> bool:
-        return self._client is not None or self._proc is not None
+        """Remote drafting is on: a client exists, the namespace check is not pending, and it found
+        no mismatch."""
+        return (self._client is not None or self._proc is not None) and not self._held and not self._off
 
     @property
     def pipelined_remote(self) -> bool:
@@ -205,7 +237,7 @@ class Drafter:
         """``group``: requests of one key (the samples of one API request) draft from each other."""
         self.local.start_request(req_id, prompt_ids, group=group)
         prompt = list(prompt_ids)
-        if self._proc is not None:
+        if self._live is not None:
             self._live[req_id] = (prompt, group)
         if self._gate is not None:
             self._unasked.add(req_id)  # whether the fleet knows its continuation: asked next step
@@ -234,15 +266,20 @@ class Drafter:
             if self._scoring is not None:  # its last step is scored as a hot request's
                 self._score()
             self._hot.pop(req_id, None)  # (the score may have cooled it down)
-        if self._proc is not None:
+        if self._live is not None:
             self._live.pop(req_id, None)
         if self.local.has_request(req_id):
             self.local.finish(req_id)
         self._remote_call("finish", req_id)
 
     def draft(self, req_ids: list[str], budget: int) -> DraftBatch:
+        if self._checking is not None:
+            self._take_check()
         if not self.remote:
-            self.stats.local_steps += 1
+            if self.health is not None:  # a remote corpus held back or turned off: the mirror drafts
+                self.stats.fallback_steps += 1
+            else:
+                self.stats.local_steps += 1
             return self.local.draft(req_ids, budget)
         if self.pipelined:
             if self._ask is not None:  # the caller never dispatched the previous step's calls
@@ -258,26 +295,38 @@ class Drafter:
         return self.local.draft(req_ids, budget)
 
     def close(self) -> None:
+        if self._checking is not None:
+            self._checking.abandon()
+            self._checking = None
         if self._deferred and self.remote and not (self._proc is not None and self._proc.dead):
             calls, self._deferred = self._deferred, []  # held calls (dispatch(hold=True)) still reach the corpus
             self._send_calls(calls)
+        self._close_clients(flush=not self._off)
+
+    def _close_clients(self, flush: bool) -> None:
+        """Closes the remote client (``flush``: what it buffers goes out first)."""
         if self._proc is not None and self._restart is not None:
             self._restart.abandon()
             self._restart = None
         if self._pool is not None:
             # The calls queued on the client thread, then what the client buffers, go out first
             # (for at most the client's timeout: a corpus that is down cannot hold the close up).
-            last = self._pool.submit(self._guarded, self._client.flush)
-            try:
-                last.result(timeout=self._client.timeout)
-            except FutureTimeout:
-                log.warning("corpus %s: the last calls were not sent within %.1f s", self.target, self._client.timeout)
+            if flush:
+                last = self._pool.submit(self._guarded, self._client.flush)
+                try:
+                    last.result(timeout=self._client.timeout)
+                except FutureTimeout:
+                    log.warning("corpus %s: the last calls were not sent within %.1f s", self.target,
+                                self._client.timeout)
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
         if self._client is not None:
             self._client.close()
         if self._proc is not None:
-            self._proc.close()
+            if flush:
+                self._proc.close()
+            else:  # nothing more may reach the corpus: the child is stopped, not asked to close
+                self._proc.kill()
 
     # ------------------------------------------------------------------ remote
 
@@ -294,8 +343,13 @@ class Drafter:
         draft request or every ``FLUSH_AFTER_S`` anyway; handing them over every step woke the
         client process every step for nothing (on the H200 host it used 0.27 ms of CPU per batch-1
         step). A draft request always carries every call before it, in order."""
+        if self._checking is not None:
+            self._take_check()
         if not self.remote:
             return
+        if self._check is not None and self.health.recoveries != self._recoveries and self._checking is None:
+            self._recoveries = self.health.recoveries  # the corpus is back: is it still the namespace we drafted from?
+            self._checking = BackgroundCheck(self._check, retry_s=0.0)
         if self._proc is not None and self._proc.dead:
             self._take_child_errors()  # the death itself, reported once
             if not self._revive():
@@ -362,10 +416,16 @@ class Drafter:
         self._proc.close(timeout=0.1)
         self._proc, self._restart_at, self._child_since = r.proc, None, now
         self._ahead, self._inflight = None, None
-        # The live requests' whole state, in place of the calls held since the death (they are
-        # all in it): the prompt as a start, what was committed since (the mirror's context after
-        # the prompt) as one extend.
-        self._deferred = [("start_request", (rid, prompt, group)) for rid, (prompt, group) in self._live.items()]
+        self._deferred = self._replay_calls()  # in place of the calls held since the death (all in it)
+        self.stats.client_restarts += 1
+        log.warning("corpus %s: the client process was replaced; %d live requests replayed", self.target,
+                    len(self._live))
+        return True
+
+    def _replay_calls(self) -> list[tuple[str, tuple]]:
+        """The live requests' whole state as calls: the prompt as a start, what was committed since
+        (the mirror's context after the prompt) as one extend."""
+        calls = [("start_request", (rid, prompt, group)) for rid, (prompt, group) in self._live.items()]
         outputs = []
         ids = list(self._live)
         for rid, total in zip(ids, self.local.context_lengths(ids).tolist()):
@@ -373,11 +433,77 @@ class Drafter:
             if out > 0:  # total is -1 for a request the mirror no longer holds
                 outputs.append((rid, self.local.context_tail(rid, out).tolist()))
         if outputs:
-            self._deferred.append(("extend_many", outputs))
-        self.stats.client_restarts += 1
-        log.warning("corpus %s: the client process was replaced; %d live requests replayed", self.target,
-                    len(self._live))
-        return True
+            calls.append(("extend_many", (outputs,)))  # (method, args): one argument, the list
+        return calls
+
+    # ------------------------------------------------------------------ namespace check
+
+    def _check_at_start(self) -> None:
+        """The namespace check, now: a mismatch raises; a corpus that cannot be reached holds remote
+        drafting back until a background check passes."""
+        from corpus_service.errors import CorpusError
+
+        try:
+            note = self._check()
+        except NamespaceMismatch:
+            self.close()
+            raise
+        except (CorpusError, OSError) as e:
+            text = f"{type(e).__name__}: {e}"
+            if not unreachable(text):
+                self.close()  # a token or TLS setting the corpus refuses: a configuration error
+                raise ValueError(f"corpus {self.target}: the namespace check failed: {text}") from None
+            self.health.failure(text)
+            self._held, self.health.remote_drafting = True, False
+            log.warning("corpus %s: namespace %r is checked once the corpus answers (every %.0f s); until then "
+                        "this verifier drafts in process and sends the corpus nothing", self.target,
+                        self.health.namespace, CHECK_RETRY_S)
+            self._checking = BackgroundCheck(self._check, retry_s=CHECK_RETRY_S)
+            return
+        self._checked(note)
+
+    def _checked(self, note: str) -> None:
+        h = self.health
+        first = h.namespace_state != "ok"
+        h.namespace_state, h.namespace_note = "ok", note
+        if first:
+            log.info("corpus %s: %s", self.target, note)
+
+    def _take_check(self) -> None:
+        """A background check's verdict, once it is in (the engine's thread acts on it)."""
+        c = self._checking
+        if not c.done:
+            return
+        self._checking = None
+        if c.mismatch:
+            self._turn_off(c.mismatch)
+        elif c.note:
+            self.health.success(c.asked_at)  # the corpus answered the check
+            self._checked(c.note)
+            if self._held:
+                self._release()
+
+    def _release(self) -> None:
+        """The namespace check passed after requests started: they are replayed, then drafting
+        asks the corpus too."""
+        self._held = False
+        self.health.remote_drafting = True
+        calls = self._replay_calls()
+        if self.pipelined:
+            self._deferred = calls + self._deferred
+        else:
+            self._send_calls(calls)
+        log.info("corpus %s: remote drafting on (%d live requests replayed)", self.target, len(self._live))
+
+    def _turn_off(self, why: str) -> None:
+        """A mismatch found at run time: the corpus is left alone for the rest of the run."""
+        self._off = why
+        h = self.health
+        h.namespace_state, h.namespace_note, h.remote_drafting = "mismatch", why, False
+        log.error("corpus %s: %s. Remote drafting is OFF for the rest of this run (the in-process corpus "
+                  "drafts; /healthz corpus.namespace_check says mismatch)", self.target, why)
+        self._deferred, self._ask, self._ahead, self._inflight = [], None, None, None
+        self._close_clients(flush=False)
 
     def _back_off(self, now: float) -> None:
         """The next replacement waits the current delay, and the one after twice as long."""
@@ -407,7 +533,10 @@ class Drafter:
         if self._proc is not None and self._proc.errors:
             errors, self._proc.errors = self._proc.errors, []
             for text in errors:
-                self._note_error_text(text)
+                if text == REACHABLE_NOTE:
+                    self.health.success()
+                else:
+                    self._note_error_text(text)
 
     def _guarded(self, fn, *args):
         from corpus_service.errors import CorpusError
@@ -421,11 +550,11 @@ class Drafter:
     def _note_error(self, e: Exception) -> None:
         self._note_error_text(f"{type(e).__name__}: {e}")
 
-    def _note_error_text(self, msg: str) -> None:
+    def _note_error_text(self, msg: str, asked_at: float | None = None) -> None:
+        """A failed call, counted; logged once per outage (or per kind of refusal) by the health."""
         self.stats.remote_errors += 1
-        if msg != self.stats.last_error:
-            log.warning("corpus %s: %s (drafting in process meanwhile)", self.target, msg)
         self.stats.last_error = msg
+        self.health.failure(msg, asked_at)
 
     def _ask_ahead(self, req_ids: list[str], budget: int) -> bool:
         """Queues the remote draft of the next step's trees (after every queued extend, so it sees
@@ -440,7 +569,9 @@ class Drafter:
         if self._proc is not None:
             self._ahead = (self._proc.draft(ids, deep, budget), ids, lengths)
         else:
-            self._ahead = (self._pool.submit(self._guarded, self._draft_ahead, ids, deep, budget), ids, lengths)
+            fut = self._pool.submit(self._guarded, self._draft_ahead, ids, deep, budget)
+            fut.asked_at = time.monotonic()  # (as a Ticket's: CorpusHealth.success)
+            self._ahead = (fut, ids, lengths)
             self._sent_at = time.monotonic()
         return True
 
@@ -559,14 +690,18 @@ class Drafter:
     def _answer(self, handle: Future | Ticket, budget: int) -> DraftBatch | None:
         """A finished remote draft's trees, or None after an error (counted)."""
         if isinstance(handle, Future):
-            return handle.result()  # _guarded: None after an error (already counted)
-        self._take_child_errors()
-        if handle.error:
-            self._note_error_text(handle.error)
-            return None
-        if handle.capped:
-            self._cap_ahead(budget)
-        return handle.batch
+            batch = handle.result()  # _guarded: None after an error (already counted)
+        else:
+            self._take_child_errors()
+            if handle.error:
+                self._note_error_text(handle.error, handle.asked_at)
+                return None
+            if handle.capped:
+                self._cap_ahead(budget)
+            batch = handle.batch
+        if batch is not None:
+            self.health.success(handle.asked_at)
+        return batch
 
     def _remote_draft(self, req_ids: list[str], budget: int) -> DraftBatch | None:
         if self._inflight is not None and not self._inflight.done():
@@ -580,13 +715,15 @@ class Drafter:
             batch = self._answer(ticket, budget)
         else:
             fut = self._pool.submit(self._guarded, self._client.draft, req_ids, budget)
-            self._sent_at = time.monotonic()
+            self._sent_at = asked_at = time.monotonic()
             try:
                 batch = fut.result(timeout=self.draft_timeout_s)
             except FutureTimeout:
                 self._inflight = fut
                 return None
             self._inflight = None
+            if batch is not None:
+                self.health.success(asked_at)
         return batch if batch is not None and len(batch) == len(req_ids) else None
 
 
@@ -622,3 +759,4 @@ class _Restart:
             if self.proc is not None:
                 self.proc.close(timeout=0.5)
                 self.proc = None
+

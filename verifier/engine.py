@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -21,7 +21,7 @@ import torch
 from corpus_service import _native
 
 from . import kernels
-from .budget import BudgetPolicy, CostModel
+from .budget import BudgetPolicy, BudgetStats, CostModel
 from .cost_probe import measure_cost_model
 from .drafter import Drafter
 from .grammar import GrammarCompiler, finish_if_complete, mask_logits, prune_drafts, settle
@@ -134,6 +134,9 @@ class EngineStats:
     pack_seconds: float = 0.0
     forward_seconds: float = 0.0
     commit_seconds: float = 0.0
+    # The adaptive budget's switches to plain decoding by reason, and its cost model's refreshes
+    # (verifier/budget.py): the policy's own counters, shared.
+    budget: BudgetStats = field(default_factory=BudgetStats)
 
 
 @dataclass
@@ -236,7 +239,7 @@ class Engine:
             # Plain steps run overlapped (one step ahead of the host): the policy explores them in
             # runs, whose steady state it can see (BudgetPolicy.explore_run).
             self.policy.explore_run = 3
-        self.stats = EngineStats()
+        self.stats = EngineStats(budget=self.policy.stats)
         self._inbox: deque[Request] = deque()
         self._aborts: deque[str] = deque()
         self._lock = threading.Lock()
@@ -699,7 +702,9 @@ class Engine:
         accept_index, num, predicts, bad, logits = r.accept_index, r.accept_token_num, r.predicts, r.bad, r.logits
         captured = self.graphs is not None and self.graphs.captures != captures  # a capture is not a step's cost
         if not captured:
-            self.policy.observe_step(K > 1, time.perf_counter() - t0, bs * K)
+            # The forward phase (launch to results) refreshes the cost model; the whole step, the
+            # host overhead the model does not see.
+            self.policy.observe_step(K > 1, time.perf_counter() - t0, bs * K, forward_seconds=t2 - t1)
         bad_any = bad.any(-1).tolist()
         # A draft node's NaN K/V reaches every row of its request (masked columns get weight 0, and
         # 0 * NaN = NaN), so such a request verifies the step again without drafts, as plain decoding would.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -13,6 +14,7 @@ import torch
 
 from .config import VerifierConfig
 from .ask_gate import AskGateConfig
+from .corpus_health import check_namespace, model_ids
 from .drafter import Drafter, auto_draft_threads
 from .engine import Engine
 from .external_corpora import load_external_corpora
@@ -20,6 +22,10 @@ from .loop import EngineLoop
 from .model import load_model
 
 log = logging.getLogger("verifier")
+
+# The start-up namespace check's deadline: room for a corpus loading its tokenizer on the first Stats
+# call (seconds for a GGUF); a corpus that is down answers at once (connection refused).
+NAMESPACE_CHECK_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -35,9 +41,16 @@ def build_verifier(cfg: VerifierConfig) -> Verifier:
     lm = load_model(cfg.model, cfg.device, cfg.dtype)
     log.info("model %s: %d layers, %.0fM parameters, %s on %s", lm.name, lm.model.config.num_layers,
              lm.model.config.num_params / 1e6, cfg.dtype, cfg.device)
+    served = cfg.served_model_name or lm.name
     drafter = None
     if cfg.corpus != "none":
-        drafter = Drafter(cfg.corpus, namespace=cfg.corpus_namespace, draft_timeout_s=cfg.draft_timeout_s,
+        namespace, check = "default", None
+        if cfg.corpus != "local":
+            namespace = cfg.namespace_for(served)
+            check = functools.partial(check_namespace, cfg.corpus, namespace,
+                                      model_ids(lm.codec, lm.model.config.vocab_size), token=cfg.corpus_token or None,
+                                      tls=cfg.corpus_tls_ca or None, timeout_s=NAMESPACE_CHECK_TIMEOUT_S)
+        drafter = Drafter(cfg.corpus, namespace=namespace, check=check, draft_timeout_s=cfg.draft_timeout_s,
                           client_timeout_s=cfg.corpus_timeout_s, vocab_size=lm.model.config.vocab_size,
                           token=cfg.corpus_token or None, tls=cfg.corpus_tls_ca or None,
                           remote_drafts=cfg.remote_drafts, remote_client=cfg.remote_client,
@@ -48,7 +61,7 @@ def build_verifier(cfg: VerifierConfig) -> Verifier:
     if cfg.external_corpus:  # before the engine exists: no request drafts from a half-loaded corpus
         load_external_corpora(drafter.local, cfg.external_corpus, lm.codec.tokenizer)
     engine = Engine(lm.model, lm.codec, drafter, cfg.engine_config())
-    return Verifier(cfg, engine, cfg.served_model_name or lm.name)
+    return Verifier(cfg, engine, served)
 
 
 def serve(cfg: VerifierConfig) -> None:
@@ -70,7 +83,9 @@ def serve(cfg: VerifierConfig) -> None:
         with open(tmp, "w") as f:
             json.dump({"http_port": port}, f)
         os.replace(tmp, cfg.ports_file)  # readers never see a partial file
-    log.info("serving %s on http://%s:%d (corpus: %s)", v.model_name, cfg.host, port, cfg.corpus)
+    d = v.engine.drafter
+    log.info("serving %s on http://%s:%d (corpus: %s%s)", v.model_name, cfg.host, port, cfg.corpus,
+             f", namespace {d.health.namespace}" if d is not None and d.health is not None else "")
     server = uvicorn.Server(uvicorn.Config(app, log_level=cfg.log_level.lower(), access_log=False))
     try:
         server.run(sockets=[sock])

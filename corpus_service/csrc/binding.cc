@@ -7,6 +7,7 @@
 
 #include "corpus.h"
 #include "errors.h"
+#include "fork_snapshot.h"
 #include "pyconvert.h"
 #include "tree_merge.h"
 #include "tree_rows.h"
@@ -377,7 +378,7 @@ PYBIND11_MODULE(_native, m) {
            })
       .def("synchronize", &Corpus::synchronize, py::call_guard<py::gil_scoped_release>())
       .def("reset", &Corpus::reset, py::call_guard<py::gil_scoped_release>())
-      .def("begin_external", &Corpus::begin_external)
+      .def("begin_external", &Corpus::begin_external, py::arg("name"), py::arg("replace") = false)
       .def("add_external",
            [](Corpus& c, const std::string& name, py::handle tokens) {
              auto t = to_tokens(tokens, "corpus chunk");
@@ -402,6 +403,18 @@ PYBIND11_MODULE(_native, m) {
         auto n = static_cast<py::ssize_t>(t.size());
         return to_array(std::move(t), {n});
       });
+
+  m.def(
+      "fork_snapshot",
+      [](std::vector<Corpus*> corpora, std::vector<std::string> paths) {
+        ForkedSnapshot s;
+        {
+          py::gil_scoped_release nogil;
+          s = fork_snapshot(corpora, paths);
+        }
+        return py::make_tuple(s.pid, s.error_fd, s.pause_s);
+      },
+      py::arg("corpora"), py::arg("paths"));
 
   // Engine errors become the Python classes of corpus_service.exceptions (ValueError subclasses);
   // other std::invalid_argument / std::length_error become ValueError, IOFailure OSError, and a

@@ -134,7 +134,9 @@ class Corpus {
   void reset();
 
   // External corpora.
-  void begin_external(const std::string& name);
+  // replace: the name may be committed already; the commit then swaps the new corpus in atomically
+  // (drafts see the old one until then).
+  void begin_external(const std::string& name, bool replace = false);
   void add_external(const std::string& name, const int32_t* tokens, size_t n);
   size_t commit_external(const std::string& name);
   void abort_external(const std::string& name);
@@ -144,6 +146,12 @@ class Corpus {
 
   void save(const std::string& path);
   void load(const std::string& path);
+  // Snapshots that do not stop the caller (fork_snapshot.h): freeze() flushes pending commits and
+  // holds every lock a writer takes, so a fork() copies a consistent corpus; save_frozen() writes it
+  // in the forked child (its only thread: no locks); thaw() lets writers and drafts go on.
+  void freeze();
+  void thaw();
+  void save_frozen(const std::string& path) const;
   std::map<std::string, double> stats();
   void check_integrity();
   std::vector<int32_t> learned_tokens();

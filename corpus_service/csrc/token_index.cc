@@ -1,8 +1,12 @@
 #include "token_index.h"
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "errors.h"
 #include "snapshot.h"
@@ -10,6 +14,36 @@
 namespace ngc {
 
 namespace {
+// Runs fn(lo, hi) over [begin, end) cut into ranges of at least 2^20 items, one thread each (up to
+// the machine's cores), and rethrows the failure of the lowest range that failed: the message
+// names the first violation, as one sequential walk would.
+template <class Fn>
+void parallel_ranges(uint64_t begin, uint64_t end, Fn fn) {
+  const uint64_t n = end > begin ? end - begin : 0;
+  uint64_t threads = std::clamp<uint64_t>(std::thread::hardware_concurrency(), 1, 32);
+  threads = std::min<uint64_t>(threads, std::max<uint64_t>(1, n >> 20));
+  if (threads <= 1) {
+    fn(begin, end);
+    return;
+  }
+  const uint64_t step = (n + threads - 1) / threads;
+  std::vector<std::exception_ptr> errors(threads);
+  std::vector<std::thread> pool;
+  for (uint64_t t = 0; t < threads; ++t) {
+    const uint64_t lo = begin + t * step, hi = std::min(end, lo + step);
+    pool.emplace_back([&fn, &errors, t, lo, hi] {
+      try {
+        if (lo < hi) fn(lo, hi);
+      } catch (...) {
+        errors[t] = std::current_exception();
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
 constexpr int kMinHeadBits = 8;
 constexpr int kMaxHeadBits = 31;
 // Head tables double once an order holds more than kLoad entries per slot: chains that share a
@@ -391,27 +425,30 @@ void TokenIndex::check_integrity() const {
   if (first_ > tokens_.size()) fail("first_ beyond storage");
   if (prev_.size() != tokens_.size() * orders_.size()) fail("chain array size mismatch");
   if (base_ != shift_ + first_) fail("base/shift/first disagree");
-  size_t indexed = 0;
-  for (uint64_t p = base_; p < end(); ++p) {
-    int32_t v = at(p);
-    if (v >= 0) ++indexed;
-    if (v == kSep && (p == base_ || p + 1 == end())) {
+  // Positions are independent: the walk runs on several threads (a snapshot's load ends with it).
+  std::atomic<size_t> indexed{0};
+  parallel_ranges(base_, end(), [&](uint64_t lo, uint64_t hi) {
+    size_t mine = 0;
+    for (uint64_t p = lo; p < hi; ++p) {
+      int32_t v = at(p);
+      if (v >= 0) ++mine;
       // A separator may open the live range after eviction, but a store never ends on one.
-      if (p + 1 == end()) fail("store ends on a separator");
+      if (v == kSep && p + 1 == end()) fail("store ends on a separator");
+      for (size_t oi = 0; oi < orders_.size(); ++oi) {
+        uint32_t d = prev(p, oi);
+        if (d == 0) continue;
+        if (v < 0) fail("chain link on an unindexed position " + std::to_string(p));
+        // A link into evicted data ends the chain; keys that reach before base_ cannot be recomputed.
+        if (d > p || p - d < base_ + static_cast<uint64_t>(orders_[oi]) - 1) continue;
+        uint64_t h1, h2;
+        if (!key_at(p, orders_[oi], &h1) || !key_at(p - d, orders_[oi], &h2))
+          fail("chain link at " + std::to_string(p) + " without a key");
+        if (slot(h1, oi) != slot(h2, oi))
+          fail("chain link at " + std::to_string(p) + " joins different slots");
+      }
     }
-    for (size_t oi = 0; oi < orders_.size(); ++oi) {
-      uint32_t d = prev(p, oi);
-      if (d == 0) continue;
-      if (v < 0) fail("chain link on an unindexed position " + std::to_string(p));
-      // A link into evicted data ends the chain; keys that reach before base_ cannot be recomputed.
-      if (d > p || p - d < base_ + static_cast<uint64_t>(orders_[oi]) - 1) continue;
-      uint64_t h1, h2;
-      if (!key_at(p, orders_[oi], &h1) || !key_at(p - d, orders_[oi], &h2))
-        fail("chain link at " + std::to_string(p) + " without a key");
-      if (slot(h1, oi) != slot(h2, oi))
-        fail("chain link at " + std::to_string(p) + " joins different slots");
-    }
-  }
+    indexed += mine;
+  });
   for (auto [from, to] : links_) {
     if (from < base_ || to <= from || to >= end() || at(to) < 0)
       fail("continuation link " + std::to_string(from) + " -> " + std::to_string(to));
@@ -419,16 +456,18 @@ void TokenIndex::check_integrity() const {
   if (indexed != indexed_) fail("indexed count " + std::to_string(indexed_) + " != " + std::to_string(indexed));
   for (size_t oi = 0; oi < orders_.size(); ++oi) {
     if (heads_[oi].size() != size_t{1} << bits_[oi]) fail("head table size");
-    for (size_t s = 0; s < heads_[oi].size(); ++s) {
-      uint64_t p = decode_head(heads_[oi][s]);
-      if (p == UINT64_MAX) continue;
-      uint64_t h;
-      // A head may point at a stale evicted-then-wrapped slot only beyond 2^32 tokens; verify.
-      if (p < base_ + static_cast<uint64_t>(orders_[oi]) - 1) continue;  // key reaches evicted data
-      if (at(p) < 0 || !key_at(p, orders_[oi], &h) || slot(h, oi) != s)
-        fail("head slot " + std::to_string(s) + " of order " + std::to_string(orders_[oi]) +
-             " points at a position with another key");
-    }
+    parallel_ranges(0, heads_[oi].size(), [&](uint64_t lo, uint64_t hi) {
+      for (size_t s = lo; s < hi; ++s) {
+        uint64_t p = decode_head(heads_[oi][s]);
+        if (p == UINT64_MAX) continue;
+        uint64_t h;
+        // A head may point at a stale evicted-then-wrapped slot only beyond 2^32 tokens; verify.
+        if (p < base_ + static_cast<uint64_t>(orders_[oi]) - 1) continue;  // key reaches evicted data
+        if (at(p) < 0 || !key_at(p, orders_[oi], &h) || slot(h, oi) != s)
+          fail("head slot " + std::to_string(s) + " of order " + std::to_string(orders_[oi]) +
+               " points at a position with another key");
+      }
+    });
   }
 }
 

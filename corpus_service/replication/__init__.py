@@ -6,9 +6,15 @@
     applier.py     applies messages to the engines in stream order; the replica digest
     blobstore.py   snapshots and uploads every replica can read (a shared directory, or the
                    broker's object store)
-    snapshots.py   snapshots tagged with the stream sequence they cover, recorded in a KV bucket
+    snapshots.py   snapshots tagged with the stream position they cover, recorded in a KV bucket;
+                   written by a forked child; garbage-collected across replica ids
+    snapshot_writer.py  when snapshots are written (jittered), off the apply loop
+    stream.py      the stream: retention applied at every start, incarnations, the base snapshot
+    bootstrap.py   which snapshot a replica starts from and where it applies from (pure rules)
+    recovery.py    a lost or recreated stream: detected, recreated, followed again
+    visibility.py  read-your-writes (BatchPut synchronize) and the status
     externals.py   uploaded external corpora and deletions as log markers
-    replica.py     one replica: bootstrap (snapshot + replay), consume, snapshot, status
+    replica.py     one replica: connect (or serve a snapshot read-only), bootstrap, consume
     service.py     wires a replica into the corpus process; routes.py: GET /v1/replication
 """
 

@@ -14,6 +14,7 @@ import io
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 
 from corpus_service.persistence import fsync_dir
@@ -88,6 +89,19 @@ class FileBlobStore:
 
     def delete_prefix(self, prefix: str) -> None:
         shutil.rmtree(self.path(prefix), ignore_errors=True)
+
+    def dirs(self, prefix: str) -> list[str]:
+        """The directories right under ``prefix``, as keys."""
+        base = self.path(prefix)
+        return sorted(f"{prefix}/{p.name}" for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
+
+    def age_s(self, prefix: str) -> float:
+        """Seconds since anything under ``prefix`` was last written (0 if it is gone)."""
+        try:
+            newest = max((p.stat().st_mtime for p in self.path(prefix).rglob("*")), default=None)
+            return time.time() - (newest if newest is not None else self.path(prefix).stat().st_mtime)
+        except OSError:
+            return 0.0
 
 
 class NatsObjectBlobStore:

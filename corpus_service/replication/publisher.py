@@ -3,8 +3,12 @@
 Decoding never waits for the broker: ``add_chunk`` only appends to a queue. The publish loop sends
 one batch at a time and waits for JetStream's acknowledgement; a batch that was not acknowledged is
 sent again under the same ``Nats-Msg-Id``, so the stream stores it once. While the broker is down
-the queue grows to ``buffer_tokens`` committed tokens; further chunks are dropped and counted
-(drafting gets worse, decoding never blocks). Markers (external corpora, resets) are never dropped.
+or slower than the commits (overload), the queue grows to ``buffer_tokens`` committed tokens;
+further chunks are dropped (drafting gets worse, decoding never blocks): ``add_chunk`` says so (a
+``BatchPut`` is refused), every drop is counted (``dropped_tokens``, the metrics), and each episode
+of drops is logged once when it starts and once when the queue is below half the bound again.
+Markers (external corpora, resets) are never dropped. Every queued event has a serial, and each
+acknowledgement says up to which serial the stream holds (``wait_acked``: read-your-writes).
 """
 
 from __future__ import annotations
@@ -29,40 +33,74 @@ class Publisher:
     def __init__(self, origin: str, subject: str, buffer_tokens: int, batch_s: float) -> None:
         self.origin, self.subject, self.buffer_tokens, self.batch_s = origin, subject, buffer_tokens, batch_s
         self._lock = threading.Lock()
-        self._queue: deque[tuple[list, np.ndarray | None, int]] = deque()  # event, tokens, when queued (ns)
+        # event, tokens, when queued (ns), serial
+        self._queue: deque[tuple[list, np.ndarray | None, int, int]] = deque()
         self._queued_tokens = 0
-        self._unacked: tuple[bytes, str, int] | None = None  # payload, msg id, tokens
+        self._unacked: tuple[bytes, str, int, int] | None = None  # payload, msg id, tokens, last serial
         self._serial = 0
+        self._added = 0  # serial of the newest queued event
+        self.acked_serial = 0  # every event up to this serial is in the stream ...
+        self.published_seq = 0  # ... at or before this stream sequence (of the newest acknowledgement)
         self._epoch = time.time_ns()  # msg ids stay unique across restarts of this replica id
         self.published_batches = self.published_tokens = 0
-        self.dropped_tokens = self.dropped_chunks = 0
+        self.dropped_tokens = self.dropped_chunks = self.drop_episodes = 0
+        self._dropping = 0  # tokens dropped in the current episode (0: none running)
         self.publish_errors = 0
+        self.last_error = ""
         self.connected: bool | None = None  # None: nothing published yet
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = asyncio.Event()  # set when the queue stops being empty (no polling while idle)
+        self._acked = asyncio.Event()  # set (and replaced) at every acknowledgement
 
     # ------------------------------------------------------------------ producers (any thread)
 
-    def add_chunk(self, namespace: str, tokens: np.ndarray) -> None:
+    def add_chunk(self, namespace: str, tokens: np.ndarray) -> bool:
+        """Queues a chunk; False if it was dropped (the buffer is full)."""
         n = int(tokens.size)
         with self._lock:
             held = self._queued_tokens + (self._unacked[2] if self._unacked else 0)
             if held + n > self.buffer_tokens:
                 self.dropped_tokens += n
                 self.dropped_chunks += 1
-                return
-            self._queue.append(([CHUNK, namespace, n], tokens, time.time_ns()))
-            self._queued_tokens += n
+                first = not self._dropping
+                self._dropping += n
+                self.drop_episodes += first
+            else:
+                first = None
+                self._added += 1
+                self._queue.append(([CHUNK, namespace, n], tokens, time.time_ns(), self._added))
+                self._queued_tokens += n
+                wake = len(self._queue) == 1
+        if first is not None:
+            if first:
+                log.error("commit log buffer full (%d of %d tokens held; broker %s): commits are dropped and "
+                          "counted (ngram_corpus_replication_dropped_tokens) until it is below half",
+                          held, self.buffer_tokens, "unreachable" if self.connected is False else "slower than the commits")
+            return False
+        if wake:
+            self._notify()
+        return True
+
+    def add_marker(self, event: list) -> None:
+        with self._lock:
+            self._added += 1
+            self._queue.append((event, None, time.time_ns(), self._added))
             wake = len(self._queue) == 1
         if wake:
             self._notify()
 
-    def add_marker(self, event: list) -> None:
+    def mark(self) -> int:
+        """The serial of the newest queued event (``wait_acked`` waits for it)."""
         with self._lock:
-            self._queue.append((event, None, time.time_ns()))
-            wake = len(self._queue) == 1
-        if wake:
-            self._notify()
+            return self._added
+
+    async def wait_acked(self, serial: int, timeout: float) -> int:
+        """Waits until every event up to ``serial`` is in the stream; returns a stream sequence at
+        or after the last of them. TimeoutError if the broker has not acknowledged them in time."""
+        async with asyncio.timeout(timeout):
+            while self.acked_serial < serial:
+                await self._acked.wait()
+        return self.published_seq
 
     def _notify(self) -> None:
         loop = self._loop
@@ -88,18 +126,20 @@ class Publisher:
                 return None
             # Stamped with its oldest event: readers measure commit-to-visible from it.
             batch = Batch(self.origin, self._queue[0][2])
+            last = 0
             while self._queue and len(batch.events) < MAX_BATCH_EVENTS:
-                event, tokens, _ = self._queue[0]
+                event, tokens, _, serial = self._queue[0]
                 if tokens is not None and batch.tokens and batch.num_tokens() + tokens.size > MAX_BATCH_TOKENS:
                     break
                 self._queue.popleft()
                 batch.events.append(event)
+                last = serial
                 if tokens is not None:
                     batch.tokens.append(tokens)
                     self._queued_tokens -= tokens.size
             self._serial += 1
             msg_id = f"{self.origin}-{self._epoch}-{self._serial}"
-            self._unacked = (batch.encode(), msg_id, batch.num_tokens())
+            self._unacked = (batch.encode(), msg_id, batch.num_tokens(), last)
             return self._unacked
 
     async def run(self, js, stopping: asyncio.Event) -> None:
@@ -118,15 +158,17 @@ class Publisher:
                         continue
                 await asyncio.sleep(self.batch_s)  # let a batch gather behind the first event
                 continue
-            payload, msg_id, n = item
+            payload, msg_id, n, last = item
             try:
-                await js.publish(self.subject, payload, timeout=2.0, headers={"Nats-Msg-Id": msg_id})
+                ack = await js.publish(self.subject, payload, timeout=2.0, headers={"Nats-Msg-Id": msg_id})
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # noqa: BLE001 - the broker is down or slow: keep the batch, retry
+            except Exception as e:  # noqa: BLE001 - the broker is down or slow, or the stream is gone: retry
                 self.publish_errors += 1
-                if self.connected:
-                    log.warning("commit log publish failed (%s: %s); buffering commits", type(e).__name__, e)
+                self.last_error = f"{type(e).__name__}: {e}"
+                if self.connected is not False:  # once per episode
+                    log.warning("commit log publish failed (%s); buffering commits (at most %d tokens)",
+                                self.last_error, self.buffer_tokens)
                 self.connected = False
                 if stopping.is_set():
                     return
@@ -135,6 +177,15 @@ class Publisher:
                 continue
             with self._lock:
                 self._unacked = None
+                self.acked_serial, self.published_seq = last, int(ack.seq)
+                dropped = self._dropping if self._dropping and self._queued_tokens <= self.buffer_tokens // 2 else 0
+                if dropped:
+                    self._dropping = 0
+            self._acked.set()
+            self._acked = asyncio.Event()
+            if dropped:
+                log.warning("commit log buffer below half again: commits are queued again (%d tokens were dropped "
+                            "in this episode)", dropped)
             if self.connected is False:
                 log.info("commit log publish works again")
             self.connected = True
@@ -144,5 +195,7 @@ class Publisher:
 
     def stats(self) -> dict:
         return {"published_batches": self.published_batches, "published_tokens": self.published_tokens,
-                "buffered_tokens": self.buffered_tokens(), "dropped_tokens": self.dropped_tokens,
-                "dropped_chunks": self.dropped_chunks, "publish_errors": self.publish_errors}
+                "published_seq": self.published_seq, "buffered_tokens": self.buffered_tokens(),
+                "dropped_tokens": self.dropped_tokens, "dropped_chunks": self.dropped_chunks,
+                "drop_episodes": self.drop_episodes, "dropping": bool(self._dropping),
+                "publish_errors": self.publish_errors, "publish_error": self.last_error if self.connected is False else ""}

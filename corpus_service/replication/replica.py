@@ -1,12 +1,18 @@
-"""One corpus replica of a replicated cluster (``serve --log nats://HOST:PORT``).
+"""One corpus replica of a replicated cluster (``serve --nats-url nats://HOST:PORT``).
 
-Start: connect to NATS (retrying: lookups are served meanwhile), make sure the stream and the KV
-bucket exist, load the newest snapshot whose sequence the stream still reaches back to, replay the
-log from there, and report ready once at most ``ready_lag`` messages are left. Then: apply every
-message in stream order (one applier), publish this replica's commits (``Publisher``), and write a
-snapshot every ``snapshot_interval_s``. A retention gap (the log no longer holds the messages after
-the newest snapshot) is logged, counted and shown in the status; a newer snapshot is loaded if one
-exists, otherwise the replica continues from the oldest message the log still holds.
+Start: connect to NATS (retrying: lookups are served meanwhile; if the broker cannot be reached,
+the newest snapshot in the blob store is loaded and served read-only until it can), make sure the
+stream (with the configured retention) and the KV bucket exist, pick the state to start from
+(``bootstrap.plan``), replay the log from there, and report ready once at most ``ready_lag``
+messages are left. Then: apply every message in stream order (one applier), publish this
+replica's commits (``Publisher``), and write snapshots in the background (``SnapshotWriter``).
+
+The stream is watched whenever the log is idle or failing: if the broker says it is gone (deleted,
+or lost with the broker's storage), the replica turns not-ready, writes a snapshot of what it
+applied, recreates the stream with that snapshot as the new incarnation's base, and applies the
+new incarnation from its first message; a replica that finds the stream recreated by another loads
+the base the stream names. Commits made meanwhile wait in the publisher's buffer and land in the
+new incarnation, so every replica ends up with them.
 """
 
 from __future__ import annotations
@@ -25,27 +31,34 @@ import nats.errors
 import nats.js.errors
 from nats.js import api
 
-from corpus_service.replication.applier import Applier, digest
+from corpus_service.replication.applier import Applier
 from corpus_service.replication.blobstore import open_blob_store
+from corpus_service.replication.bootstrap import plan
 from corpus_service.replication.chunker import Chunker
 from corpus_service.replication.events import decode
 from corpus_service.replication.publisher import Publisher
+from corpus_service.replication.recovery import watch_stream
+from corpus_service.replication.snapshot_writer import SnapshotWriter
 from corpus_service.replication.snapshots import LATEST, SnapshotRecord, Snapshots
+from corpus_service.replication.stream import CommitStream, StreamView
+from corpus_service.replication.visibility import lag_seconds, status, wait_visible
 from corpus_service.service_config import ServiceConfig
 from corpus_service.service_state import ServiceState
 
 log = logging.getLogger("corpus_service.replication")
 FETCH_BATCH = 512  # messages applied together at most
 MAX_UNAPPLIED = 4096  # messages the broker sends ahead of the applied one
+OFFLINE_AFTER_S = 3.0  # a broker unreachable this long at start: serve the newest snapshot meanwhile
 
 
 class Replica:
     def __init__(self, config: ServiceConfig, state: ServiceState, data_root: Path, externals=None) -> None:
         self.config, self.state = config, state
         self.id = config.replica_id or f"{socket.gethostname()}-{os.getpid()}"
-        self.stream = config.log_stream
-        self.subject = f"{self.stream}.commits"
-        self.bucket = f"{self.stream}-snapshots"
+        self.stream_name = config.log_stream
+        self.subject = f"{self.stream_name}.commits"
+        self.bucket = f"{self.stream_name}-snapshots"
+        self.stream = CommitStream(config, self.subject)
         self.blobs = open_blob_store(config.blob_store or Path(data_root) / "blobs")
         self.snapshots = Snapshots(self.blobs, self.id)
         self.publisher = Publisher(self.id, self.subject, config.log_buffer_tokens, config.log_batch_ms / 1000)
@@ -53,22 +66,32 @@ class Replica:
                          for s in config.parsed_namespaces}
         self.externals = externals  # replicated external corpora (ExternalCorpora), set by the service
         self.applier = Applier(state, self._on_external, self._on_remove)
+        self._apply_lock = threading.Lock()  # applying, loading and forking a snapshot writer take turns
+        self.writer = SnapshotWriter(self.snapshots, state, self._apply_lock, config.snapshot_interval_s,
+                                     config.snapshot_keep, config.snapshot_max_age_s)
+        self.incarnation = ""  # the stream incarnation applied_seq counts in
         self.applied_seq = 0
         self.pending = -1  # messages the stream holds beyond applied_seq (-1: unknown yet)
+        self.stream_last = 0
+        self.base = None  # the snapshot directory the current incarnation starts from
         self.bootstrapped = False
+        self.read_only = False  # serving a snapshot while the broker has been unreachable since start
+        self._offline_loading = False
+        self._has_state = False  # a snapshot was loaded or the log applied (the engines hold a position)
+        self.stream_ok = True  # False from finding the stream lost until this replica follows its new incarnation
+        self.stream_losses = 0
         self.gaps = 0
         self.gap_error = ""
-        self.snapshot_seq = 0
-        self.last_snapshot = time.monotonic()
-        self.snapshot_errors = 0
         self.lags_ms: deque[float] = deque(maxlen=65536)  # commit-to-visible (ms), per applied batch
         self.lag_count = 0  # batches measured so far (the deque keeps the newest)
+        self._last_commit_ns = 0  # commit time of the newest applied batch
+        self.metrics = None  # ReplicationMetrics, set by the service
         self._nc = None
         self._js = None
         self._kv = None
-        self._apply_lock = threading.Lock()  # applying and snapshotting take turns
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = asyncio.Event()
+        self._applied = asyncio.Event()  # set (and replaced) after every applied batch
         self._tasks: list[asyncio.Task] = []
 
     # ------------------------------------------------------------------ lifecycle
@@ -89,11 +112,11 @@ class Replica:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self.bootstrapped:
+        if self.bootstrapped and self.stream_ok:
             try:
-                await asyncio.to_thread(self._snapshot)
-            except Exception:  # noqa: BLE001
-                log.exception("shutdown snapshot failed")
+                await self.writer.write(self._position, self._written)
+            except Exception:  # noqa: BLE001 - logged by the writer
+                pass
         if self._nc is not None:
             try:
                 await asyncio.wait_for(self._nc.close(), 2.0)
@@ -111,12 +134,17 @@ class Replica:
                 raise
             except Exception as e:  # noqa: BLE001 - e.g. the broker went away mid-bootstrap: retry
                 log.warning("replica bootstrap failed (%s: %s); retrying", type(e).__name__, e)
-                self.state.not_ready_reason = f"replica bootstrapping: {e}"
+                if not self.read_only:
+                    self.state.not_ready_reason = f"replica bootstrapping: {e}"
                 await asyncio.sleep(0.5)
+        self._tasks.append(asyncio.create_task(self._snapshot_loop(), name="replica-snapshots"))
         await self._consume()
 
     async def _connect(self) -> None:
-        servers = [u.strip() for u in self.config.log.split(",")]
+        servers = [u.strip() for u in self.config.nats_url.split(",")]
+        # nats-py keeps trying an unreachable broker inside connect(); meanwhile, after a few seconds,
+        # the newest snapshot is served read-only.
+        offline = asyncio.create_task(self._serve_newest_snapshot(OFFLINE_AFTER_S), name="replica-offline")
         while True:
             try:
                 self._nc = await nats.connect(servers=servers, name=f"ngram-corpus {self.id}", connect_timeout=2,
@@ -125,84 +153,135 @@ class Replica:
                                               error_cb=self._error)
                 break
             except asyncio.CancelledError:
+                offline.cancel()
                 raise
             except Exception as e:  # noqa: BLE001 - not up yet: lookups are served meanwhile
-                log.warning("commit log %s unreachable (%s); retrying", self.config.log, e)
+                log.warning("commit log %s unreachable (%s); retrying", self.config.nats_url, e)
                 await asyncio.sleep(0.5)
+        if not self._offline_loading:
+            offline.cancel()
+        await asyncio.gather(offline, return_exceptions=True)  # a load under way finishes first
         self._js = self._nc.jetstream(timeout=2.0)
-        log.info("replica %s connected to the commit log %s (stream %s)", self.id, self.config.log, self.stream)
+        log.info("replica %s connected to the commit log %s (stream %s)", self.id, self.config.nats_url, self.stream_name)
+
+    async def _serve_newest_snapshot(self, after_s: float) -> None:
+        """The broker is unreachable at start: serve the newest snapshot in the blob store, read-only
+        (commits are buffered), until the broker is back and the replica can follow the stream."""
+        await asyncio.sleep(after_s)
+        self._offline_loading = True
+        log.warning("commit log %s unreachable for %.0fs: looking for a snapshot to serve meanwhile",
+                    self.config.nats_url, after_s)
+        try:
+            recs = await asyncio.to_thread(self.snapshots.records)  # an object store needs the broker: none
+        except OSError as e:
+            recs = []
+            log.warning("no snapshot readable without the broker (%s)", e)
+        for rec in recs:
+            try:
+                await asyncio.to_thread(self._load, rec, rec.seq, rec.incarnation)
+            except (OSError, ValueError) as e:
+                log.error("snapshot %s not loaded: %s", rec.dir, e)
+                continue
+            self.read_only = True
+            self.state.ready, self.state.not_ready_reason = True, ""
+            log.warning("commit log unreachable: serving the snapshot at seq %d (replica %s, %.0fs old) read-only; "
+                        "commits are buffered until the broker is back", rec.seq, rec.replica, time.time() - rec.time)
+            return
+        self.state.not_ready_reason = "replica bootstrapping: the commit log is unreachable and no snapshot is in the blob store"
 
     async def _disconnected(self) -> None:
-        if not self._stopping.is_set():
-            log.warning("commit log disconnected; lookups go on, commits are buffered")
+        if not self._stopping.is_set():  # logged and counted once per outage (outages.py)
+            self.state.outages.down("commit log", "disconnected from the broker; lookups go on, commits are buffered")
 
     async def _reconnected(self) -> None:
-        log.info("commit log reconnected")
+        self.state.outages.up("commit log")
 
     async def _error(self, e: Exception) -> None:
         log.debug("nats: %s", e)
 
-    async def _ensure_stream(self):
-        try:
-            info = await self._js.stream_info(self.stream)
-        except nats.js.errors.NotFoundError:
-            cfg = api.StreamConfig(name=self.stream, subjects=[self.subject], storage=api.StorageType.FILE,
-                                   max_msgs=self.config.log_max_msgs or -1, duplicate_window=120.0)
-            await self._js.add_stream(cfg)
-            info = await self._js.stream_info(self.stream)
+    async def _attach_stores(self) -> None:
+        """The KV bucket (and the object store, if blobs live there), created if missing."""
         if hasattr(self.blobs, "attach"):
             await self.blobs.attach(self._js)
         try:
             self._kv = await self._js.key_value(self.bucket)
         except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
             self._kv = await self._js.create_key_value(bucket=self.bucket, history=5)
-        return info
 
     async def _records(self) -> list[SnapshotRecord]:
-        """Complete snapshots, newest first: the blob store's, and the KV bucket's record of the newest
-        (which may name one this replica cannot list, if the blob store is not shared)."""
+        """Complete snapshots: the blob store's, and the KV bucket's record of the newest (which may
+        name one this replica cannot list, if the blob store is not shared)."""
         recs = await asyncio.to_thread(self.snapshots.records)
         try:
-            entry = await self._kv.get(LATEST)
-            kv = SnapshotRecord.from_json(entry.value)
-            if all((r.seq, r.replica) != (kv.seq, kv.replica) for r in recs):
+            kv = SnapshotRecord.from_json((await self._kv.get(LATEST)).value)
+            if all((r.seq, r.replica, r.incarnation) != (kv.seq, kv.replica, kv.incarnation) for r in recs):
                 recs.append(kv)
         except nats.js.errors.KeyNotFoundError:
             pass
-        return sorted(recs, key=lambda r: r.seq, reverse=True)
+        return recs
 
     async def _bootstrap(self) -> None:
-        self.state.not_ready_reason = "replica bootstrapping: loading the newest snapshot"
-        info = await self._ensure_stream()
-        first, last = info.state.first_seq, info.state.last_seq
-        recs = await self._records()
-        usable = [r for r in recs if r.seq + 1 >= first]
-        if recs and not usable or (recs and usable and usable[0] is not recs[0]):
-            newest = recs[0]
-            self._gap(f"retention gap: the newest snapshot covers seq {newest.seq} but the log starts at seq {first}; "
-                      + (f"loading the newer snapshot at seq {usable[0].seq}" if usable else
-                         f"no newer snapshot: messages {newest.seq + 1}..{first - 1} are lost"))
-        t0 = time.perf_counter()
-        loaded = None
-        for rec in usable or recs[:1]:
+        if not self.read_only:
+            self.state.not_ready_reason = "replica bootstrapping: loading the newest snapshot"
+        view = await self.stream.ensure(self._js)
+        await self._attach_stores()
+        await self._adopt(view)
+        if self.read_only:
+            log.info("commit log reachable again: the replica follows the stream (it served a snapshot read-only)")
+        self.bootstrapped, self.read_only = True, False
+        self.writer.schedule(first=True)
+        self._update_ready()
+
+    async def _adopt(self, view: StreamView) -> None:
+        """Follows ``view``'s incarnation: keeps the state, or loads the snapshot ``bootstrap.plan`` picks."""
+        base = None
+        if view.base:
             try:
-                await asyncio.to_thread(self.snapshots.load, self.state, rec)
-                loaded = rec
-                break
+                base = await asyncio.to_thread(self.snapshots.record_at, view.base)
+            except (OSError, ValueError) as e:
+                log.error("the stream's base snapshot %s cannot be read (%s)", view.base, e)
+        current = (self.incarnation, self.applied_seq) if self._has_state else None
+        p = plan(view, await self._records(), current, base)
+        if p.gap:
+            self._gap(p.gap)
+        loaded = None
+        for rec, position in p.candidates:
+            t0 = time.perf_counter()
+            try:
+                await asyncio.to_thread(self._load, rec, position, view.incarnation)
             except (OSError, ValueError) as e:  # missing blob, corrupt file: try the next older one
                 log.error("snapshot at seq %d (replica %s) not loaded: %s", rec.seq, rec.replica, e)
-        if loaded is not None:
-            self.applied_seq = self.snapshot_seq = loaded.seq
-            log.info("loaded snapshot at seq %d (%d bytes) in %.2fs", loaded.seq, loaded.bytes, time.perf_counter() - t0)
-        if self.applied_seq + 1 < first:
-            if loaded is None:
-                self._gap(f"retention gap: no {'loadable ' if recs else ''}snapshot and the log starts at seq "
-                          f"{first}: messages 1..{first - 1} are lost")
-            self.applied_seq = first - 1
-        self.pending = max(0, last - self.applied_seq)
-        self.bootstrapped = True
-        self.last_snapshot = time.monotonic()
-        self._update_ready()
+                continue
+            loaded = rec
+            log.info("loaded snapshot at seq %d (%d bytes) in %.2fs", rec.seq, rec.bytes, time.perf_counter() - t0)
+            break
+        if loaded is None and not p.keep:
+            if p.candidates:
+                self._gap(f"no snapshot could be loaded: this replica starts at seq {p.position} of the log without "
+                          f"messages 1..{p.position}" if p.position else "no snapshot could be loaded; replaying the log")
+            await asyncio.to_thread(self._start_at, p.position, view.incarnation, p.reset)
+        elif p.keep:
+            await asyncio.to_thread(self._start_at, p.position, view.incarnation, False)
+        self.base = view.base
+        self.stream_last = view.last
+        self.pending = max(0, view.last - self.applied_seq)
+
+    def _load(self, rec: SnapshotRecord, position: int, incarnation: str) -> None:
+        with self._apply_lock:
+            self.snapshots.load(self.state, rec)
+            self.applied_seq, self.incarnation, self._has_state = position, incarnation, True
+        self.writer.loaded(rec)
+
+    def _start_at(self, position: int, incarnation: str, reset: bool) -> None:
+        with self._apply_lock:
+            if reset:
+                log.warning("the replica's state belongs to another stream incarnation: starting empty")
+                for ns in self.state.specs:
+                    corpus = self.state.corpus(ns)
+                    corpus.reset()
+                    for name in list(corpus.list_external_corpora()):
+                        corpus.remove_external_corpus(name)
+            self.applied_seq, self.incarnation, self._has_state = position, incarnation, True
 
     def _gap(self, msg: str) -> None:
         self.gaps += 1
@@ -218,7 +297,7 @@ class Replica:
         cfg = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(1, start_seq),
                                  ack_policy=api.AckPolicy.ALL, max_ack_pending=MAX_UNAPPLIED, ack_wait=30.0,
                                  inactive_threshold=30.0)
-        return await self._js.subscribe(self.subject, stream=self.stream, config=cfg, manual_ack=True,
+        return await self._js.subscribe(self.subject, stream=self.stream_name, config=cfg, manual_ack=True,
                                         pending_msgs_limit=4 * MAX_UNAPPLIED)
 
     async def _consume(self) -> None:
@@ -233,19 +312,21 @@ class Replica:
             except asyncio.CancelledError:
                 raise
             except (nats.errors.TimeoutError, asyncio.TimeoutError):
-                await self._refresh_pending()
+                if await self._watch_stream():
+                    sub = await self._drop(sub)  # the stream was recreated: follow its new incarnation
+                    continue
                 # Messages exist that the consumer does not deliver (it was lost with a broker
                 # restart, or ran into the slow-consumer limit): subscribe again from applied+1.
                 idle_behind = idle_behind + 1 if self.pending > 0 else 0
                 if idle_behind >= 2 and sub is not None:
                     sub, idle_behind = await self._drop(sub), 0
                 self._update_ready()
-                await self._maybe_snapshot()
                 continue
-            except Exception as e:  # noqa: BLE001 - broker down or consumer gone: subscribe again from applied+1
+            except Exception as e:  # noqa: BLE001 - broker down, consumer or stream gone: look, subscribe again
                 log.debug("commit log consumer failed (%s: %s); resubscribing", type(e).__name__, e)
                 sub = await self._drop(sub)
-                await asyncio.sleep(0.25)
+                if not await self._watch_stream():
+                    await asyncio.sleep(0.25)
                 continue
             idle_behind = 0
             batches, last_seq, pending = [], self.applied_seq, self.pending
@@ -263,6 +344,9 @@ class Replica:
             if last_seq != self.applied_seq:
                 await asyncio.to_thread(self._apply, batches, last_seq)
                 self.pending = pending
+                self.stream_last = max(self.stream_last, last_seq + pending)
+                self._applied.set()
+                self._applied = asyncio.Event()
                 try:
                     await msgs[-1].ack() if msgs[-1].metadata.sequence.stream == last_seq else None
                 except Exception:  # noqa: BLE001 - an unacked message is redelivered and skipped
@@ -270,7 +354,6 @@ class Replica:
             if msgs[-1].metadata.sequence.stream > last_seq:
                 sub = await self._drop(sub)
             self._update_ready()
-            await self._maybe_snapshot()
 
     async def _drop(self, sub):
         if sub is not None:
@@ -284,7 +367,7 @@ class Replica:
         """A jump in sequence numbers is a retention gap when the stream no longer holds the missing
         messages; otherwise this client lost them on the way and resubscribes."""
         try:
-            info = await self._js.stream_info(self.stream)
+            info = await self._js.stream_info(self.stream_name)
         except Exception:  # noqa: BLE001
             return False
         if info.state.first_seq <= last_seq + 1:
@@ -302,47 +385,50 @@ class Replica:
             if b.t_ns:
                 self.lags_ms.append((now - b.t_ns) / 1e6)
                 self.lag_count += 1
+                self._last_commit_ns = max(self._last_commit_ns, b.t_ns)
+                if self.metrics is not None:
+                    self.metrics.visible.observe((now - b.t_ns) / 1e9)
 
-    async def _refresh_pending(self) -> None:
-        try:
-            info = await self._js.stream_info(self.stream)
-            self.pending = max(0, info.state.last_seq - self.applied_seq)
-        except Exception:  # noqa: BLE001 - keep the last known lag while the broker is away
-            pass
+    # ------------------------------------------------------------------ the stream's health
+
+    async def _watch_stream(self) -> bool:
+        """True if this replica's position changed (the stream was lost or recreated): ``recovery``."""
+        return await watch_stream(self)
 
     def _update_ready(self) -> None:
-        ready = self.bootstrapped and 0 <= self.pending <= self.config.ready_lag
+        if not self.stream_ok:
+            self.state.ready = False
+            self.state.not_ready_reason = "commit log stream lost: recovering (see GET /v1/replication)"
+            return
         if not self.bootstrapped:
             return
+        ready = 0 <= self.pending <= self.config.ready_lag
         self.state.not_ready_reason = "" if ready else (
             f"replica catching up: {self.pending} log messages behind (ready at {self.config.ready_lag})")
         self.state.ready = ready
 
     # ------------------------------------------------------------------ snapshots
 
-    async def _maybe_snapshot(self) -> None:
-        interval = self.config.snapshot_interval_s
-        if interval <= 0 or time.monotonic() - self.last_snapshot < interval or self.applied_seq == self.snapshot_seq:
-            return
-        try:
-            await asyncio.to_thread(self._snapshot)
-        except Exception:  # noqa: BLE001 - a failed snapshot must not stop applying
-            self.snapshot_errors += 1
-            log.exception("replica snapshot failed")
-        self.last_snapshot = time.monotonic()
+    def _position(self) -> tuple[int, str]:
+        return self.applied_seq, self.incarnation  # read under the applier's lock
 
-    def _snapshot(self) -> SnapshotRecord | None:
-        """Runs between applied messages (the consumer awaits it), so it covers exactly applied_seq."""
-        with self._apply_lock:
-            if self.applied_seq == self.snapshot_seq and self.snapshot_seq:
-                return None
-            rec = self.snapshots.write(self.state, self.applied_seq)
-            self.snapshot_seq = rec.seq
-        log.info("snapshot at seq %d written (%d bytes)", rec.seq, rec.bytes)
+    async def _written(self, rec: SnapshotRecord) -> set[str]:
+        """Records a new snapshot in the KV bucket; returns what garbage collection must keep."""
+        if self.metrics is not None:
+            self.metrics.snapshot_seconds.observe(self.writer.last_duration_s)
+            self.metrics.snapshot_pause.observe(self.writer.last_pause_s)
         if self._kv is not None and self._nc is not None and self._nc.is_connected:
-            loop = self._loop
-            asyncio.run_coroutine_threadsafe(self._record(rec), loop)
-        return rec
+            await self._record(rec)
+        return {d for d in (self.base, self.writer.dir) if d}
+
+    async def _snapshot_loop(self) -> None:
+        while True:
+            await asyncio.sleep(0.25)
+            if self.stream_ok and self.writer.due(self.applied_seq, self.incarnation):
+                try:
+                    await self.writer.write(self._position, self._written)
+                except Exception:  # noqa: BLE001 - counted and logged by the writer; applying goes on
+                    pass
 
     async def _record(self, rec: SnapshotRecord) -> None:
         try:
@@ -350,17 +436,24 @@ class Replica:
                 cur = SnapshotRecord.from_json((await self._kv.get(LATEST)).value)
             except nats.js.errors.KeyNotFoundError:
                 cur = None
-            if cur is None or cur.seq < rec.seq:
+            if cur is None or cur.incarnation != rec.incarnation or cur.seq < rec.seq:
                 await self._kv.put(LATEST, rec.to_json())
         except Exception as e:  # noqa: BLE001 - the blob store still lists it
             log.warning("could not record snapshot %d in the KV bucket (%s)", rec.seq, e)
 
     async def snapshot(self) -> dict[str, str]:
-        """An on-demand snapshot (POST /v1/snapshot), taken between applied messages: namespace -> blob."""
+        """An on-demand snapshot (POST /v1/snapshot) of the applied state: namespace -> blob."""
         if not self.bootstrapped:
             raise RuntimeError("the replica has not bootstrapped yet")
-        await asyncio.to_thread(self._snapshot)
-        return {ns: f"{self.blobs.root}/snapshots/{self.snapshot_seq:020d}-{self.id}/{ns}.ngc" for ns in self.state.specs}
+        rec = await self.writer.write(self._position, self._written)
+        d = rec.dir if rec is not None else self.writer.dir
+        return {ns: f"{self.blobs.root}/{d}/{ns}.ngc" for ns in self.state.specs}
+
+    # ------------------------------------------------------------------ read-your-writes
+
+    async def wait_visible(self, timeout: float) -> int:
+        """Read-your-writes (``BatchPut(synchronize=True)``): see ``visibility.wait_visible``."""
+        return await wait_visible(self, timeout)
 
     # ------------------------------------------------------------------ external corpora
 
@@ -385,19 +478,8 @@ class Replica:
         lags = list(self.lags_ms)
         return lags[len(lags) - min(n, len(lags)):]
 
+    def lag_seconds(self) -> float:
+        return lag_seconds(self)
+
     def status(self, with_digest: bool = False) -> dict:
-        lags = sorted(self.lags_ms)
-        out = {
-            "replica": self.id, "stream": self.stream, "connected": bool(self._nc and self._nc.is_connected),
-            "bootstrapped": self.bootstrapped, "ready": bool(self.state.ready), "applied_seq": self.applied_seq,
-            "pending": self.pending, "snapshot_seq": self.snapshot_seq, "gaps": self.gaps, "gap_error": self.gap_error,
-            "snapshot_errors": self.snapshot_errors, "applied_tokens": self.applier.applied_tokens,
-            "lag_count": self.lag_count,
-            "lag_ms_p50": lags[len(lags) // 2] if lags else None,
-            "lag_ms_p99": lags[min(len(lags) - 1, int(len(lags) * 0.99))] if lags else None,
-            **self.publisher.stats(),
-        }
-        if with_digest:
-            with self._apply_lock:  # a digest between two applied messages, and which one
-                out["digest_seq"], out["digest"] = self.applied_seq, digest(self.state)
-        return out
+        return status(self, with_digest)

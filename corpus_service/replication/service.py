@@ -4,6 +4,7 @@ deletions become log markers, and the applier builds what other replicas uploade
 from __future__ import annotations
 
 from corpus_service.catalog import Catalog
+from corpus_service.metrics import ReplicationMetrics
 from corpus_service.persistence import DataDir
 from corpus_service.replication.externals import ExternalCorpora
 from corpus_service.replication.replica import Replica
@@ -14,6 +15,7 @@ from corpus_service.service_state import ServiceState
 def make_replica(config: ServiceConfig, state: ServiceState, catalog: Catalog, data: DataDir) -> Replica:
     replica = Replica(config, state, data.root)
     replica.externals = ExternalCorpora(catalog, replica.blobs, replica.publisher)
+    replica.metrics = ReplicationMetrics(state.metrics, replica.status)
     catalog.replication = replica  # uploads, deletions and snapshots go through the replica
     state.chunkers = replica.chunkers
     state.replica = replica

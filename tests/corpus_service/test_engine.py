@@ -114,7 +114,7 @@ def test_wrong_types_raise_type_error(bad):
 def test_duplicate_external_corpus_name():
     c = NgramCorpus()
     c.load_external_corpus_named("docs", [[1, 2, 3]])
-    with pytest.raises(ValueError, match="already exists"):
+    with pytest.raises(ValueError, match="already being loaded"):  # staged, not yet committed
         c.load_external_corpus_named("docs", [[4]])
     c.commit_external_corpus_load("docs", 3)
     with pytest.raises(ValueError, match="already exists"):
@@ -134,7 +134,7 @@ def test_config_validation(field, value):
 
 def test_sglang_constructor_arguments():
     c = NgramCorpus(draft_token_num=12, match_type="PROB", capacity=100_000, max_trie_depth=18,
-                    min_bfs_breadth=1, max_bfs_breadth=10, external_corpus_max_tokens=1000)
+                    min_bfs_breadth=1, max_bfs_breadth=10, external_corpus_max_tokens=1000, sglang_ordering=True)
     assert c.config.mode == "prob" and c.config.max_depth == 18 and c.config.max_external_tokens == 1000
     with pytest.raises(ValueError, match="match_type"):
         NgramCorpus(match_type="DFS")

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
 from corpus_service.rpc_handlers import SERVICE
 from tests.corpus_service.server_health import assert_alive, rss_bytes
+from tests.corpus_service.service_fixtures import TOKEN
 
 EXAMPLES = int(os.environ.get("NGRAM_HYPOTHESIS_EXAMPLES", "25"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
@@ -23,6 +24,7 @@ C = grpc.StatusCode
 CLEAR = {C.OK, C.INVALID_ARGUMENT, C.NOT_FOUND, C.RESOURCE_EXHAUSTED, C.ALREADY_EXISTS}
 RSS_GROWTH_BOUND = 256 << 20  # generous: the engines keep what valid examples commit, nothing more
 METHODS = {m.name: m for m in SERVICE.methods}
+ADMIN = (("authorization", f"Bearer {TOKEN}"),)  # the admin methods' handlers are fuzzed, not their refusal
 
 
 @pytest.fixture(scope="module")
@@ -48,11 +50,11 @@ def call_raw(channel, method: str, payloads: list[bytes]):
     path = f"/{SERVICE.full_name}/{method}"
     try:
         if m.client_streaming and m.server_streaming:
-            out = list(channel.stream_stream(path)(iter(payloads), timeout=30))
+            out = list(channel.stream_stream(path)(iter(payloads), timeout=30, metadata=ADMIN))
         elif m.client_streaming:
-            out = [channel.stream_unary(path)(iter(payloads), timeout=30)]
+            out = [channel.stream_unary(path)(iter(payloads), timeout=30, metadata=ADMIN)]
         else:
-            out = [channel.unary_unary(path)(payloads[0], timeout=30)]
+            out = [channel.unary_unary(path)(payloads[0], timeout=30, metadata=ADMIN)]
         return C.OK, "", out
     except grpc.RpcError as e:
         return e.code(), e.details(), []

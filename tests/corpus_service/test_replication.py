@@ -139,7 +139,7 @@ def test_retention_gap_is_detected(cluster):
             wait_for(lambda: status(a)["published_batches"] == i + 1, 30, "publish")
 
     commit_messages(0, 4)  # the stream keeps messages 2..4
-    late = start("late", "--snapshot-interval-s", "0")
+    late = start("late", "--snapshot-interval-s", "0", "--log-max-msgs", "3")  # retention is the cluster's
     wait_ready(late)
     st = status(late)
     assert st["gaps"] == 1 and "no snapshot" in st["gap_error"] and "messages 1..1 are lost" in st["gap_error"]
@@ -148,7 +148,7 @@ def test_retention_gap_is_detected(cluster):
         assert "default" in http.post("/v1/snapshot").json()["snapshots"]
     assert status(a)["snapshot_seq"] == 4
     commit_messages(4, 5)  # the stream keeps messages 7..9
-    later = start("later", "--snapshot-interval-s", "0")
+    later = start("later", "--snapshot-interval-s", "0", "--log-max-msgs", "3")
     wait_ready(later)
     st = status(later)
     assert st["gaps"] == 1 and "snapshot covers seq 4 but the log starts at seq 7" in st["gap_error"]

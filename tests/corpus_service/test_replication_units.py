@@ -162,3 +162,130 @@ def test_blob_keys_are_checked(tmp_path):
             store.path(bad)
     with pytest.raises(FileNotFoundError, match="not in the blob store"):
         store.get_file("snapshots/none.ngc", tmp_path / "out")
+
+
+# ---------------------------------------------------------------------- where a replica starts
+
+def _rec(seq: int, inc: str = "i1", t: float = 0.0, replica: str = "r") -> "SnapshotRecord":
+    from corpus_service.replication.snapshots import SnapshotRecord
+    return SnapshotRecord(seq, {"default": "k"}, replica, t or float(seq), 1, inc, f"snapshots/{inc}-{seq}-{replica}")
+
+
+def test_bootstrap_plan_covers_each_case():
+    from corpus_service.replication.bootstrap import plan
+    from corpus_service.replication.stream import StreamView
+
+    v = StreamView("i1", 1, 10, None)
+    assert plan(v, [], None, None).position == 0 and not plan(v, [], None, None).candidates  # a fresh replica
+    p = plan(v, [_rec(4), _rec(8), _rec(3, "i0")], None, None)
+    assert [(r.seq, pos) for r, pos in p.candidates] == [(8, 8), (4, 4)] and not p.gap  # newest first, other incarnations never
+    assert plan(v, [_rec(8)], ("i1", 6), None).keep  # its own state reaches the log: kept
+    # Retention moved past the newest snapshot: it is loaded anyway and the gap reported.
+    p = plan(StreamView("i1", 7, 10, None), [_rec(4)], None, None)
+    assert [(r.seq, pos) for r, pos in p.candidates] == [(4, 6)] and "messages 5..6 are lost" in p.gap
+    assert "messages 1..6 are lost" in plan(StreamView("i1", 7, 10, None), [], None, None).gap
+    # A recreated stream (incarnation i2) starts from its base, an i1 snapshot, at message 1 ...
+    base = _rec(9, "i1")
+    p = plan(StreamView("i2", 1, 3, base.dir), [_rec(4), base], ("i1", 7), base)
+    assert [(r.seq, pos) for r, pos in p.candidates] == [(9, 0)] and p.reset
+    assert plan(StreamView("i2", 1, 3, base.dir), [base], ("i1", 9), base).keep  # ... the state is the base
+    # ... and a snapshot of i2 itself wins once there is one.
+    p = plan(StreamView("i2", 1, 3, base.dir), [base, _rec(2, "i2")], None, base)
+    assert [(r.seq, pos) for r, pos in p.candidates] == [(2, 2)]
+    # No base and a state of another incarnation: start empty (every replica does the same).
+    p = plan(StreamView("i2", 1, 3, None), [_rec(9)], ("i1", 9), None)
+    assert not p.candidates and p.reset and p.position == 0
+
+
+def test_snapshot_collection_keeps_the_newest_across_replica_ids_and_the_protected(tmp_path):
+    import time
+
+    store = FileBlobStore(tmp_path)
+    now = time.time()
+    for i, (rid, age) in enumerate([("a", 500), ("b", 400), ("c", 300), ("d", 200), ("e", 10)]):
+        rec = _rec(i + 1, "i1", now - age, rid)
+        store.put_bytes(f"{rec.dir}/record.json", rec.to_json())
+    snaps = Snapshots(store, "e")
+    gone = snaps.collect(keep=3, max_age_s=0, protect={"snapshots/i1-1-a"})
+    assert sorted(gone) == ["snapshots/i1-2-b"]  # beyond the newest 3, but the protected one stays
+    assert {r.replica for r in snaps.records()} == {"a", "c", "d", "e"}
+    gone = snaps.collect(keep=10, max_age_s=250, protect=set())
+    assert sorted(gone) == ["snapshots/i1-1-a", "snapshots/i1-3-c"]  # older than 250 s
+    assert snaps.collect(keep=1, max_age_s=1, protect=set()) == ["snapshots/i1-4-d"]  # the newest always stays
+    assert [r.replica for r in snaps.records()] == ["e"]
+
+
+def test_snapshot_times_are_jittered():
+    import threading
+    import time
+
+    state = _state()
+    from corpus_service.replication.snapshot_writer import SnapshotWriter as W
+
+    writers = [W(None, state, threading.Lock(), 100.0, 3, 0) for _ in range(20)]
+    t0 = time.monotonic()
+    for w in writers:
+        w.schedule(first=True)
+    firsts = [w.next_due - t0 for w in writers]
+    assert all(49 <= f <= 151 for f in firsts) and len({round(f, 3) for f in firsts}) == 20
+    for w in writers:
+        w.schedule()
+    assert all(79 <= w.next_due - t0 <= 121 for w in writers)
+    off = W(None, state, threading.Lock(), 0.0, 3, 0)
+    off.schedule(first=True)
+    assert off.next_due == float("inf") and not off.due(5, "i")  # interval 0: only on demand and at shutdown
+    state.close()
+
+
+def test_forked_snapshot_equals_a_save_and_reports_failures(tmp_path):
+    from corpus_service import _native
+
+    state = _state()
+    Applier(state, lambda ev: None, lambda ev: None).apply([_batch("r", [list(range(i, i + 30)) for i in range(50)])])
+    state.corpus("default").save(tmp_path / "inline.ngc")
+    rec = Snapshots(FileBlobStore(tmp_path / "blobs"), "r").write(state, 1, "i1")
+    assert (tmp_path / "blobs" / rec.namespaces["default"]).read_bytes() == (tmp_path / "inline.ngc").read_bytes()
+    assert rec.bytes > 0 and rec.incarnation == "i1"
+    import os
+    pid, fd, pause = _native.fork_snapshot([state.corpus("default")._native], [str(tmp_path / "no" / "x.ngc")])
+    _, st = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(st) == 1 and b"cannot create" in os.read(fd, 4096) and pause >= 0
+    os.close(fd)
+    with pytest.raises(ValueError, match="one path per corpus"):
+        _native.fork_snapshot([state.corpus("default")._native], [])
+    state.close()
+
+
+def test_publisher_marks_and_drop_episodes(caplog):
+    p = Publisher("r", "s.commits", buffer_tokens=10, batch_s=0.001)
+    assert p.add_chunk("default", np.arange(6, dtype=np.int32)) and p.mark() == 1
+    with caplog.at_level("ERROR", logger="corpus_service.replication"):
+        assert not p.add_chunk("default", np.arange(6, dtype=np.int32))
+        assert not p.add_chunk("default", np.arange(6, dtype=np.int32))
+    assert caplog.text.count("commit log buffer full") == 1  # once per episode
+    assert p.mark() == 1 and p.drop_episodes == 1 and p.stats()["dropping"]  # dropped chunks take no serial
+
+
+@pytest.mark.parametrize("kw, why", [
+    ({"nats_url": "nats://a:1", "log": "nats://b:1"}, "deprecated alias"),
+    ({"nats_url": "http://a:1"}, "nats_url"),
+    ({"log_max_bytes": -1}, "log_max_bytes"), ({"snapshot_keep": 0}, "snapshot_keep"),
+    ({"log_max_age_s": float("inf")}, "log_max_age_s"), ({"snapshot_max_age_s": -1}, "snapshot_max_age_s"),
+    ({"grpc_max_connection_age_s": -1}, "grpc_max_connection_age_s"),
+    ({"nats_url": "nats://a:1", "snapshot_interval_s": 600, "log_max_age_s": 900}, "two snapshot intervals")])
+def test_new_replication_settings_are_validated(kw, why):
+    with pytest.raises(ValueError, match=why):
+        ServiceConfig(**kw)
+
+
+def test_deprecated_log_setting_is_an_alias():
+    from corpus_service.service import connection_age_options
+    from corpus_service.service_config import deprecations
+
+    cfg = ServiceConfig(log="nats://127.0.0.1:4222")
+    assert cfg.nats_url == "nats://127.0.0.1:4222" and cfg.replicated and len(deprecations(cfg)) == 1
+    assert not deprecations(ServiceConfig(nats_url="nats://127.0.0.1:4222"))
+    assert connection_age_options(0) == []
+    assert dict(connection_age_options(300)) == {"grpc.max_connection_age_ms": 300_000,
+                                                 "grpc.max_connection_age_grace_ms": 30_000}
+    assert dict(connection_age_options(2))["grpc.max_connection_age_grace_ms"] == 200

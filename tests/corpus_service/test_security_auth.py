@@ -207,14 +207,14 @@ def test_clients_send_their_token(secured, monkeypatch):
 
     async def aio() -> list[int]:
         async with AsyncCorpusClient(secured.target, "a") as ac:
-            ac.start_request("r", prompt)
+            await ac.start_request("r", prompt)
             return (await ac.draft(["r"], 4)).tree(0)[0]
 
     assert asyncio.run(aio())[:2] == [9, 10]
 
     async def aio_without_token() -> None:
         async with AsyncCorpusClient(secured.target, "a", token="") as ac:  # "": none, whatever the environment says
-            ac.start_request("r", prompt)
+            await ac.start_request("r", prompt)
             await ac.draft(["r"], 4)
 
     with pytest.raises(CorpusUnauthenticated):
@@ -238,12 +238,15 @@ def test_rest_routes_are_scoped_too(secured):
             r = h.get(path)
             assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized", path
         assert h.put("/v1/namespaces/a/corpora/x", content=b'{"ids": [1]}\n').status_code == 401
-        assert h.get("/healthz").status_code == 200 and h.get("/metrics").status_code == 200  # probes, scrapers
+        assert h.get("/healthz").status_code == 200  # probes need no token
+        assert h.get("/metrics").status_code == 401  # its series name every namespace
     with secured.http(WRONG) as h:
         r = h.get("/v1/namespaces")
         assert r.status_code == 403
         SEEN_DETAILS.append(r.text)
     with http("a-read") as h:
+        r = h.get("/metrics")  # a client scoped to 'a' must not enumerate 'b' through the metrics
+        assert r.status_code == 403 and "every namespace" in r.json()["error"]["message"]
         assert [n["name"] for n in h.get("/v1/namespaces").json()] == ["a"]
         assert set(h.get("/v1/stats").json()) == {"a"}
         for path in ("/v1/namespaces/b", "/v1/namespaces/b/corpora", "/v1/namespaces/b/corpora/x",
@@ -282,7 +285,7 @@ def test_no_token_in_logs_error_messages_or_metrics(secured, stub):
         rpc(stub, "Session", "b", token)
     with secured.http(WRONG) as h:
         SEEN_DETAILS.append(h.delete("/v1/namespaces/a/corpora/x").text)
-    with secured.http(None) as h:
+    with secured.http(TOKENS["ops"]) as h:  # a scraper's token: read on every namespace
         metrics = h.get("/metrics").text
     assert 'ngram_corpus_auth_refused_total{code="UNAUTHENTICATED",surface="grpc"}' in metrics
     assert 'ngram_corpus_auth_refused_total{code="PERMISSION_DENIED",surface="grpc"}' in metrics

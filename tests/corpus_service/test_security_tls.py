@@ -58,7 +58,7 @@ def test_async_and_sglang_clients_and_env_over_tls(tls_server, certs, monkeypatc
 
     async def aio() -> list[int]:
         async with AsyncCorpusClient(tls_server.target, tls=certs.ca) as c:
-            c.start_request("r", PROMPT)
+            await c.start_request("r", PROMPT)
             return (await c.draft(["r"], 4)).tree(0)[0]
 
     assert asyncio.run(aio())[:2] == [9, 10]

@@ -14,13 +14,14 @@ from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2_grpc as pb_grpc
 from corpus_service.client import AsyncCorpusClient, CorpusClient
 from corpus_service.request_log import RequestLog
+from tests.corpus_service.service_fixtures import TOKEN
 
 PROMPT = [5, 17, 9, 33, 2, 41, 8]
 STORY = [100, 101, 102, 103, 104, 105]
 
 
 def test_group_field_round_trip(server):
-    with CorpusClient(server.target, "default") as c, CorpusClient(server.target, "default") as other:
+    with CorpusClient(server.target, "default", token=TOKEN) as c, CorpusClient(server.target, "default") as other:
         c.reset()
         c.start_request("a", PROMPT, group="req-1")
         c.start_request("b", PROMPT, group="req-1")
@@ -43,10 +44,10 @@ def test_group_field_round_trip(server):
 def test_async_client_starts_groups(server):
     async def run():
         async with AsyncCorpusClient(server.target, "small") as c:
-            c.start_request("a", PROMPT, group="g")
-            c.start_request("b", PROMPT, group="g")
-            c.extend("a", [200, 201, 202])
-            c.extend("b", [200])
+            await c.start_request("a", PROMPT, group="g")
+            await c.start_request("b", PROMPT, group="g")
+            await c.extend("a", [200, 201, 202])
+            await c.extend("b", [200])
             return (await c.draft(["b"], 4)).tree(0)[0]
 
     assert asyncio.run(run()) == [201, 202]

@@ -17,6 +17,9 @@ from corpus_service._proto.ngram_corpus.v1 import corpus_pb2_grpc as pb_grpc
 from corpus_service.client import AsyncCorpusClient, CorpusClient, RemoteNgramCorpus
 from corpus_service.errors import (CorpusAlreadyExists, CorpusInvalidArgument, CorpusNotFound,
                                    CorpusResourceExhausted)
+from tests.corpus_service.service_fixtures import TOKEN
+
+ADMIN = (("authorization", f"Bearer {TOKEN}"),)  # Reset and external corpora need the admin token
 
 SENTENCE = [5, 17, 9, 33, 2, 41, 8, 8, 19, 27, 3, 11]
 
@@ -29,7 +32,7 @@ def stub(server):
 
 def test_draft_commit_round_trip_matches_in_process_engine(server):
     local = NgramCorpus()
-    with CorpusClient(server.target, "default") as c:
+    with CorpusClient(server.target, "default", token=TOKEN) as c:
         c.reset()
         for eng in (c, local):
             eng.start_request("r1", SENTENCE + SENTENCE[:3])
@@ -47,7 +50,7 @@ def test_draft_commit_round_trip_matches_in_process_engine(server):
 
 
 def test_one_client_drafts_from_what_another_committed(server):
-    with CorpusClient(server.target, "default") as a, CorpusClient(server.target, "default") as b:
+    with CorpusClient(server.target, "default", token=TOKEN) as a, CorpusClient(server.target, "default") as b:
         a.reset()
         story = list(range(200, 260))
         a.start_request("same-id", [1, 2])
@@ -71,7 +74,7 @@ def _start_two_and_commit(client, local: NgramCorpus) -> None:
 
 def test_extend_many_is_extend_for_several_requests_all_or_none(server):
     local = NgramCorpus()
-    with CorpusClient(server.target, "default") as c:
+    with CorpusClient(server.target, "default", token=TOKEN) as c:
         c.reset()
         _start_two_and_commit(c, local)
         assert c.draft(["a", "b"], 8).tree(1)[:2] == local.draft(["a", "b"], 8).tree(1)[:2]
@@ -86,15 +89,22 @@ def test_extend_many_is_extend_for_several_requests_all_or_none(server):
 def test_async_extend_many_is_extend_for_several_requests_all_or_none(server):
     async def run():
         local = NgramCorpus()
-        async with AsyncCorpusClient(server.target, "default") as c:
+        async with AsyncCorpusClient(server.target, "default", token=TOKEN) as c:
             await c.reset()
-            _start_two_and_commit(c, local)
+            for eng in (c, local):
+                for rid, prompt in (("a", SENTENCE), ("b", SENTENCE[::-1])):
+                    r = eng.start_request(rid, prompt)
+                    if eng is c:
+                        await r
+            await c.extend_many([("a", SENTENCE[:3]), ("b", np.array(SENTENCE[:2]))])
+            for r, t in (("a", SENTENCE[:3]), ("b", SENTENCE[:2])):
+                local.extend(r, t)
             assert (await c.draft(["a", "b"], 8)).tree(1)[:2] == local.draft(["a", "b"], 8).tree(1)[:2]
             with pytest.raises(ValueError, match="unknown request id 'zz'"):
-                c.extend_many([("a", [1]), ("zz", [2])])
+                await c.extend_many([("a", [1]), ("zz", [2])])
             with pytest.raises(ValueError, match="token ids"):
-                c.extend_many([("a", [1]), ("b", [-3])])
-            c.extend_many([])
+                await c.extend_many([("a", [1]), ("b", [-3])])
+            await c.extend_many([])
             # Neither refused call changed anything.
             assert (await c.draft(["a"], 8)).tree(0)[:2] == local.draft(["a"], 8).tree(0)[:2]
 
@@ -105,7 +115,7 @@ def test_async_client_batches_and_session_end_finishes_requests(server):
     async def run():
         async with AsyncCorpusClient(server.target, "small") as c:
             for i in range(16):
-                c.start_request(i, [i, i + 1, i + 2, i, i + 1])
+                await c.start_request(i, [i, i + 1, i + 2, i, i + 1])
             batch = await c.draft(list(range(16)), 4)
             assert batch.tokens.shape == (16, 4) and (batch.counts >= 1).all()
             assert batch.tokens[3, 0] == 5  # request 3 copies "3 4 5" after "3 4"
@@ -122,7 +132,7 @@ def test_async_client_batches_and_session_end_finishes_requests(server):
 
 def test_remote_ngram_corpus_matches_engine_sglang_api(server):
     local = NgramCorpus(draft_token_num=6)
-    remote = RemoteNgramCorpus(server.target, "small", draft_token_num=6)
+    remote = RemoteNgramCorpus(server.target, "small", draft_token_num=6, token=TOKEN)
     try:
         remote.reset()
         rng = np.random.default_rng(0)
@@ -231,9 +241,9 @@ def test_bad_raw_messages_on_every_rpc(server, stub):
         assert resp.error.code == code.value[0], (what, resp.error)
         assert resp.error.message, what
 
-    def expect(code, fn, *args):
+    def expect(code, fn, *args, **kw):
         with pytest.raises(grpc.RpcError) as e:
-            fn(*args, timeout=5)
+            fn(*args, timeout=5, **kw)
         assert e.value.code() == code, e.value.details()
         assert e.value.details()
 
@@ -247,14 +257,14 @@ def test_bad_raw_messages_on_every_rpc(server, stub):
     expect(C.INVALID_ARGUMENT, stub.BatchPut, pb.BatchPutRequest(namespace="small", lengths=wire.pack([1]), tokens=wire.pack([1000])))
     expect(C.INVALID_ARGUMENT, stub.BatchPut, pb.BatchPutRequest(namespace="small", lengths=wire.pack([-1])))
     expect(C.NOT_FOUND, stub.Stats, pb.StatsRequest(namespace="nope"))
-    expect(C.NOT_FOUND, stub.Reset, pb.ResetRequest(namespace="nope"))
+    expect(C.NOT_FOUND, stub.Reset, pb.ResetRequest(namespace="nope"), metadata=ADMIN)
     expect(C.INVALID_ARGUMENT, stub.EraseMatchState, pb.EraseMatchStateRequest(namespace="default", req_ids=[""]))
-    expect(C.INVALID_ARGUMENT, stub.CommitExternalCorpus, pb.CommitExternalCorpusRequest(namespace="default", name="../etc"))
-    expect(C.NOT_FOUND, stub.CommitExternalCorpus, pb.CommitExternalCorpusRequest(namespace="default", name="never"))
-    expect(C.NOT_FOUND, stub.RemoveExternalCorpus, pb.RemoveExternalCorpusRequest(namespace="default", name="never"))
+    expect(C.INVALID_ARGUMENT, stub.CommitExternalCorpus, pb.CommitExternalCorpusRequest(namespace="default", name="../etc"), metadata=ADMIN)
+    expect(C.NOT_FOUND, stub.CommitExternalCorpus, pb.CommitExternalCorpusRequest(namespace="default", name="never"), metadata=ADMIN)
+    expect(C.NOT_FOUND, stub.RemoveExternalCorpus, pb.RemoveExternalCorpusRequest(namespace="default", name="never"), metadata=ADMIN)
     expect(C.NOT_FOUND, stub.ListExternalCorpora, pb.ListExternalCorporaRequest(namespace="nope"))
-    expect(C.INVALID_ARGUMENT, stub.LoadExternalCorpus, iter([]))
-    expect(C.INVALID_ARGUMENT, stub.LoadExternalCorpus, iter([pb.ExternalChunk(namespace="small", name="x", tokens=wire.pack([1, 2000]))]))
+    expect(C.INVALID_ARGUMENT, stub.LoadExternalCorpus, iter([]), metadata=ADMIN)
+    expect(C.INVALID_ARGUMENT, stub.LoadExternalCorpus, iter([pb.ExternalChunk(namespace="small", name="x", tokens=wire.pack([1, 2000]))]), metadata=ADMIN)
     assert "x" not in stub.ListExternalCorpora(pb.ListExternalCorporaRequest(namespace="small")).corpora
     expect(C.RESOURCE_EXHAUSTED, stub.BatchPut, pb.BatchPutRequest(namespace="default", tokens=b"\0" * (65 << 20)))
 

@@ -35,14 +35,24 @@ def smollm2():
 
 
 @pytest.fixture(scope="session")
-def trace_rows(data_dir):
-    """A few real greedy traces: HumanEval and Spec-Bench alternately (short prompts first)."""
-    import json
+def trace_rows():
+    """8 real prompts, HumanEval and Spec-Bench alternately (the shortest among each trace's first 12),
+    with real outputs: greedy from the shared folder, else sampled from the repository's traces of the
+    same prompts (tests/conftest.py ``prompt_trace``), so every test that decodes them runs on a fresh clone."""
+    from tests.conftest import prompt_trace
 
-    files = [data_dir / "traces" / "humaneval164_greedy.jsonl", data_dir / "traces" / "specbench_dev120_greedy.jsonl"]
-    rows = [[json.loads(line) for line in f.open()][:12] for f in files]
+    rows = [prompt_trace(name)[:12] for name in ("humaneval164_greedy.jsonl", "specbench_dev120_greedy.jsonl")]
     rows = [sorted(r, key=lambda x: len(x["prompt_ids"])) for r in rows]
     return [rows[i % 2][i // 2] for i in range(8)]
+
+
+@pytest.fixture(scope="session")
+def greedy_reference_rows():
+    """``trace_rows``' prompts with the first 32 tokens of their greedy outputs (HF transformers, bf16),
+    shipped in tests/data/ (tests/test_trace_fallback.py checks them against the shared folder)."""
+    from tests.conftest import REPO, read_jsonl
+
+    return read_jsonl(REPO / "tests" / "data" / "smollm2_greedy_head.jsonl")
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +60,8 @@ def corpus_server(tmp_path_factory):
     """A real ``python -m corpus_service serve`` on a 127.0.0.1 ephemeral port."""
     from tests.corpus_service.service_fixtures import ServerProcess
 
-    srv = ServerProcess(tmp_path_factory.mktemp("corpus"), "--max-budget", "32").start()
+    # No admin token: these tests reset the corpus over gRPC (an admin call, which an admin token guards).
+    srv = ServerProcess(tmp_path_factory.mktemp("corpus"), "--max-budget", "32", admin_token=None).start()
     yield srv
     if srv.alive():
         srv.stop()

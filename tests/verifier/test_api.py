@@ -65,11 +65,13 @@ def test_malformed_json_is_400(api):
 
 
 def test_models_health_metrics(api):
-    assert api.get("/healthz").json() == {"status": "ok"}
+    assert api.get("/healthz").json() == {"status": "ok", "corpus": {"target": "local"}}
     assert api.get("/v1/models").json()["data"][0]["id"] == "smollm2"
     assert api.post("/v1/completions", json={"model": "gpt-4", "prompt": "x"}).status_code == 404
     m = api.get("/metrics").text
     assert "ngram_verifier_generated_tokens_total" in m and "ngram_verifier_draft_steps_total" in m
+    assert 'ngram_verifier_budget_plain_switches_total{reason="cost"}' in m
+    assert "ngram_verifier_budget_cost_model_refits_total" in m
 
 
 def test_cli_rejects_bad_flags_without_loading_a_model(capsys):

@@ -14,9 +14,12 @@ def flat_then_linear(n):  # launch-bound up to 64 tokens, then compute-bound
 
 
 def test_cost_model_interpolates_and_is_monotone():
-    cm = CostModel([1, 4, 16], [0.010, 0.009, 0.020])  # a noisy dip is flattened
-    assert cm(1) == pytest.approx(0.010) and cm(4) == pytest.approx(0.010)
-    assert cm(10) == pytest.approx(0.015) and cm(28) == pytest.approx(0.030)
+    # A dip is pooled with its neighbour (weighted least squares), not lifted to it: a running
+    # maximum let one noisy figure raise every larger size's.
+    cm = CostModel([1, 4, 16], [0.010, 0.009, 0.020])
+    assert cm(1) == pytest.approx(0.0095) and cm(4) == pytest.approx(0.0095)
+    assert cm(10) == pytest.approx(0.01475) and cm(28) == pytest.approx(0.0305)
+    assert CostModel([1, 2, 4], [1.0, 3.0, 2.0]).seconds == pytest.approx([1.0, 2.5, 2.5])
     with pytest.raises(ValueError):
         CostModel([4, 1], [0.1, 0.2])
 
@@ -86,9 +89,9 @@ def test_drafting_that_delivers_less_than_plain_turns_itself_off_and_back_on():
     assert pol.delivered(64, True) > pol.delivered(64, False)
     assert sum(modes[-32:]) >= 32 - pol.explore_run  # drafting again, but for exploration steps
     # Plain steps are explored in runs (their overlapped steady state needs more than one step).
-    # Drafting leads by more than 25% here: one run per 4 * explore_every steps.
-    runs = [len(list(g)) for k, g in itertools.groupby(modes[-4 * pol.explore_every:]) if not k]
-    assert sum(runs) == pol.explore_run and (len(runs) == 1 or modes[-1] is modes[-4 * pol.explore_every] is False)
+    # Drafting leads by more than 25% here: one run per 2 * explore_every steps.
+    runs = [len(list(g)) for k, g in itertools.groupby(modes[-2 * pol.explore_every:]) if not k]
+    assert sum(runs) == pol.explore_run and (len(runs) == 1 or modes[-1] is modes[-2 * pol.explore_every] is False)
     counts = pol.decision_counts()  # every decision of bucket 64 is counted once, by how it was made
     assert sum(n for k, n in counts.items() if k.startswith("64_")) == 1 + 64 + 400
     assert counts["64_start_draft"] >= 1 and counts["64_plain"] > 0 and counts["64_draft"] > 0

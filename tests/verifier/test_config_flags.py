@@ -69,3 +69,31 @@ def test_remote_ask_flags(monkeypatch):
     for bad in ({"remote_asks": "never"}, {"remote_ask_min_gain": 1.5}, {"remote_ask_max_interval": 0}):
         with pytest.raises(ValueError):
             VerifierConfig(**bad)
+
+
+def test_every_serve_flag_says_what_it_does_and_what_it_takes(capsys):
+    """``ngram-verifier serve --help`` describes every flag with its allowed values (field metadata)."""
+    from dataclasses import fields
+
+    from verifier.cli import main
+
+    for f in fields(VerifierConfig):
+        assert f.metadata.get("help") and f.metadata.get("allowed"), f"{f.name}: no help or allowed values"
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--help"])
+    assert e.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    for f in fields(VerifierConfig):
+        flag = "--" + f.name.replace("_", "-")
+        assert flag in out and f"env NGRAM_VERIFIER_{f.name.upper()}" in out, flag
+        assert " ".join(f.metadata["allowed"].split()) in out, flag
+    for values in ("allowed: cpu, cuda", "allowed: float32, bfloat16, float16", "allowed: pipelined, sync",
+                   "allowed: process, thread", "allowed: adaptive, always", "allowed: auto, on, off",
+                   "allowed: true/false", "allowed: DEBUG, INFO, WARNING, ERROR, CRITICAL"):
+        assert values in out, values
+
+
+def test_log_level_is_checked():
+    assert _parse(["--log-level", "debug"]).log_level == "debug"
+    with pytest.raises(ValueError, match="log_level"):
+        VerifierConfig(log_level="LOUD")

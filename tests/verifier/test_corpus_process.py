@@ -229,3 +229,49 @@ def test_commits_reach_the_corpus_without_draft_requests(corpus_server, client):
         assert drafter.stats.remote_errors == 0
     finally:
         drafter.close()
+
+
+_INSTALLED_PARENT = """
+import sys
+import corpus_service, verifier
+from verifier.corpus_process import ClientProcess, ClientSettings
+
+proc = ClientProcess(ClientSettings(sys.argv[1], timeout_s=5.0))
+proc.calls([("start_request", ("p", [1, 2, 3, 1, 2], None))])
+batch = proc.draft(["p"], 4, 4).result(timeout=30)
+proc.close()
+print(corpus_service.__file__, verifier.__file__, batch.tree(0)[0][:1])
+"""
+
+
+def test_a_plain_install_started_from_the_checkout_root(corpus_server, tmp_path):
+    """After a plain (non-editable) ``pip install .``, a verifier started from the checkout's root:
+    the child imports the installed packages as its parent did, not the checkout's
+    ``corpus_service`` (no compiled ``_native`` there), whatever the current directory."""
+    import shutil
+    import site
+    import subprocess
+    import venv
+    from pathlib import Path
+
+    import corpus_service._native as native
+
+    repo = Path(__file__).resolve().parents[2]
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(env_dir)
+    py = str(env_dir / "bin" / "python")
+    purelib = Path(subprocess.check_output([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                           text=True).strip())
+    for pkg in ("corpus_service", "verifier"):  # what the wheel holds (CMakeLists' install: _native in the package)
+        shutil.copytree(repo / pkg, purelib / pkg, ignore=shutil.ignore_patterns("__pycache__", "csrc", "*.so"))
+    shutil.copy(native.__file__, purelib / "corpus_service")
+    # The dependencies from this environment: a .pth line adds a directory without running its .pth
+    # files (this checkout's editable-install finder is not in the new environment).
+    (purelib / "deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    assert not list((repo / "corpus_service").glob("_native*"))  # the checkout itself cannot serve the child
+    script = tmp_path / "parent.py"  # like the console script: its directory, not the cwd, leads the parent's path
+    script.write_text(_INSTALLED_PARENT)
+    out = subprocess.run([py, str(script), corpus_server.target], cwd=repo, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.startswith(str(purelib / "corpus_service")) and out.stdout.strip().endswith("[3]"), out.stdout

@@ -59,7 +59,7 @@ def test_tree_mask_forward_matches_sequential_decoding():
     torch.testing.assert_close(chain, full[:, 8:], rtol=1e-4, atol=1e-4)
 
 
-def test_greedy_matches_real_model_traces(smollm2, trace_rows):
+def test_greedy_matches_real_model_traces(smollm2, greedy_reference_rows):
     """fp32 CPU greedy from the Q4_1 GGUF vs HF transformers bf16 greedy from the original weights:
     different weights (4-bit) and precision, so outputs drift apart eventually; the first tokens
     must agree on most prompts (measured: 8 Spec-Bench prompts matched 10-32 of 32 tokens)."""
@@ -68,9 +68,9 @@ def test_greedy_matches_real_model_traces(smollm2, trace_rows):
 
     n = 12
     engine = Engine(smollm2.model, smollm2.codec, None, EngineConfig(max_batch=8, max_len=1024, budget=0))
-    reqs = engine.generate([r["prompt_ids"] for r in trace_rows], SamplingParams(max_tokens=n, ignore_eos=True))
+    reqs = engine.generate([r["prompt_ids"] for r in greedy_reference_rows], SamplingParams(max_tokens=n, ignore_eos=True))
     matched = []
-    for req, row in zip(reqs, trace_rows):
+    for req, row in zip(reqs, greedy_reference_rows):
         ref = row["output_ids"][:n]
         matched.append(next((i for i, (a, b) in enumerate(zip(req.output_ids, ref)) if a != b), len(ref)))
     print("matched prefix per prompt:", matched)

@@ -1,7 +1,8 @@
 """Routes: /v1/completions, /v1/chat/completions (JSON or SSE), /v1/models, /metrics, /healthz.
 
 Bad requests answer 400 with ``{"error": {"message", "type", "param", "code"}}`` (OpenAI's shape),
-whatever FastAPI or the engine rejected them for.
+whatever FastAPI or the engine rejected them for. Request bodies are JSON whatever their
+Content-Type (``body.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ..loop import EngineLoop, Update
 from ..request import Request as GenRequest
 from ..sampling import SamplingParams
 from . import choices
+from .body import ApiError, parse_body
 from .metrics import ApiMetrics
 from .schemas import ChatCompletionRequest, CompletionRequest
 
@@ -70,14 +72,25 @@ def create_app(loop: EngineLoop, model_name: str, api_key: str = "") -> FastAPI:
         metrics.requests.labels(request.url.path, "400").inc()
         return _error(400, f"{where or 'body'}: {first.get('msg', 'invalid request')}", where or None)
 
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError):
+        metrics.requests.labels(request.url.path, str(exc.status)).inc()
+        return _error(exc.status, exc.message, exc.param, exc.code)
+
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException):
         return _error(exc.status_code, str(exc.detail))
 
     @app.get("/healthz")
     async def healthz():
+        """200 while the engine runs; ``corpus`` says where drafts come from and, for a corpus
+        service, whether it is reachable, its outages and its namespace check (an unreachable
+        corpus is no 503: the verifier serves, drafting in process)."""
         alive = loop.alive
-        return JSONResponse({"status": "ok" if alive else "engine stopped"}, status_code=200 if alive else 503)
+        d = engine.drafter
+        corpus = {"target": "none"} if d is None else d.health.snapshot() if d.health is not None else {"target": "local"}
+        return JSONResponse({"status": "ok" if alive else "engine stopped", "corpus": corpus},
+                            status_code=200 if alive else 503)
 
     @app.get("/v1/models", dependencies=auth)
     async def models():
@@ -89,7 +102,8 @@ def create_app(loop: EngineLoop, model_name: str, api_key: str = "") -> FastAPI:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/completions", dependencies=auth)
-    async def completions(body: CompletionRequest):
+    async def completions(request: Request):
+        body = await parse_body(request, CompletionRequest)
         if isinstance(body.prompt, str):
             prompt_ids = codec.encode(body.prompt)
         else:
@@ -97,9 +111,10 @@ def create_app(loop: EngineLoop, model_name: str, api_key: str = "") -> FastAPI:
         return await _run("/v1/completions", "text_completion", body, prompt_ids)
 
     @app.post("/v1/chat/completions", dependencies=auth)
-    async def chat(body: ChatCompletionRequest):
+    async def chat(request: Request):
+        body = await parse_body(request, ChatCompletionRequest)
         try:
-            text = codec.apply_chat_template([m.model_dump() for m in body.messages])
+            text = codec.apply_chat_template([m.for_template() for m in body.messages])
         except Exception as e:  # a template that fails on these messages is the request's problem
             return _error(400, f"messages: the chat template failed: {e}", "messages")
         return await _run("/v1/chat/completions", "chat.completion", body, codec.encode(text))

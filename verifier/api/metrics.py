@@ -40,12 +40,36 @@ class EngineCollector:
             yield CounterMetricFamily("ngram_verifier_corpus_errors", "failed remote corpus calls", value=d.remote_errors)
             yield CounterMetricFamily("ngram_verifier_corpus_client_restarts",
                                       "dead corpus client processes replaced", value=d.client_restarts)
+            h = e.drafter.health
+            if h is not None:  # a corpus service (verifier/corpus_health.py)
+                yield CounterMetricFamily("ngram_verifier_corpus_outages", "times the corpus service became unreachable",
+                                          value=h.outages)
+                yield CounterMetricFamily("ngram_verifier_corpus_unreachable_seconds",
+                                          "time the corpus service was unreachable", value=h.total_outage_seconds())
+                yield GaugeMetricFamily("ngram_verifier_corpus_unreachable", "1 while the corpus service cannot be reached",
+                                        value=int(h.unreachable))
+                yield GaugeMetricFamily("ngram_verifier_corpus_remote_drafting",
+                                        "1 while drafts use the corpus service (0: held until its namespace is checked, "
+                                        "or off after a mismatch)", value=int(h.remote_drafting))
+                yield GaugeMetricFamily("ngram_verifier_corpus_namespace_mismatch",
+                                        "1 once the corpus namespace was found not to serve this model",
+                                        value=int(h.namespace_state == "mismatch"))
         g = GaugeMetricFamily("ngram_verifier_requests", "live requests by state", labels=["state"])
         g.add_metric(["running"], len(e.scheduler.running))
         g.add_metric(["waiting"], len(e.scheduler.waiting))
         yield g
         yield GaugeMetricFamily("ngram_verifier_budget_calibration", "observed / predicted acceptance",
                                 value=e.policy.calibration)
+        b = s.budget
+        sw = CounterMetricFamily("ngram_verifier_budget_plain_switches",
+                                 "times a batch bucket switched to plain decoding, by why (verifier/budget.py)",
+                                 labels=["reason"])
+        sw.add_metric(["cost"], b.plain_switches_cost)
+        sw.add_metric(["delivered"], b.plain_switches_delivered)
+        sw.add_metric(["nothing"], b.plain_switches_nothing)
+        yield sw
+        yield CounterMetricFamily("ngram_verifier_budget_cost_model_refits",
+                                  "cost-model refreshes from observed steps", value=b.cost_model_refits)
 
 
 class ApiMetrics:

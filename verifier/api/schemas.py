@@ -1,20 +1,72 @@
 """Request bodies of the OpenAI-compatible routes (extensions: top_k, ignore_eos, speculate,
-repetition_penalty, min_tokens, stop_token_ids, regex, ebnf)."""
+repetition_penalty, min_tokens, stop_token_ids, regex, ebnf).
+
+Nothing a request asks for is dropped silently: a field that is neither an OpenAI field implemented
+here nor an extension answers 400 (``extra="forbid"``), and so does an OpenAI field this server does
+not implement (``UNSUPPORTED``: tools, logit_bias, ...) unless its value asks for nothing (null,
+false, empty, or a listed no-op such as ``tool_choice: "none"``)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..sampling import MAX_TOP_LOGPROBS, SamplingParams
 from ..structured_spec import from_openai
 
 MAX_SAMPLES = 16  # n and best_of: samples of one prompt decoded together
 
+# OpenAI request fields not implemented here, with why (the 400's message).
+UNSUPPORTED_COMMON = {
+    "logit_bias": "per-token logit biases are not applied",
+    "store": "completions are not stored",
+    "metadata": "completions are not stored",
+    "service_tier": "there are no service tiers",
+}
+UNSUPPORTED_CHAT = {
+    "tools": "tool calling is not implemented",
+    "tool_choice": "tool calling is not implemented",
+    "parallel_tool_calls": "tool calling is not implemented",
+    "functions": "function calling is not implemented",
+    "function_call": "function calling is not implemented",
+    "audio": "the output is text only",
+    "modalities": "the output is text only",
+    "prediction": "predicted outputs are not implemented",
+    "reasoning_effort": "the model has no reasoning settings",
+    "verbosity": "the model has no verbosity setting",
+    "web_search_options": "there is no web search",
+}
+UNSUPPORTED_COMPLETIONS = {
+    "suffix": "insertion (a suffix after the completion) is not implemented",
+    "echo": "the prompt is not echoed",
+}
+# Values of an unsupported field that ask for what the server does anyway.
+_NO_OP = {"tool_choice": ("none",), "modalities": (["text"],), "service_tier": ("auto", "default")}
+
+
+def no_op_value(name: str, value) -> bool:
+    """Whether ``value`` of the unsupported field ``name`` asks for nothing (accepted, then dropped)."""
+    return value is None or value is False or value in ("", [], {}) or value in _NO_OP.get(name, ())
+
+
+def unsupported_fields(schema: type[BaseModel]) -> dict[str, str]:
+    return getattr(schema, "UNSUPPORTED", {})
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool = False
+
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
+
+    # Accepted and unused: identifiers and cache hints that change nothing in the output.
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
@@ -23,7 +75,7 @@ class _Common(BaseModel):
     top_k: int = Field(default=0, ge=0)
     n: int = Field(default=1, ge=1, le=MAX_SAMPLES)
     stream: bool = False
-    stream_options: dict | None = None
+    stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     ignore_eos: bool = False
@@ -58,12 +110,13 @@ class _Common(BaseModel):
 
     @property
     def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.get("include_usage"))
+        return bool(self.stream_options and self.stream_options.include_usage)
 
 
 class CompletionRequest(_Common):
+    UNSUPPORTED: ClassVar[dict[str, str]] = {**UNSUPPORTED_COMMON, **UNSUPPORTED_COMPLETIONS}
+
     prompt: str | list[int] = Field(min_length=1)
-    echo: bool = Field(default=False, le=False)  # not supported
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     best_of: int | None = Field(default=None, ge=1, le=MAX_SAMPLES)  # the n best by cumulative logprob
 
@@ -81,11 +134,35 @@ class CompletionRequest(_Common):
 
 
 class ChatMessage(BaseModel):
-    role: Literal["system", "user", "assistant", "tool"]
-    content: str
+    """A message as the chat template sees it: its role and its text. OpenAI's content parts are
+    taken where they are text; ``developer`` is OpenAI's newer name for ``system``. Fields the
+    template cannot show (``name``, ``tool_calls``, ``tool_call_id``) answer 400."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict]
+
+    @field_validator("content")
+    @classmethod
+    def _text_parts(cls, content: str | list[dict]) -> str:
+        if isinstance(content, str):
+            return content
+        texts = []
+        for i, part in enumerate(content):
+            if part.get("type") != "text" or not isinstance(part.get("text"), str) or set(part) - {"type", "text"}:
+                raise ValueError(f"part {i}: only text parts {{\"type\": \"text\", \"text\": \"...\"}} are "
+                                 f"supported, got {str(part)[:80]}")
+            texts.append(part["text"])
+        return "".join(texts)
+
+    def for_template(self) -> dict[str, str]:
+        return {"role": "system" if self.role == "developer" else self.role, "content": self.content}
 
 
 class ChatCompletionRequest(_Common):
+    UNSUPPORTED: ClassVar[dict[str, str]] = {**UNSUPPORTED_COMMON, **UNSUPPORTED_CHAT}
+
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
@@ -99,4 +176,7 @@ class ChatCompletionRequest(_Common):
     def sampling(self, default_max_tokens: int) -> SamplingParams:
         if self.max_tokens is None and self.max_completion_tokens is not None:
             self.max_tokens = self.max_completion_tokens
+        elif self.max_completion_tokens not in (None, self.max_tokens):
+            raise ValueError(f"max_tokens ({self.max_tokens}) and max_completion_tokens ({self.max_completion_tokens}) "
+                             "differ: give one")
         return super().sampling(default_max_tokens)

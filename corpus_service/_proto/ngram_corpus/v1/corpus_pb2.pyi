@@ -196,13 +196,15 @@ class ListExternalCorporaResponse(_message.Message):
     def __init__(self, corpora: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
-    __slots__ = ("namespace",)
+    __slots__ = ("namespace", "describe")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    DESCRIBE_FIELD_NUMBER: _ClassVar[int]
     namespace: str
-    def __init__(self, namespace: _Optional[str] = ...) -> None: ...
+    describe: bool
+    def __init__(self, namespace: _Optional[str] = ..., describe: _Optional[bool] = ...) -> None: ...
 
 class NamespaceStats(_message.Message):
-    __slots__ = ("values", "external_corpora", "sessions")
+    __slots__ = ("values", "external_corpora", "sessions", "vocab_size", "tokenizer", "tokenizer_probe", "counters", "tokenizer_error")
     class ValuesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -217,13 +219,30 @@ class NamespaceStats(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class CountersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     VALUES_FIELD_NUMBER: _ClassVar[int]
     EXTERNAL_CORPORA_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_PROBE_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_ERROR_FIELD_NUMBER: _ClassVar[int]
     values: _containers.ScalarMap[str, float]
     external_corpora: _containers.ScalarMap[str, int]
     sessions: int
-    def __init__(self, values: _Optional[_Mapping[str, float]] = ..., external_corpora: _Optional[_Mapping[str, int]] = ..., sessions: _Optional[int] = ...) -> None: ...
+    vocab_size: int
+    tokenizer: str
+    tokenizer_probe: _containers.RepeatedScalarFieldContainer[int]
+    counters: _containers.ScalarMap[str, int]
+    tokenizer_error: str
+    def __init__(self, values: _Optional[_Mapping[str, float]] = ..., external_corpora: _Optional[_Mapping[str, int]] = ..., sessions: _Optional[int] = ..., vocab_size: _Optional[int] = ..., tokenizer: _Optional[str] = ..., tokenizer_probe: _Optional[_Iterable[int]] = ..., counters: _Optional[_Mapping[str, int]] = ..., tokenizer_error: _Optional[str] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
     __slots__ = ("namespaces",)
