@@ -41,14 +41,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from verifier.drafter import Drafter, auto_draft_threads  # noqa: E402
-from verifier.engine import Engine, EngineConfig  # noqa: E402
+from verifier.draft.drafter import Drafter, auto_draft_threads  # noqa: E402
+from verifier.engine.core import Engine, EngineConfig  # noqa: E402
 from verifier.model import ForwardBatch, KVCache, ModelConfig, build_model, load_model  # noqa: E402
 from verifier.model import fusion  # noqa: E402
-from verifier.model.cuda_graphs import GraphRunner, probe_native_linear  # noqa: E402
 from verifier.model.loader import DTYPES  # noqa: E402
-from verifier.sampling import SamplingParams  # noqa: E402
-from verifier.structured_spec import GrammarSpec  # noqa: E402
+from verifier.step.cuda_graphs import GraphRunner, probe_native_linear  # noqa: E402
+from verifier.step.sampling import SamplingParams  # noqa: E402
+from verifier.step.structured_spec import GrammarSpec  # noqa: E402
 
 from bench import penalty_workload, structured_workload  # noqa: E402
 from bench.host_cpu import CpuWatch, cpu_limit  # noqa: E402
@@ -248,7 +248,7 @@ def run_spec(mode: str, lm, B: int, prompts: list[list[int]], base: dict, target
         out["cost_model_ms"] = {int(t): round(s * 1e3, 3) for t, s in zip(c.tokens, c.seconds)}
         out["cost_model_probed_ms"] = {int(t): round(s * 1e3, 3) for t, s in zip(c.tokens, c.probed)}
         # The policy's switches to plain decoding by reason (cost / delivered / nothing) and the
-        # state each batch bucket ended in (verifier/budget.py).
+        # state each batch bucket ended in (verifier/budget/policy.py).
         out["budget_stats"] = dataclasses.asdict(spec.stats.budget)
         out["budget_states"] = spec.policy.states()
     return out

@@ -1,5 +1,5 @@
 """Replicas sharing one corpus: what the remote corpus adds to a verifier's drafts, and how much of
-it the adaptive ask (``verifier.ask_gate``) keeps while skipping the asks that add nothing.
+it the adaptive ask (``verifier.draft.ask_gate``) keeps while skipping the asks that add nothing.
 
 Runs on any machine: the engines take the CUDA engine's graph path with the trace standing in for
 the device (``bench/host_phases.TraceDevice``: each request's "model" predicts its trace output),
@@ -41,10 +41,10 @@ sys.path.insert(0, str(ROOT))
 from bench.host_phases import TraceDevice  # noqa: E402
 from bench.report import write_report  # noqa: E402
 from bench.traces import default_trace_files, load_traces  # noqa: E402
-from verifier.drafter import AWAIT_AHEAD_S, Drafter  # noqa: E402
-from verifier.engine import Engine, EngineConfig  # noqa: E402
+from verifier.draft.drafter import AWAIT_AHEAD_S, Drafter  # noqa: E402
+from verifier.engine.core import Engine, EngineConfig  # noqa: E402
 from verifier.model import ModelConfig, build_model, load_model  # noqa: E402
-from verifier.sampling import SamplingParams  # noqa: E402
+from verifier.step.sampling import SamplingParams  # noqa: E402
 
 SCENARIOS = ("solo", "repeat", "mixed", "split")
 MODES = ("local", "always", "adaptive")

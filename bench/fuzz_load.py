@@ -38,10 +38,10 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.hostile_cases import grpc_cases, rest_cases, run_grpc, run_rest  # noqa: E402
-from corpus_service import wire  # noqa: E402
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb  # noqa: E402
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2_grpc as pb_grpc  # noqa: E402
 from corpus_service.client import CorpusClient  # noqa: E402
+from corpus_service.protocol import arrays  # noqa: E402
 from tests.corpus_service.server_health import rss_bytes  # noqa: E402
 from tests.corpus_service.service_fixtures import TOKEN, ServerProcess  # noqa: E402
 
@@ -114,8 +114,8 @@ def flood(srv: ServerProcess, a: argparse.Namespace, deadline: float, out: dict)
                 break
             ids = [f"r{j}" for j in range(a.flood_ids)]
             req = pb.BatchGetRequest(namespace="default", client_id=f"flood-{i}", draft_token_num=8,
-                                     total_lens=wire.pack(np.full(len(ids), 8, np.int64), wire.I64))
-            wire.pack_runs(req.windows, ids, [rng.integers(0, 32000, 8).astype(np.int32) for _ in ids])
+                                     total_lens=arrays.pack(np.full(len(ids), 8, np.int64), arrays.I64))
+            arrays.pack_runs(req.windows, ids, [rng.integers(0, 32000, 8).astype(np.int32) for _ in ids])
             try:
                 stub.BatchGet(req, timeout=60)
                 code = "OK"
@@ -178,7 +178,7 @@ def put_flood(srv: ServerProcess, a: argparse.Namespace, deadline: float, out: d
             for _ in range(a.put_calls // 4):
                 if time.monotonic() > deadline:
                     return
-                req = pb.BatchPutRequest(namespace="default", lengths=wire.pack([tokens.size]), tokens=tokens.tobytes())
+                req = pb.BatchPutRequest(namespace="default", lengths=arrays.pack([tokens.size]), tokens=tokens.tobytes())
                 try:
                     stub.BatchPut(req, timeout=60)
                     code = "OK"

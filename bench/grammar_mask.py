@@ -26,7 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from corpus_service.tokenizer import load_tokenizer  # noqa: E402
+from corpus_service.engine.tokenizer import load_tokenizer  # noqa: E402
 
 # A JSONSchemaBench-like schema: nesting, enums, arrays, numbers, optional fields.
 SCHEMA = {

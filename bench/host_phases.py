@@ -49,11 +49,11 @@ sys.path.insert(0, str(ROOT))
 
 from bench.report import write_report  # noqa: E402
 from bench.traces import default_trace_files, load_traces  # noqa: E402
-from verifier.drafter import AWAIT_AHEAD_S, Drafter  # noqa: E402
-from verifier.engine import Engine, EngineConfig  # noqa: E402
+from verifier.draft.drafter import AWAIT_AHEAD_S, Drafter  # noqa: E402
+from verifier.engine.core import Engine, EngineConfig  # noqa: E402
 from verifier.model import ModelConfig, build_model, load_model  # noqa: E402
-from verifier.model.cuda_graphs import GreedyStepResult  # noqa: E402
-from verifier.sampling import SamplingParams  # noqa: E402
+from verifier.step.cuda_graphs import GreedyStepResult  # noqa: E402
+from verifier.step.sampling import SamplingParams  # noqa: E402
 
 PHASES = ("pack", "launch", "commit", "other")
 # remote: the corpus service with the verifier's default asks (adaptive); remote_always: asking every step.

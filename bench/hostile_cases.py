@@ -16,9 +16,9 @@ from urllib.parse import quote
 import grpc
 import numpy as np
 
-from corpus_service import wire
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
-from corpus_service.rpc_handlers import SERVICE
+from corpus_service.protocol import arrays
+from corpus_service.server.handlers import SERVICE
 
 METHODS = {m.name: m for m in SERVICE.methods}
 UNCLEAR = {grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL}
@@ -30,9 +30,9 @@ def _batch_get(rng: random.Random) -> pb.BatchGetRequest:
     req = pb.BatchGetRequest(namespace=rng.choice(["default", "nope", ""]), draft_token_num=rng.choice([0, 1, 8, 1 << 20]),
                              client_id=rng.choice(["c", "a/b", "x" * 200, "nl\n"]))
     runs = [np.array([rng.choice([-1, 0, 5, 1 << 30]) for _ in range(rng.randrange(0, 4))], np.int32) for _ in ids]
-    wire.pack_runs(req.windows, ids, runs)
-    req.total_lens = wire.pack([rng.choice([-5, 0, 2, 1 << 40]) for _ in range(max(0, n + rng.choice([-1, 0, 0, 1])))],
-                               wire.I64)
+    arrays.pack_runs(req.windows, ids, runs)
+    req.total_lens = arrays.pack([rng.choice([-5, 0, 2, 1 << 40]) for _ in range(max(0, n + rng.choice([-1, 0, 0, 1])))],
+                               arrays.I64)
     return req
 
 
@@ -40,14 +40,14 @@ def _session_step(rng: random.Random, seq: int) -> pb.SessionRequest:
     msg = pb.SessionRequest(seq=seq, namespace=rng.choice(["default", "default", "nope"]))
     kind = rng.randrange(5)
     if kind == 0:
-        wire.pack_runs(msg.start, ["a", "a"], [np.arange(3, dtype=np.int32)] * 2)  # duplicate ids
+        arrays.pack_runs(msg.start, ["a", "a"], [np.arange(3, dtype=np.int32)] * 2)  # duplicate ids
     elif kind == 1:
-        wire.pack_runs(msg.start, [f"s{seq}"], [np.array([-3, (1 << 31) - 1], np.int32)])  # bad token ids
+        arrays.pack_runs(msg.start, [f"s{seq}"], [np.array([-3, (1 << 31) - 1], np.int32)])  # bad token ids
     elif kind == 2:
-        wire.pack_runs(msg.extend, ["never-started"], [np.arange(4, dtype=np.int32)])
+        arrays.pack_runs(msg.extend, ["never-started"], [np.arange(4, dtype=np.int32)])
     elif kind == 3:
         msg.start.req_ids.append("short")
-        msg.start.lengths = wire.pack([1 << 30])  # claims more tokens than it carries
+        msg.start.lengths = arrays.pack([1 << 30])  # claims more tokens than it carries
     else:
         msg.draft.req_ids.extend(["ghost"] * 2)
         msg.draft.budget = rng.choice([0, -1, 1 << 20])

@@ -26,7 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from verifier import kernels, reference as ref  # noqa: E402
+from verifier import kernels
+from verifier.step import reference as ref  # noqa: E402
 
 VOCAB = 49152
 NUM_CACHES, ROW = 64, 8 * 128  # 32 layers x (K, V), 8 KV heads x head_dim 128

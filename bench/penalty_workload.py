@@ -4,15 +4,15 @@ frequency and repetition penalties (OpenAI-style values users send), at each --p
 Greedy: tokens/s without penalties, with penalties and plain decoding, with penalties and
 speculation (local corpus), the acceptance, and whether speculative output is token-identical to
 plain output (reported, never raised). Penalties are applied per tree node with its path
-(``verifier.penalties``); ``penalty_vs_free`` is the plain cost of the penalties themselves.
+(``verifier.step.penalties``); ``penalty_vs_free`` is the plain cost of the penalties themselves.
 Sampled (temperature 0.8, same penalties): tokens/s and acceptance (outputs differ by design).
 """
 
 from __future__ import annotations
 
-from verifier.drafter import Drafter
-from verifier.engine import Engine, EngineConfig
-from verifier.sampling import SamplingParams
+from verifier.draft.drafter import Drafter
+from verifier.engine.core import Engine, EngineConfig
+from verifier.step.sampling import SamplingParams
 
 PENALTIES = dict(presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.1)
 

@@ -7,7 +7,7 @@ For each batch size, the same replay of trace requests (draft with the step's bu
 ``--gpu-ms``, commit two tokens per request) runs with five drafters, in the same run:
 - ``local``: the in-process corpus (the baseline);
 - ``pipelined``: the corpus service, never waited for, its client in a child process
-  (``verifier.drafter``, the default), the answer taken in while the GPU works
+  (``verifier.draft.drafter``, the default), the answer taken in while the GPU works
   (``Drafter.await_ahead``, as the engine does);
 - ``pipelined_no_await``: the same, the answer read when the next step drafts (before the
   engine awaited it);
@@ -36,7 +36,7 @@ from bench.report import write_report  # noqa: E402
 from bench.traces import default_trace_files, load_traces  # noqa: E402
 from corpus_service.client import CorpusClient  # noqa: E402
 from verifier.demo import _start_server  # noqa: E402
-from verifier.drafter import AWAIT_AHEAD_S, Drafter  # noqa: E402
+from verifier.draft.drafter import AWAIT_AHEAD_S, Drafter  # noqa: E402
 
 MODES = ("local", "pipelined", "pipelined_no_await", "pipelined_thread", "sync")
 

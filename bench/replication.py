@@ -331,8 +331,8 @@ def _build_snapshot(mb: float, blobs: Path) -> dict:
     same corpus are timed as baselines."""
     from corpus_service.replication.blobstore import FileBlobStore
     from corpus_service.replication.snapshots import Snapshots
-    from corpus_service.service_config import ServiceConfig
-    from corpus_service.service_state import ServiceState
+    from corpus_service.server.config import ServiceConfig
+    from corpus_service.server.state import ServiceState
 
     state = ServiceState(ServiceConfig(admin_port=-1, namespaces=(f"{NS}:vocab={VOCAB},learned_max_bytes=0",),
                                        worker_threads=1))

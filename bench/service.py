@@ -38,8 +38,8 @@ import grpc  # noqa: E402
 from bench.acceptance import accept_path  # noqa: E402
 from bench.traces import REPO, default_trace_files, load_traces  # noqa: E402
 from corpus_service import CorpusConfig, NgramCorpus  # noqa: E402
-from corpus_service.service_config import NamespaceSpec  # noqa: E402
 from corpus_service.client import AsyncCorpusClient  # noqa: E402
+from corpus_service.server.config import NamespaceSpec  # noqa: E402
 
 
 def namespace_spec(settings: list[str]) -> str:
@@ -204,7 +204,7 @@ async def echo_client(target: str, request_bytes: int, reply_bytes: int, steps: 
 
 def step_message_sizes(traces, batch: int, budget: int, config: CorpusConfig) -> tuple[int, int]:
     """Bytes of a typical step: ~3 committed tokens per request up, the batch's trees down."""
-    from corpus_service import wire
+    from corpus_service.protocol import arrays
     from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
 
     eng = NgramCorpus(config)
@@ -213,16 +213,16 @@ def step_message_sizes(traces, batch: int, budget: int, config: CorpusConfig) ->
         t = traces[i % len(traces)]
         eng.start_request(r, t.prompt_ids + t.output_ids[:20])
     req = pb.SessionRequest(seq=1000, namespace="default")
-    wire.pack_runs(req.extend, rids, [[1, 2, 3]] * batch)
+    arrays.pack_runs(req.extend, rids, [[1, 2, 3]] * batch)
     req.draft.req_ids.extend(rids)
     req.draft.budget = budget
     resp = pb.SessionResponse(seq=1000)
-    wire.pack_compact_drafts(resp.drafts, budget, *eng.draft_compact(rids, budget))
+    arrays.pack_compact_drafts(resp.drafts, budget, *eng.draft_compact(rids, budget))
     return req.ByteSize(), resp.ByteSize()
 
 
 async def batch_get_latency(target: str, traces, batch: int, budget: int, steps: int) -> list[float]:
-    from corpus_service import wire
+    from corpus_service.protocol import arrays
     from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
     from corpus_service._proto.ngram_corpus.v1 import corpus_pb2_grpc as pb_grpc
 
@@ -233,8 +233,8 @@ async def batch_get_latency(target: str, traces, batch: int, budget: int, steps:
             n = 20 + s  # the contexts grow by one token per step
             ctx = [(t.prompt_ids + t.output_ids)[:n] for t in traces[:batch]]
             req = pb.BatchGetRequest(namespace="default", client_id="bench", draft_token_num=budget + 1,
-                                     total_lens=wire.pack([len(c) for c in ctx], wire.I64))
-            wire.pack_runs(req.windows, [str(i) for i in range(batch)], [c[-18:] for c in ctx])
+                                     total_lens=arrays.pack([len(c) for c in ctx], arrays.I64))
+            arrays.pack_runs(req.windows, [str(i) for i in range(batch)], [c[-18:] for c in ctx])
             t0 = time.perf_counter()
             await stub.BatchGet(req)
             if s >= 10:

@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.traces import default_trace_files, load_traces  # noqa: E402
-from verifier.budget import BudgetPolicy, CostModel  # noqa: E402
-from verifier.drafter import Drafter  # noqa: E402
-from verifier.tree_batch import best_first_rows, pack_rows, prune_rows  # noqa: E402
+from verifier.budget.policy import BudgetPolicy, CostModel  # noqa: E402
+from verifier.draft.drafter import Drafter  # noqa: E402
+from verifier.step.tree_batch import best_first_rows, pack_rows, prune_rows  # noqa: E402
 
 # An H200-like cost model (ms of forward against tokens in the batch): only its shape matters here.
 COST = CostModel([1, 64, 256, 1024], [1.2e-3, 1.7e-3, 2.2e-3, 4.1e-3])

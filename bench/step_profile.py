@@ -37,11 +37,11 @@ from tokenizers import Tokenizer, models  # noqa: E402
 
 from bench.report import write_report  # noqa: E402
 from verifier import kernels  # noqa: E402
-from verifier.engine import Engine, EngineConfig  # noqa: E402
+from verifier.engine.core import Engine, EngineConfig  # noqa: E402
 from verifier.model import ForwardBatch, ModelConfig, TextCodec, build_model, fusion  # noqa: E402
-from verifier.model.cuda_graphs import next_bucket  # noqa: E402
-from verifier.sampling import SamplingParams  # noqa: E402
-from verifier.tree_batch import pack_trees  # noqa: E402
+from verifier.step.cuda_graphs import next_bucket  # noqa: E402
+from verifier.step.sampling import SamplingParams  # noqa: E402
+from verifier.step.tree_batch import pack_trees  # noqa: E402
 
 
 def parse_ints(s: str) -> list[int]:

@@ -4,8 +4,8 @@
 engine per tokenizer family.
 """
 
-from corpus_service.config import CorpusConfig
-from corpus_service.engine import DraftBatch, NgramCorpus
-from corpus_service.namespaces import Namespaces
+from corpus_service.engine.config import CorpusConfig
+from corpus_service.engine.corpus import DraftBatch, NgramCorpus
+from corpus_service.engine.namespaces import Namespaces
 
 __all__ = ["CorpusConfig", "DraftBatch", "NgramCorpus", "Namespaces"]

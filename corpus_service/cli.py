@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from corpus_service.service_config import ENV_PREFIX, ServiceConfig
+from corpus_service.server.config import ENV_PREFIX, ServiceConfig
 
 # Help of the serve flags whose ServiceConfig field carries none in its metadata
 # (``field(metadata={"help": ...})``, which wins); every flag has one (tests/corpus_service/test_cli.py).
@@ -106,14 +106,14 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
-    from corpus_service.service import serve  # grpc/uvicorn are imported only for serving
+    from corpus_service.server.main import serve  # grpc/uvicorn are imported only for serving
 
     asyncio.run(serve(config))
     return 0
 
 
 def _admin(args: argparse.Namespace):
-    from corpus_service.admin_client import AdminClient
+    from corpus_service.admin.client import AdminClient
 
     return AdminClient(args.admin_url, args.token, tls_ca=args.tls_ca)
 
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command != "serve":
         import httpx
 
-        from corpus_service.admin_client import AdminError
+        from corpus_service.admin.client import AdminError
 
         try:
             return args.run(args)

@@ -13,7 +13,7 @@ import tomllib
 from tests.conftest import REPO
 
 # What `ngram-corpus serve` (with --log nats://..., replication) and the admin commands import.
-SERVE_MODULES = ["corpus_service.cli", "corpus_service.service", "corpus_service.admin_client",
+SERVE_MODULES = ["corpus_service.cli", "corpus_service.server.main", "corpus_service.admin.client",
                  "corpus_service.replication.replica", "corpus_service.replication.blobstore", "tqdm"]
 
 

@@ -10,11 +10,11 @@ import socket
 import typing
 from dataclasses import MISSING, dataclass, field, fields
 
-from corpus_service.namespaces import check_namespace_name
+from corpus_service.engine.namespaces import check_namespace_name
 
-from .ask_gate import AskGateConfig
-from .drafter import REMOTE_ASKS, REMOTE_CLIENTS, REMOTE_DRAFT_MODES
-from .engine import EngineConfig
+from .draft.ask_gate import AskGateConfig
+from .draft.drafter import REMOTE_ASKS, REMOTE_CLIENTS, REMOTE_DRAFT_MODES
+from .engine.core import EngineConfig
 
 ENV_PREFIX = "NGRAM_VERIFIER_"
 DEVICES = ("cpu", "cuda")
@@ -67,14 +67,14 @@ class VerifierConfig:
     max_budget: int = flag(15, "the most draft nodes per request and step", "an int 1..63")
     remote_drafts: str = flag(
         "pipelined", "how steps use the corpus service's trees: 'pipelined' merges the tree asked one step ahead "
-        "and never waits; 'sync' waits up to --draft-timeout-s for a fresh tree every step (verifier/drafter.py)",
+        "and never waits; 'sync' waits up to --draft-timeout-s for a fresh tree every step (verifier/draft/drafter.py)",
         ", ".join(REMOTE_DRAFT_MODES))
     remote_client: str = flag(
         "process", "where the corpus service's client runs: 'process' (a child process: its Python work never "
-        "takes the engine's GIL) or 'thread' (verifier/corpus_process.py)", ", ".join(REMOTE_CLIENTS))
+        "takes the engine's GIL) or 'thread' (verifier/draft/corpus_process.py)", ", ".join(REMOTE_CLIENTS))
     remote_asks: str = flag(
         "adaptive", "when a pipelined verifier asks the corpus service for trees: 'adaptive' (where its trees add "
-        "accepted tokens, measured; verifier/ask_gate.py) or 'always' (every step)", ", ".join(REMOTE_ASKS))
+        "accepted tokens, measured; verifier/draft/ask_gate.py) or 'always' (every step)", ", ".join(REMOTE_ASKS))
     remote_ask_min_gain: float = flag(
         0.02, "adaptive asks: the share of delivered tokens that only the remote trees drafted below which asks "
         "thin out", "a number 0..1")
@@ -97,7 +97,7 @@ class VerifierConfig:
         "1) <= 32): 'auto' times a decode step both ways at start-up and keeps the faster", "auto, on, off")
     refill_group: int = flag(
         0, "waiting requests join a running batch once this many slots are free (or all fit), or after 4 steps "
-        "(fewer prefill forwards at large batch; verifier/scheduler.py)", "0 (max_batch // 8) or 1..max_batch")
+        "(fewer prefill forwards at large batch; verifier/engine/scheduler.py)", "0 (max_batch // 8) or 1..max_batch")
     overlap_plain: bool = flag(True, "plain decoding runs each step one ahead of the host's commits (greedy, "
                                      "CUDA graphs)", "true/false")
     overlap_spec_plain: bool = flag(True, "the same for the plain steps of a speculative engine", "true/false")

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import flag
-from .drafter import Drafter
-from .engine import Engine, EngineConfig
+from .draft.drafter import Drafter
+from .engine.core import Engine, EngineConfig
 from .model import load_model
-from .sampling import SamplingParams
+from .step.sampling import SamplingParams
 
 BUILTIN_PROMPTS = [
     "Write a Python function `fibonacci(n)` that returns the n-th Fibonacci number, with a docstring and an example.",

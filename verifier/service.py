@@ -13,12 +13,12 @@ from dataclasses import dataclass
 import torch
 
 from .config import VerifierConfig
-from .ask_gate import AskGateConfig
-from .corpus_health import check_namespace, model_ids
-from .drafter import Drafter, auto_draft_threads
-from .engine import Engine
-from .external_corpora import load_external_corpora
-from .loop import EngineLoop
+from .draft.ask_gate import AskGateConfig
+from .draft.corpus_health import check_namespace, model_ids
+from .draft.drafter import Drafter, auto_draft_threads
+from .draft.external_corpora import load_external_corpora
+from .engine.core import Engine
+from .engine.runner import EngineLoop
 from .model import load_model
 
 log = logging.getLogger("verifier")

@@ -138,7 +138,7 @@ PYBIND11_MODULE(_native, m) {
       },
       "Per j: the nodes of tree rows[j] marked in marked[rows[j]] along paths[j] (tree_merge.h).");
 
-  // The verifier's step layout (tree_rows.h; verifier/tree_batch.py has the numpy reference).
+  // The verifier's step layout (tree_rows.h; verifier/step/tree_batch.py has the numpy reference).
   m.def(
       "summarize_rows",
       [](F32 probs, I32 counts) {

@@ -1,5 +1,5 @@
 // Draft rows in the verifier's step layout: the host work between a batch's drafts and its verify
-// step, in one pass over the rows (verifier/tree_batch.py holds the numpy reference of each).
+// step, in one pass over the rows (verifier/step/tree_batch.py holds the numpy reference of each).
 //
 // A batch of drafts is [n, W] padded rows: row i holds counts[i] nodes (tokens, parents: -1 = a
 // child of the root, probs: path probabilities; padding has probability 0). The verify step takes

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from corpus_service.replication.events import CHUNK, EXTERNAL, REMOVE, RESET, Batch
-from corpus_service.service_state import ServiceState
+from corpus_service.server.state import ServiceState
 
 log = logging.getLogger("corpus_service.replication")
 

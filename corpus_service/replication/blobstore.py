@@ -17,7 +17,7 @@ import shutil
 import time
 from pathlib import Path
 
-from corpus_service.persistence import fsync_dir
+from corpus_service.admin.persistence import fsync_dir
 
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 

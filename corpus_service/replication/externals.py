@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from corpus_service.catalog import Catalog
-from corpus_service.persistence import ACKNOWLEDGED, DELETED, FAILED, Manifest
+from corpus_service.admin.catalog import Catalog
+from corpus_service.admin.persistence import ACKNOWLEDGED, DELETED, FAILED, Manifest
 from corpus_service.replication.blobstore import FileBlobStore
 from corpus_service.replication.events import EXTERNAL, REMOVE
 from corpus_service.replication.publisher import Publisher

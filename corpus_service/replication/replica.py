@@ -42,8 +42,8 @@ from corpus_service.replication.snapshot_writer import SnapshotWriter
 from corpus_service.replication.snapshots import LATEST, SnapshotRecord, Snapshots
 from corpus_service.replication.stream import CommitStream, StreamView
 from corpus_service.replication.visibility import lag_seconds, status, wait_visible
-from corpus_service.service_config import ServiceConfig
-from corpus_service.service_state import ServiceState
+from corpus_service.server.config import ServiceConfig
+from corpus_service.server.state import ServiceState
 
 log = logging.getLogger("corpus_service.replication")
 FETCH_BATCH = 512  # messages applied together at most
@@ -190,7 +190,7 @@ class Replica:
         self.state.not_ready_reason = "replica bootstrapping: the commit log is unreachable and no snapshot is in the blob store"
 
     async def _disconnected(self) -> None:
-        if not self._stopping.is_set():  # logged and counted once per outage (outages.py)
+        if not self._stopping.is_set():  # logged and counted once per outage (server/outages.py)
             self.state.outages.down("commit log", "disconnected from the broker; lookups go on, commits are buffered")
 
     async def _reconnected(self) -> None:

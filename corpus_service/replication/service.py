@@ -3,13 +3,13 @@ deletions become log markers, and the applier builds what other replicas uploade
 
 from __future__ import annotations
 
-from corpus_service.catalog import Catalog
-from corpus_service.metrics import ReplicationMetrics
-from corpus_service.persistence import DataDir
+from corpus_service.admin.catalog import Catalog
+from corpus_service.admin.persistence import DataDir
 from corpus_service.replication.externals import ExternalCorpora
 from corpus_service.replication.replica import Replica
-from corpus_service.service_config import ServiceConfig
-from corpus_service.service_state import ServiceState
+from corpus_service.server.config import ServiceConfig
+from corpus_service.server.metrics import ReplicationMetrics
+from corpus_service.server.state import ServiceState
 
 
 def make_replica(config: ServiceConfig, state: ServiceState, catalog: Catalog, data: DataDir) -> Replica:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from corpus_service.replication.snapshots import SnapshotRecord, Snapshots
-from corpus_service.service_state import ServiceState
+from corpus_service.server.state import ServiceState
 
 log = logging.getLogger("corpus_service.replication")
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from corpus_service._native import fork_snapshot
 from corpus_service.replication.blobstore import FileBlobStore
-from corpus_service.service_state import ServiceState
+from corpus_service.server.state import ServiceState
 
 log = logging.getLogger("corpus_service.replication")
 LATEST = "latest"

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import nats.js.errors
 from nats.js import api
 
-from corpus_service.service_config import ServiceConfig
+from corpus_service.server.config import ServiceConfig
 
 log = logging.getLogger("corpus_service.replication")
 DEDUP_WINDOW_S = 120.0  # a batch re-sent under the same Nats-Msg-Id within this is stored once

@@ -14,7 +14,7 @@ import time
 import grpc
 import nats.errors
 
-from corpus_service.errors import CorpusError
+from corpus_service.protocol.status import CorpusError
 from corpus_service.replication.applier import digest
 
 

@@ -63,7 +63,7 @@ def test_every_serve_flag_explains_itself_and_its_values():
     import dataclasses
 
     from corpus_service.cli import flag_help
-    from corpus_service.service_config import ServiceConfig
+    from corpus_service.server.config import ServiceConfig
 
     serve = build_parser()._subparsers._group_actions[0].choices["serve"]
     helps = {a.dest: a.help for a in serve._actions if a.dest != "help"}

@@ -130,7 +130,7 @@ def _fields(cls) -> set[str]:
 
 def test_compose_settings_are_valid_server_and_verifier_configs(v2, env_file, monkeypatch, tmp_path):
     from corpus_service.cli import _config_from, build_parser
-    from corpus_service.service_config import ServiceConfig
+    from corpus_service.server.config import ServiceConfig
     from verifier.config import VerifierConfig, add_config_flags, config_from_args
 
     replicated = ct.config(*v2, env_file, profile="replicated")

@@ -9,10 +9,10 @@ import httpx
 import uvicorn
 
 from verifier.api import create_app
-from verifier.drafter import Drafter
-from verifier.engine import Engine, EngineConfig
-from verifier.loop import EngineLoop
-from verifier.sampling import SamplingParams
+from verifier.draft.drafter import Drafter
+from verifier.engine.core import Engine, EngineConfig
+from verifier.engine.runner import EngineLoop
+from verifier.step.sampling import SamplingParams
 
 MAX_TOKENS = 24
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS)

@@ -48,7 +48,7 @@ def test_refill_group_flag():
 
 
 def test_draft_threads_flag(monkeypatch):
-    from verifier.drafter import Drafter, auto_draft_threads
+    from verifier.draft.drafter import Drafter, auto_draft_threads
 
     assert _parse(["--draft-threads", "3"]).draft_threads == 3
     assert _parse([]).draft_threads == 0  # auto

@@ -7,10 +7,10 @@ import re
 
 import pytest
 
-from verifier.budget import CostModel
+from verifier.budget.policy import CostModel
 from verifier.demo import DemoConfig, Tally, explain, run_interleaved
-from verifier.drafter import Drafter
-from verifier.engine import Engine, EngineConfig
+from verifier.draft.drafter import Drafter
+from verifier.engine.core import Engine, EngineConfig
 
 from tiny_lm import one_thread, tiny_lm  # noqa: F401 (a fixture)
 

@@ -63,9 +63,9 @@ def test_rounds_must_be_positive(capsys):
 
 @pytest.mark.usefixtures("one_thread")
 def test_step_log_accounts_for_every_step_and_token():
-    from verifier.drafter import Drafter
-    from verifier.engine import Engine, EngineConfig
-    from verifier.sampling import SamplingParams
+    from verifier.draft.drafter import Drafter
+    from verifier.engine.core import Engine, EngineConfig
+    from verifier.step.sampling import SamplingParams
 
     lm = tiny_lm(vocab_size=16, seed=3)
     eng = Engine(lm.model, lm.codec, Drafter("local", vocab_size=16),

@@ -57,7 +57,7 @@ def next_logits(model: Transformer, ids: list[int]) -> torch.Tensor:
 
 def penalized(logits: torch.Tensor, prompt: list[int], output: list[int], presence_penalty: float = 0.0,
               frequency_penalty: float = 0.0, repetition_penalty: float = 1.0) -> torch.Tensor:
-    """The penalties one token at a time, written independently of verifier.penalties."""
+    """The penalties one token at a time, written independently of verifier.step.penalties."""
     out = logits.clone()
     for t in set(prompt) | set(output):
         if repetition_penalty != 1.0:

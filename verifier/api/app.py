@@ -19,9 +19,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ..loop import EngineLoop, Update
-from ..request import Request as GenRequest
-from ..sampling import SamplingParams
+from ..engine.request import Request as GenRequest
+from ..engine.runner import EngineLoop, Update
+from ..step.sampling import SamplingParams
 from . import choices
 from .body import ApiError, parse_body
 from .metrics import ApiMetrics

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 
-from ..logprobs import TokenLogprob
-from ..request import Request
+from ..engine.request import Request
+from ..step.logprobs import TokenLogprob
 
 LOGPROB_FLOOR = -9999.0  # OpenAI's stand-in for -inf (JSON has no infinity)
 INTERNAL_ERROR = "internal error"  # Engine.fail_all's prefix: the server failed, not the request

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from ..engine import Engine
+from ..engine.core import Engine
 
 
 class EngineCollector:
@@ -41,7 +41,7 @@ class EngineCollector:
             yield CounterMetricFamily("ngram_verifier_corpus_client_restarts",
                                       "dead corpus client processes replaced", value=d.client_restarts)
             h = e.drafter.health
-            if h is not None:  # a corpus service (verifier/corpus_health.py)
+            if h is not None:  # a corpus service (verifier/draft/corpus_health.py)
                 yield CounterMetricFamily("ngram_verifier_corpus_outages", "times the corpus service became unreachable",
                                           value=h.outages)
                 yield CounterMetricFamily("ngram_verifier_corpus_unreachable_seconds",
@@ -62,7 +62,7 @@ class EngineCollector:
                                 value=e.policy.calibration)
         b = s.budget
         sw = CounterMetricFamily("ngram_verifier_budget_plain_switches",
-                                 "times a batch bucket switched to plain decoding, by why (verifier/budget.py)",
+                                 "times a batch bucket switched to plain decoding, by why (verifier/budget/policy.py)",
                                  labels=["reason"])
         sw.add_metric(["cost"], b.plain_switches_cost)
         sw.add_metric(["delivered"], b.plain_switches_delivered)

@@ -12,8 +12,8 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..sampling import MAX_TOP_LOGPROBS, SamplingParams
-from ..structured_spec import from_openai
+from ..step.sampling import MAX_TOP_LOGPROBS, SamplingParams
+from ..step.structured_spec import from_openai
 
 MAX_SAMPLES = 16  # n and best_of: samples of one prompt decoded together
 
@@ -85,7 +85,7 @@ class _Common(BaseModel):
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
     min_tokens: int = Field(default=0, ge=0)
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
-    # Structured output (verifier/structured_spec.py): OpenAI's response_format, or SGLang's regex / ebnf.
+    # Structured output (verifier/step/structured_spec.py): OpenAI's response_format, or SGLang's regex / ebnf.
     response_format: dict | None = None
     regex: str | None = None
     ebnf: str | None = None

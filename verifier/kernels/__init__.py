@@ -1,4 +1,4 @@
-"""Tree-verification kernels: CUDA on GPU tensors, the torch reference (verifier.reference) on CPU.
+"""Tree-verification kernels: CUDA on GPU tensors, the torch reference (verifier.step.reference) on CPU.
 
 Public functions validate their inputs (ValueError), then dispatch: CPU tensors go to the
 reference; CUDA tensors go to the nvcc-built library through torch custom ops (CUDA-graph and
@@ -18,8 +18,8 @@ import os
 import torch
 from torch import Tensor
 
-from .. import reference
-from ..reference import TreeIndices, VerifyResult, flatten_draft_tree
+from ..step import reference
+from ..step.reference import TreeIndices, VerifyResult, flatten_draft_tree
 from . import checks
 from .native import NativeKernelError
 
@@ -214,7 +214,7 @@ def norm_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual:
     native kernel: the norm is folded into the matmul (rstd times the sums of (norm_weight * s) @
     weight.T), which rounds differently from eager torch by about one rounding of the dtype, and a
     row's result does not depend on the other rows. Other shapes and CPU tensors run the torch
-    reference (``verifier.reference.norm_linear``, eager torch's rounding).
+    reference (``verifier.step.reference.norm_linear``, eager torch's rounding).
     ``check=False`` skips the validation, as for ``rope_store_kv``.
     """
     if check:
@@ -241,7 +241,7 @@ def silu_mul(gate_up: Tensor, *, allow_reference: bool | None = None, check: boo
     """SwiGLU's activation on a fused gate/up projection: gate_up [..., 2 I] (contiguous; the I gate
     values, then the I up values) -> silu(gate) * up [..., I], computed in float32 and rounded once
     (as the compiled ``verifier.model.fusion.silu_mul``; the eager one rounds silu(gate) first).
-    One native kernel on CUDA, the reference (``verifier.reference.silu_mul``) elsewhere.
+    One native kernel on CUDA, the reference (``verifier.step.reference.silu_mul``) elsewhere.
     ``check=False`` skips the validation (the model's own shapes)."""
     if check:
         checks.check_silu_mul(gate_up)

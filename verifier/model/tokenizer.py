@@ -44,7 +44,7 @@ class TextCodec:
 
 
 def codec_from_gguf(path: str | os.PathLike[str], reader, eos_token_ids: tuple[int, ...]) -> TextCodec:
-    from corpus_service.tokenizer import tokenizer_from_gguf
+    from corpus_service.engine.tokenizer import tokenizer_from_gguf
 
     tok = tokenizer_from_gguf(path)
     f = reader.fields.get("tokenizer.chat_template")

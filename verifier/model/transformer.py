@@ -237,7 +237,7 @@ class Transformer(nn.Module):
         # bench/step_profile.py: step replays 0.64-0.78x of torch SDPA's from batch 1 x 1 node to
         # 64 x 16 nodes): a token then computes the same in a plain step as in a verify step where
         # its keys sit at the same cache rows (fixed spans; the root and chain nodes;
-        # tests/verifier/test_decode_attention.py), so greedy speculative output nearly always
+        # tests/verifier/kernels/test_decode_attention.py), so greedy speculative output nearly always
         # matches plain decoding in bf16 (it did not, at batch 64, with SDPA above a size threshold).
         attend = fb.mask is not None and cfg.head_dim in (64, 128) and T <= kernels.MAX_NODES
         bias = None if fb.mask is None or attend else self.attention_bias(fb.mask)

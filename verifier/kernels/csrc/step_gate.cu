@@ -1,4 +1,4 @@
-// A greedy step enqueued before its input exists (verifier.model.cuda_graphs, "armed" steps).
+// A greedy step enqueued before its input exists (verifier.step.cuda_graphs, "armed" steps).
 //
 // A drafting step's input (the draft trees) is made on the host from the previous step's results,
 // so the step cannot be launched until then. Launching a SmolLM2 step graph costs ~60 us of host

@@ -1,0 +1,105 @@
+"""Adaptive draft budget and draft pruning (no model)."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from verifier.budget.policy import BudgetPolicy, CostModel
+from verifier.step.tree_batch import prune_tree
+
+
+def flat_then_linear(n):  # launch-bound up to 64 tokens, then compute-bound
+    return 0.01 * max(1.0, n / 64)
+
+
+def test_cost_model_interpolates_and_is_monotone():
+    # A dip is pooled with its neighbour (weighted least squares), not lifted to it: a running
+    # maximum let one noisy figure raise every larger size's.
+    cm = CostModel([1, 4, 16], [0.010, 0.009, 0.020])
+    assert cm(1) == pytest.approx(0.0095) and cm(4) == pytest.approx(0.0095)
+    assert cm(10) == pytest.approx(0.01475) and cm(28) == pytest.approx(0.0305)
+    assert CostModel([1, 2, 4], [1.0, 3.0, 2.0]).seconds == pytest.approx([1.0, 2.5, 2.5])
+    with pytest.raises(ValueError):
+        CostModel([4, 1], [0.1, 0.2])
+
+
+def test_large_batches_draft_less_or_not_at_all():
+    grid = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+    policy = BudgetPolicy(15, None, CostModel(grid, [flat_then_linear(n) for n in grid]))
+    budgets = {bs: policy.draft_budget(bs) for bs in (1, 8, 64, 256)}
+    assert budgets[1] == 15 and budgets[8] >= 7 and budgets[64] == 0 and budgets[256] == 0
+
+
+def test_choose_nodes_never_expects_slower_than_plain():
+    grid = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+    policy = BudgetPolicy(15, None, CostModel(grid, [flat_then_linear(n) for n in grid]))
+    sure = [np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.1, 0.05])] * 4
+    assert policy.choose_nodes(sure) == 7  # free at this size: take everything
+    hopeless = [np.full(15, 0.01)] * 64  # at 64 requests every extra node per request costs a decode step
+    assert policy.choose_nodes(hopeless) == 0
+    policy.observe(predicted=100.0, accepted=0)  # drafts were far worse than predicted
+    assert policy.calibration < 0.1
+
+
+def test_prune_tree_keeps_ancestors():
+    tokens = np.array([10, 11, 12, 13, 14])
+    parents = np.array([-1, 0, -1, 1, 2])
+    probs = np.array([0.9, 0.5, 0.3, 0.45, 0.1])
+    t, p, q = prune_tree(tokens, parents, probs, 3)
+    assert t.tolist() == [10, 11, 13] and p.tolist() == [-1, 0, 1]
+
+
+def test_observed_step_overhead_turns_marginal_speculation_off():
+    """Speculation whose steps cost much more than the cost model says (host work) stops paying."""
+    from verifier.budget.policy import BudgetPolicy, CostModel
+
+    pol = BudgetPolicy(7, None, CostModel([1, 8, 64], [1e-3, 1.05e-3, 1.5e-3]))
+    probs = [np.array([0.3, 0.2, 0.1])]
+    assert pol.choose_nodes(probs) > 0  # a nearly free forward: draft
+    for _ in range(50):
+        pol.observe_step(True, 3e-3, 4)  # but speculative steps take 3x the modeled time
+        pol.observe_step(False, 1e-3, 1)
+    assert pol.choose_nodes(probs) == 0
+    assert pol.choose_nodes([np.array([0.99, 0.98, 0.97, 0.96, 0.95, 0.94, 0.93])]) > 0  # still pays here
+
+
+def test_drafting_that_delivers_less_than_plain_turns_itself_off_and_back_on():
+    """Realized committed tokens per second decide, per batch-size bucket: host work the GPU cost
+    model cannot see (large batches) turns drafting off; one step in explore_every still runs the
+    losing mode, so drafting comes back when it pays again."""
+    grid = [1, 8, 64, 512, 1024]
+    pol = BudgetPolicy(15, None, CostModel(grid, [1e-3, 1e-3, 1.2e-3, 2e-3, 3e-3]))
+    pol.explore_run = 3  # an engine whose plain steps overlap the host (Engine sets it)
+    assert pol.draft_budget(64) > 0  # no figures yet: draft
+    modes = []
+    for _ in range(64):  # drafting steps: 64 * 1.6 tokens in 14 ms; plain steps: 64 in 4.7 ms
+        drafted = pol.draft_budget(64) > 0
+        modes.append(drafted)
+        pol.observe_delivered(64, drafted, 14e-3 if drafted else 4.7e-3, 102 if drafted else 64)
+    assert pol.delivered(64, False) > pol.delivered(64, True)
+    assert set(pol.delivered_rates()) == {"64_drafted", "64_plain"}
+    assert not any(modes[32:-16]) or sum(modes[32:]) <= 2  # off, but for exploration steps
+    assert any(modes[32:]) and pol.draft_budget(1) > 0  # other buckets keep their own figures
+    modes = []
+    for _ in range(400):  # drafts got cheaper (or better): drafting delivers more again
+        drafted = pol.draft_budget(64) > 0
+        modes.append(drafted)
+        pol.observe_delivered(64, drafted, 5e-3 if drafted else 4.7e-3, 110 if drafted else 64)
+    assert pol.delivered(64, True) > pol.delivered(64, False)
+    assert sum(modes[-32:]) >= 32 - pol.explore_run  # drafting again, but for exploration steps
+    # Plain steps are explored in runs (their overlapped steady state needs more than one step).
+    # Drafting leads by more than 25% here: one run per 2 * explore_every steps.
+    runs = [len(list(g)) for k, g in itertools.groupby(modes[-2 * pol.explore_every:]) if not k]
+    assert sum(runs) == pol.explore_run and (len(runs) == 1 or modes[-1] is modes[-2 * pol.explore_every] is False)
+    counts = pol.decision_counts()  # every decision of bucket 64 is counted once, by how it was made
+    assert sum(n for k, n in counts.items() if k.startswith("64_")) == 1 + 64 + 400
+    assert counts["64_start_draft"] >= 1 and counts["64_plain"] > 0 and counts["64_draft"] > 0
+    assert counts["64_explore_draft"] > 0 and counts["64_explore_plain"] > 0
+
+
+def test_fixed_budget_ignores_delivered_rates():
+    pol = BudgetPolicy(7, 5)
+    pol.observe_delivered(8, True, 1.0, 1)
+    pol.observe_delivered(8, False, 1e-3, 8)
+    assert pol.draft_budget(8) == 5

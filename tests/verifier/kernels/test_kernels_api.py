@@ -1,0 +1,95 @@
+"""Input checks, CPU dispatch and the nvcc build of verifier.kernels (no GPU needed)."""
+
+import ctypes
+import shutil
+
+import pytest
+import torch
+
+from verifier import kernels
+from verifier.kernels import build, native
+from verifier.step import reference as ref
+
+I64 = dict(dtype=torch.int64)
+
+
+def _tree(bs=2, K=4):
+    parents = torch.tensor([[-1, 0, 0, 1]] * bs)
+    mask, idx = ref.tree_indices_from_parents(parents, torch.zeros(bs, **I64))
+    return parents, mask, idx
+
+
+def test_cpu_tensors_use_the_reference():
+    parents, mask, idx = _tree()
+    prefix = torch.tensor([3, 4])
+    got_mask, got = kernels.tree_indices_from_parents(parents, prefix)
+    want_mask, want = ref.tree_indices_from_parents(parents, prefix)
+    assert torch.equal(got_mask, want_mask) and all(torch.equal(a, b) for a, b in zip(got, want))
+    cand = torch.tensor([[5, 1, 2, 3]] * 2)
+    res = kernels.verify_tree_greedy(cand, *idx[1:], torch.ones(2, 4, **I64), 4)
+    assert res.accept_index.dtype == torch.int32 and res.predicts.shape == (8,)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (lambda m, p: (m[:, :, :3].contiguous(), p), r"tree_mask: expected \[bs, K, K\]"),
+    (lambda m, p: (m.int(), p), "tree_mask: expected dtype"),
+    (lambda m, p: (m, p.int()), "prefix_lens: expected dtype torch.int64"),
+    (lambda m, p: (m, p[:1]), r"prefix_lens: expected shape \(2,\)"),
+    (lambda m, p: (m.transpose(1, 2), p), "contiguous"),
+    (lambda m, p: (torch.ones(1, 65, 65, dtype=torch.bool), torch.zeros(1, **I64)), r"K .* must be in \[1, 64\], got 65"),
+])
+def test_tree_mask_checks(bad, match):
+    _, mask, _ = _tree()
+    with pytest.raises(ValueError, match=match):
+        kernels.tree_indices_from_mask(*bad(mask, torch.zeros(2, **I64)))
+
+
+def test_verify_checks():
+    _, _, idx = _tree()
+    cand = torch.zeros(2, 4, **I64)
+    with pytest.raises(ValueError, match="target_predict: expected shape"):
+        kernels.verify_tree_greedy(cand, *idx[1:], torch.zeros(2, 3, **I64), 4)
+    with pytest.raises(ValueError, match="num_spec_steps"):
+        kernels.verify_tree_greedy(cand, *idx[1:], torch.zeros(2, 4, **I64), 0)
+    probs = torch.full((2, 4, 5), 0.2)
+    coins, final = torch.rand(2, 4), torch.rand(2)
+    with pytest.raises(ValueError, match="target_probs: expected dtype torch.float32"):
+        kernels.tree_speculative_sampling(cand, *idx[1:], coins, final, probs.double(), 4)
+    with pytest.raises(ValueError, match="final_coins: expected shape"):
+        kernels.tree_speculative_sampling(cand, *idx[1:], coins, coins, probs, 4)
+    with pytest.raises(ValueError, match="threshold_acc must be in"):
+        kernels.tree_speculative_sampling(cand, *idx[1:], coins, final, probs, 4, 1.0, 1.5)
+
+
+def test_compaction_checks():
+    slots = torch.arange(8).reshape(2, 4)
+    ai, num = torch.zeros(2, 4, dtype=torch.int32), torch.zeros(2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="kv_cache: expected \\[num_caches"):
+        kernels.compact_kv_cache(torch.zeros(8, 4), slots, ai, num)
+    with pytest.raises(ValueError, match="accept_index: expected dtype torch.int32"):
+        kernels.compact_kv_cache(torch.zeros(2, 8, 4), slots, ai.long(), num)
+
+
+def test_missing_nvcc_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("NGRAM_NVCC", str(tmp_path / "no-such-nvcc"))
+    with pytest.raises(build.BuildError, match="nvcc not found"):
+        build.build(build.BuildConfig.from_env())
+
+
+@pytest.mark.skipif(build.find_nvcc() is None, reason="nvcc not installed: CUDA sources not compiled")
+def test_cuda_sources_compile_for_sm90(tmp_path):
+    """Catches build errors in CI; loads the library (no GPU needed) and checks an argument error
+    comes back with file:line."""
+    lib_path = build.build(build.BuildConfig(archs=("90",), cache_root=tmp_path))
+    lib = ctypes.CDLL(str(lib_path))
+    lib.ngk_abi_version.restype = ctypes.c_int
+    assert lib.ngk_abi_version() == native.ABI_VERSION
+    lib.ngk_last_error.restype = ctypes.c_char_p
+    rc = lib.ngk_verify_tree_greedy(*([None] * 8), 1, 65, 4, None)  # K = 65 is refused before any launch
+    assert rc == -1
+    assert b"verify_greedy.cu:" in lib.ngk_last_error() and b"K <= NGK_MAX_NODES" in lib.ngk_last_error()
+    # The armed steps' gate (host code): opening it stores the step's number.
+    gate = ctypes.c_int64(0)
+    assert lib.ngk_open_gate(ctypes.byref(gate), ctypes.c_int64(7)) == 0 and gate.value == 7
+    # the cache is reused: same sources and flags -> same path, no rebuild
+    assert build.build(build.BuildConfig(archs=("90",), cache_root=tmp_path)) == lib_path

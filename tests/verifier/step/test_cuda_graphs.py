@@ -1,0 +1,299 @@
+"""The CUDA-graph runner's padded forward: batch rows padded to a bucket write only into the
+scratch slot, KV buckets attend nothing extra, and the logits of the real rows equal the eager
+forward's. On the CPU the runner computes exactly what a graph would replay (without capturing);
+on a CUDA machine the same checks run against captured graphs (``-m gpu``)."""
+
+import pytest
+import torch
+
+from verifier.model import ForwardBatch, KVCache, ModelConfig, build_model
+from verifier.step.cuda_graphs import GraphRunner, next_bucket, pow2_buckets
+
+CFG = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
+MAX_BATCH, MAX_LEN = 5, 64
+
+
+def test_buckets():
+    assert pow2_buckets(1, 5) == (1, 2, 4, 5) and pow2_buckets(16, 64) == (16, 32, 64)
+    assert next_bucket(3, (1, 2, 4, 5)) == 4 and next_bucket(5, (1, 2, 4, 5)) == 5
+    with pytest.raises(ValueError, match="largest bucket"):
+        next_bucket(6, (1, 2, 4, 5))
+
+
+def _setup(device):
+    torch.manual_seed(0)
+    model = build_model(CFG, None, device, torch.float32)
+    caches = [KVCache(2, MAX_BATCH + 1, MAX_LEN, 2, 8, device, torch.float32) for _ in range(2)]
+    for c in caches:  # distinct, recognizable contents in every slot
+        c.data.copy_(torch.randn(c.data.shape, generator=torch.Generator().manual_seed(1)).to(device))
+    return model, caches
+
+
+def _step(device, slots, prefixes, K, kv_len):
+    bs = len(slots)
+    prefix = torch.tensor(prefixes, device=device)
+    rows = prefix[:, None] + torch.arange(K, device=device)
+    tree = torch.ones(K, K, dtype=torch.bool, device=device).tril()  # a chain
+    mask = torch.zeros(bs, K, kv_len, dtype=torch.bool, device=device)
+    for b, p in enumerate(prefixes):
+        mask[b, :, :p] = True
+        mask[b, :, p:p + K] = tree
+    ids = torch.randint(0, CFG.vocab_size, (bs, K), device=device)
+    return ids, ForwardBatch(rows, rows, torch.tensor(slots, device=device), kv_len, mask, None)
+
+
+def _check(device, capture):
+    model, (eager_cache, graph_cache) = _setup(device)
+    runner = GraphRunner(model, graph_cache, MAX_BATCH, scratch_slot=MAX_BATCH, min_kv=16, capture=capture)
+    # Batches that shrink within one bucket (stale rows must become padding), non-consecutive
+    # slots, and several K / KV buckets.
+    for slots, prefixes, K in [([3, 0, 4], [20, 5, 9], 4), ([2], [30], 4), ([4, 1, 2, 0], [7, 17, 3, 40], 1), ([3, 0, 1], [33, 2, 9], 1),
+                               ([1, 3], [11, 2], 7), ([0, 1, 2, 3, 4], [1, 2, 3, 4, 5], 3)]:
+        kv_len = max(prefixes) + K
+        ids, fb = _step(device, slots, prefixes, K, kv_len)
+        want = model(ids, eager_cache, fb)
+        fb_bucket = ForwardBatch(fb.positions, fb.write_rows, fb.slots, runner.kv_bucket(kv_len),
+                                 torch.nn.functional.pad(fb.mask, (0, runner.kv_bucket(kv_len) - kv_len)), None)
+        got = runner.forward(ids, fb_bucket if K != 3 else fb)  # K = 3: the runner pads the mask itself
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        # Every request slot holds exactly what the eager forward wrote; only the scratch slot differs.
+        real = eager_cache._view[:, :MAX_BATCH]
+        torch.testing.assert_close(graph_cache._view[:, :MAX_BATCH], real, rtol=1e-5, atol=1e-5)
+    assert runner.num_graphs >= 4
+
+
+def test_padded_forward_matches_eager_cpu():
+    _check("cpu", capture=False)
+
+
+def test_runner_rejects_prefill_and_bad_scratch():
+    model, (cache, _) = _setup("cpu")
+    with pytest.raises(ValueError, match="scratch_slot"):
+        GraphRunner(model, cache, MAX_BATCH, scratch_slot=MAX_BATCH + 1)
+    runner = GraphRunner(model, cache, MAX_BATCH, scratch_slot=MAX_BATCH)
+    rows = torch.arange(4)[None]
+    with pytest.raises(ValueError, match="explicit mask"):
+        runner.forward(torch.zeros(1, 4, dtype=torch.int64), ForwardBatch(rows, rows, torch.tensor([0]), 4))
+
+
+@pytest.mark.gpu
+def test_captured_graphs_match_eager_cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    _check("cuda", capture=True)
+
+
+def _eager_prefill(model, cache, device, prompt: list[int], slot: int) -> torch.Tensor:
+    T = len(prompt)
+    rows = torch.arange(T, device=device)[None]
+    return model(torch.tensor([prompt], device=device), cache,
+                 ForwardBatch(rows, rows, torch.tensor([slot], device=device), T, None), last_only=True)[:, 0]
+
+
+def _check_prefill(device, capture):
+    model, (eager_cache, graph_cache) = _setup(device)
+    runner = GraphRunner(model, graph_cache, MAX_BATCH, scratch_slot=MAX_BATCH, min_kv=16, capture=capture,
+                         max_prefill=32, prefill_tokens=64)
+    assert runner.prefill_buckets == (16, 32) and runner.prefill_bucket(33) is None
+    assert runner.max_prefill_prompts(16) == 4 and runner.max_prefill_prompts(32) == 2
+    assert runner.prefill_shapes() == [(1, 16), (2, 16), (4, 16), (1, 32), (2, 32)]
+    # One prompt, and several of different lengths in one graph (3 real + 1 padding row in the
+    # scratch slot): each prompt's logits and cache rows are what its own eager prefill gives.
+    for batch in [[(2, 5)], [(0, 16)], [(4, 17)], [(2, 31)], [(1, 3), (3, 16), (0, 9)], [(2, 20), (4, 32)]]:
+        prompts = [torch.randint(0, CFG.vocab_size, (T,)).tolist() for _, T in batch]
+        slots = [slot for slot, _ in batch]
+        want = torch.cat([_eager_prefill(model, eager_cache, device, p, s) for p, s in zip(prompts, slots)])
+        got = runner.prefill(prompts, slots)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        for p, slot in zip(prompts, slots):  # the prompt's rows hold what the eager prefill wrote
+            T = len(p)
+            torch.testing.assert_close(graph_cache._view[:, slot, :T], eager_cache._view[:, slot, :T],
+                                       rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="tokens"):
+        runner.prefill([list(range(33))], [0])
+    with pytest.raises(ValueError, match="prompts"):
+        runner.prefill([[1, 2]] * 5, [0, 1, 2, 3, 4])  # more than one graph of bucket 16 takes
+    with pytest.raises(ValueError, match="slot"):
+        runner.prefill([[1, 2], [3]], [0])
+    with pytest.raises(ValueError, match="tokens"):
+        runner.prefill([[1, 2], []], [0, 1])
+
+
+def test_padded_prefill_matches_eager_cpu():
+    _check_prefill("cpu", capture=False)
+
+
+@pytest.mark.gpu
+def test_captured_prefill_matches_eager_cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    _check_prefill("cuda", capture=True)
+
+
+def test_graph_prefill_chunks_group_by_length_bucket():
+    from verifier.engine.core import graph_prefill_chunks
+    from verifier.engine.request import Request
+    from verifier.step.sampling import SamplingParams
+
+    model, (cache, _) = _setup("cpu")
+    runner = GraphRunner(model, cache, MAX_BATCH, scratch_slot=MAX_BATCH, capture=False, max_prefill=32,
+                         prefill_tokens=64)
+    reqs = [Request(f"r{i}", [1] * T, SamplingParams()) for i, T in enumerate([3, 20, 5, 40, 16, 7, 30, 2, 9])]
+    chunks = graph_prefill_chunks(reqs, runner, max_tokens=64)
+    lens = [[len(r.prompt_ids) for r in c] for c in chunks]
+    # Bucket 16 takes 4 prompts a graph, bucket 32 two; the 40-token prompt has no graph (eager).
+    assert lens == [[3, 5, 16, 7], [2, 9], [20, 30], [40]]
+    assert sorted(r.req_id for c in chunks for r in c) == sorted(r.req_id for r in reqs)
+
+
+def _two_runners_and_chains_cuda():
+    """Two graph runners over identical bf16 caches (random contents) and a packed greedy step of
+    three requests with chains of K nodes; returns (runners, packed, forward ids, its ForwardBatch, kv rows)."""
+    import numpy as np
+
+    from verifier.step.tree_batch import pack_rows
+
+    torch.manual_seed(0)
+    model = build_model(CFG, None, "cuda", torch.bfloat16)
+    caches = [KVCache(2, MAX_BATCH + 1, MAX_LEN, 2, 8, "cuda", torch.bfloat16) for _ in range(2)]
+    for c in caches:
+        c.data.copy_(torch.randn(c.data.shape, generator=torch.Generator().manual_seed(1)).to("cuda", torch.bfloat16))
+    runners = [GraphRunner(model, c, MAX_BATCH, scratch_slot=MAX_BATCH, min_kv=16, capture=True) for c in caches]
+    slots, prefixes, K = [3, 0, 4], [20, 5, 9], 4
+    kv_len = runners[0].kv_bucket(max(prefixes) + K)
+    ids, fb = _step("cuda", slots, prefixes, K, kv_len)  # chains of K nodes
+    host_ids = ids.cpu().numpy()
+    chain = np.tile(np.arange(-1, K - 2), (len(slots), 1))  # draft node i's parent: node i - 1 (-1: the root)
+    packed = pack_rows(host_ids[:, 0].tolist(), host_ids[:, 1:], chain, np.ones((len(slots), K - 1), np.float32),
+                       np.full(len(slots), K - 1), prefixes, slots)
+    return runners, packed, ids, fb, max(prefixes) + K
+
+
+@pytest.mark.gpu
+def test_greedy_step_logits_stay_in_the_model_dtype_cuda():
+    """The one-graph greedy step hands the LM head's bf16 logits to the argmax without a float32
+    copy: they are the forward graph's float32 logits exactly (same buckets, same kernels), and
+    the roots' predictions are their argmax."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    runners, packed, ids, fb, rows = _two_runners_and_chains_cuda()
+    want = runners[0].forward(ids, fb)
+    r = runners[1].greedy_step(packed.host, packed.bs, packed.K, rows)
+    assert r.logits.dtype == torch.bfloat16 and want.dtype == torch.float32
+    assert torch.equal(r.logits.float(), want)
+    # each root's prediction is its row's argmax (the rest of predicts follows the accepted path)
+    assert r.predicts.reshape(packed.bs, packed.K)[:, 0].tolist() == want[:, 0].argmax(-1).tolist()
+
+
+@pytest.mark.gpu
+def test_greedy_step_idle_work_runs_while_the_gpu_works_cuda():
+    """greedy_step's ``idle`` is called while the step runs, until it says it has nothing left;
+    the results are those of a step without it (same cache contents, same inputs)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    import numpy as np
+
+    runners, packed, _, _, rows = _two_runners_and_chains_cuda()
+    calls = []
+
+    def idle() -> bool:
+        calls.append(1)
+        return len(calls) < 3
+
+    plain = runners[0].greedy_step(packed.host, packed.bs, packed.K, rows)
+    busy = runners[1].greedy_step(packed.host, packed.bs, packed.K, rows, idle=idle)
+    assert len(calls) <= 3  # stops asking once idle() returns False (or once the step is done)
+    for a, b in zip((plain.accept_index, plain.accept_token_num, plain.predicts, plain.bad),
+                    (busy.accept_index, busy.accept_token_num, busy.predicts, busy.bad)):
+        assert np.array_equal(a, b)
+
+
+def _same_results(a, b) -> bool:
+    import numpy as np
+
+    return all(np.array_equal(x, y) for x, y in zip((a.accept_index, a.accept_token_num, a.predicts, a.bad),
+                                                   (b.accept_index, b.accept_token_num, b.predicts, b.bad)))
+
+
+def _fill(inp, packed, runner) -> None:
+    """A bs-row PackedTrees.host written into a step input of its bucket's rows."""
+    runner._load_step(inp, packed.host, packed.bs)
+
+
+def test_an_armed_step_runs_when_launched_on_the_cpu():
+    """Without captured graphs an armed step is a deferred one: filled, then launched, it gives the
+    results of an ordinary launch of the same input; disarming it leaves nothing behind."""
+    import numpy as np
+
+    from verifier.step.tree_batch import pack_rows
+
+    model, caches = _setup("cpu")
+    runners = [GraphRunner(model, c, MAX_BATCH, scratch_slot=MAX_BATCH, min_kv=16, capture=False) for c in caches]
+    slots, prefixes, K = [3, 0], [20, 5], 4
+    chain = np.tile(np.arange(-1, K - 2), (2, 1))
+    packed = pack_rows([5, 7], np.array([[1, 2, 3], [4, 5, 6]]), chain, np.ones((2, K - 1), np.float32),
+                       np.full(2, K - 1), prefixes, slots)
+    kv = max(prefixes) + K
+    # Steps of one input write the same rows past the prefix each time: the two caches stay equal.
+    runners[1].greedy_step(packed.host, 2, K, kv)  # the bucket's graph exists now (arming needs it)
+    assert runners[1].arm(2, K, kv) is not None and runners[1].arm(2, K, kv) is None  # one at a time
+    runners[1].disarm()
+    assert runners[1].armed is None
+    inp = runners[1].arm(2, K, kv)
+    assert inp.fits(2, K, kv) and not inp.fits(inp.B + 1, K, kv) and not inp.fits(2, K * 2, kv)
+    _fill(inp, packed, runners[1])
+    got = runners[1].collect(runners[1].launch_input(inp, 2))
+    assert _same_results(got, runners[0].greedy_step(packed.host, 2, K, kv))
+    with pytest.raises(RuntimeError, match="disarmed or already launched"):
+        runners[1].launch_input(inp, 2)
+
+
+@pytest.mark.gpu
+def test_an_armed_step_equals_a_launched_one_cuda():
+    """A step armed before its input exists (the gate kernel), filled and released, gives the
+    results of an ordinary launch of the same input on an identical cache; disarming runs it as
+    padding that moves no request's K/V; and a gate that times out relaunches the step for real."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from verifier.step import cuda_graphs
+
+    runners, packed, _, _, rows = _two_runners_and_chains_cuda()
+    bs, K = packed.bs, packed.K
+    runners[0].greedy_step(packed.host, bs, K, rows)  # steps of one input write the same rows each time:
+    runners[1].greedy_step(packed.host, bs, K, rows)  # both caches now hold the same K/V again
+    runners[0].greedy_step(packed.host, bs, K, rows)
+    before = runners[1].cache.data.clone()
+    inp = runners[1].arm(bs, K, rows)
+    assert inp is not None
+    runners[1].disarm()  # runs as padding: only the scratch slot's rows may change
+    torch.cuda.synchronize()
+    scratch = runners[1].scratch
+    view, ref = runners[1].cache._view, before.view_as(runners[1].cache._view)
+    assert torch.equal(view[:, :scratch], ref[:, :scratch])
+    inp = runners[1].arm(bs, K, rows)
+    _fill(inp, packed, runners[1])
+    got = runners[1].collect(runners[1].launch_input(inp, bs))
+    again = runners[0].greedy_step(packed.host, bs, K, rows)
+    assert _same_results(got, again)
+    # A gate that times out: the step ran as padding, collect relaunches it from the input.
+    old = cuda_graphs.GATE_TIMEOUT_NS
+    cuda_graphs.GATE_TIMEOUT_NS = 2_000_000  # 2 ms
+    try:
+        inp = runners[1].arm(bs, K, rows)
+        import time
+
+        time.sleep(0.05)
+        _fill(inp, packed, runners[1])
+        late = runners[1].collect(runners[1].launch_input(inp, bs))
+    finally:
+        cuda_graphs.GATE_TIMEOUT_NS = old
+    assert runners[1].gate_timeouts == 1
+    again = runners[0].greedy_step(packed.host, bs, K, rows)
+    assert _same_results(late, again)
+    # Other work on the stream first disarms (it would wait behind the gate otherwise).
+    assert runners[1].arm(bs, K, rows) is not None
+    runners[1].greedy_step(packed.host, bs, K, rows)
+    assert runners[1].armed is None
+    torch.cuda.synchronize()

@@ -1,0 +1,223 @@
+"""build_tree_batch: the host-built flattened tree equals kernels.flatten_draft_tree's, padding
+nodes are isolated, and prune_tree keeps closed subtrees."""
+
+import numpy as np
+import torch
+
+from verifier import kernels
+from verifier.step.tree_batch import PAD_PARENT, build_tree_batch, prune_tree
+
+
+def _random_draft(rng, n):
+    parents = np.array([rng.integers(-1, j) if j else -1 for j in range(n)], dtype=np.int64)
+    return rng.integers(0, 1000, n).astype(np.int64), parents, np.sort(rng.random(n))[::-1].astype(np.float32)
+
+
+def test_matches_flatten_draft_tree():
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        bs = int(rng.integers(1, 6))
+        drafts = [_random_draft(rng, int(rng.integers(0, 9))) for _ in range(bs)]
+        last = rng.integers(0, 1000, bs).tolist()
+        prefix = rng.integers(1, 50, bs).tolist()
+        tb = build_tree_batch(last, drafts, prefix, torch.device("cpu"))
+        K = 1 + max(len(d[0]) for d in drafts)
+        dt = np.repeat(np.array(last)[:, None], K - 1, axis=1)
+        dp = np.full((bs, K - 1), PAD_PARENT)
+        for b, (t, p, _) in enumerate(drafts):
+            dt[b, :len(t)], dp[b, :len(p)] = t, p
+        want_tokens, want_parents = kernels.flatten_draft_tree(torch.tensor(last), torch.from_numpy(dt), torch.from_numpy(dp))
+        want_mask, want_idx = kernels.tree_indices_from_parents(want_parents, torch.tensor(prefix))
+        assert torch.equal(tb.tokens, want_tokens) and np.array_equal(tb.tokens_host, want_tokens.numpy())
+        assert torch.equal(tb.mask, want_mask) and torch.equal(tb.prefix_lens, torch.tensor(prefix))
+        for name in want_idx._fields:
+            assert torch.equal(getattr(tb.indices, name), getattr(want_idx, name)), name
+        assert tb.num_nodes == [1 + len(d[0]) for d in drafts]
+        assert abs(tb.predicted - sum(float(d[2].sum()) for d in drafts)) < 1e-4
+
+
+def test_prune_keeps_closed_subtrees():
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        tok, par, prob = _random_draft(rng, int(rng.integers(1, 12)))
+        # path probabilities never grow from parent to child
+        for j in range(len(par)):
+            if par[j] >= 0:
+                prob[j] = min(prob[j], prob[par[j]])
+        k = int(rng.integers(0, len(tok) + 1))
+        t, p, pr = prune_tree(tok, par, prob, k)
+        assert len(t) == min(k, len(tok))
+        assert all(-1 <= int(x) < j for j, x in enumerate(p))
+
+
+def test_padding_to_a_bucket_changes_no_verification():
+    """Trees padded with isolated nodes (CUDA-graph buckets) accept exactly what unpadded ones do."""
+    rng = np.random.default_rng(2)
+    for _ in range(20):
+        bs = int(rng.integers(1, 4))
+        drafts = [_random_draft(rng, int(rng.integers(0, 6))) for _ in range(bs)]
+        last, prefix = rng.integers(0, 5, bs).tolist(), rng.integers(1, 30, bs).tolist()
+        plain = build_tree_batch(last, drafts, prefix, torch.device("cpu"))
+        padded = build_tree_batch(last, drafts, prefix, torch.device("cpu"), num_nodes=plain.tokens.shape[1] + 3)
+        K0, K1 = plain.tokens.shape[1], padded.tokens.shape[1]
+        assert K1 == K0 + 3 and torch.equal(padded.tokens[:, :K0], plain.tokens)
+        # A target that predicts the draft's own tokens often, so paths get accepted.
+        target = torch.from_numpy(rng.integers(0, 5, (bs, K0)))
+        target_pad = torch.cat([target, torch.from_numpy(rng.integers(0, 5, (bs, 3)))], dim=1)
+        results = []
+        for tb, K, tgt in ((plain, K0, target), (padded, K1, target_pad)):
+            i = tb.indices
+            r = kernels.verify_tree_greedy(tb.tokens, i.retrive_index, i.retrive_next_token, i.retrive_next_sibling,
+                                           tgt, K)
+            results.append([(int(r.accept_token_num[b]), (r.accept_index[b, :int(r.accept_token_num[b]) + 1] - b * K).tolist(),
+                             int(r.predicts[int(r.accept_index[b, int(r.accept_token_num[b])])])) for b in range(bs)])
+        assert results[0] == results[1]
+
+
+def _padded_batch(rng, bs, W):
+    """Random drafts as the corpus returns them: [bs, W] arrays, counts[b] real nodes per row
+    (path probabilities never grow from parent to child; padding: token -1, parent -1, prob 0)."""
+    tokens = np.full((bs, W), -1, np.int32)
+    parents = np.full((bs, W), -1, np.int32)
+    probs = np.zeros((bs, W), np.float32)
+    counts = rng.integers(0, W + 1, bs)
+    drafts = []
+    for b in range(bs):
+        t, p, pr = _random_draft(rng, int(counts[b]))
+        for j in range(len(p)):
+            if p[j] >= 0:
+                pr[j] = min(pr[j], pr[p[j]])
+        if b % 3 == 2 and len(pr) > 2:  # some rows not monotone: prune_tree's first-k fallback
+            pr = pr[::-1].copy()
+        n = len(t)
+        tokens[b, :n], parents[b, :n], probs[b, :n] = t, p, pr
+        drafts.append((t, p, pr))
+    return tokens, parents, probs, counts, drafts
+
+
+def _prune_rows_like_prune_tree(tokens, parents, probs, counts, drafts, k):
+    """prune_rows of the padded batch == prune_tree of each request's draft; returns both."""
+    from verifier.step.tree_batch import prune_rows
+
+    t, p, pr, c = prune_rows(tokens, parents, probs, counts, k)
+    want = [prune_tree(*d, k) for d in drafts]
+    assert c.tolist() == [len(w[0]) for w in want]
+    for b, (wt, wp, wpr) in enumerate(want):
+        n = len(wt)
+        assert t[b, :n].tolist() == wt.tolist() and p[b, :n].tolist() == wp.tolist(), (b, k)
+        np.testing.assert_allclose(pr[b, :n], wpr)
+    return t, p, pr, c, want
+
+
+def test_batched_prune_and_pack_match_the_per_request_forms():
+    from verifier.budget.policy import BudgetPolicy
+    from verifier.step.tree_batch import pack_rows, pack_trees
+
+    rng = np.random.default_rng(2)
+    policy = BudgetPolicy(15, None, lambda tokens: 1.0 + 0.01 * tokens)
+    for _ in range(60):
+        bs, W = int(rng.integers(1, 7)), int(rng.integers(0, 10))
+        tokens, parents, probs, counts, drafts = _padded_batch(rng, bs, W)
+        assert policy.choose_nodes_rows(probs, counts) == policy.choose_nodes([d[2] for d in drafts])
+        k = int(rng.integers(0, W + 2))
+        t, p, pr, c, want = _prune_rows_like_prune_tree(tokens, parents, probs, counts, drafts, k)
+        last, prefix, slots = rng.integers(0, 1000, bs).tolist(), rng.integers(1, 50, bs).tolist(), list(range(bs))
+        K_min = int(rng.integers(1, 5))
+        got = pack_rows(last, t, p, pr, c, prefix, slots, K_min)
+        ref = pack_trees(last, want, prefix, slots, K_min)
+        assert (got.bs, got.K, got.num_nodes) == (ref.bs, ref.K, ref.num_nodes)
+        assert np.array_equal(got.host, ref.host) and abs(got.predicted - ref.predicted) < 1e-4
+
+
+def test_prune_rows_of_best_first_trees_match_prune_tree():
+    """The corpus ranks nodes best-first; prune_rows then keeps the first k of each row (its fast
+    path), which must be exactly what prune_tree's most-probable-k selection gives."""
+    from verifier.step.tree_batch import prune_rows
+
+    rng = np.random.default_rng(5)
+    for _ in range(60):
+        bs, W = int(rng.integers(1, 7)), int(rng.integers(1, 12))
+        tokens, parents, probs, counts, _ = _padded_batch(rng, bs, W)
+        drafts = []
+        for b in range(bs):  # reorder each row best-first (stable: a parent precedes its tied children)
+            n = int(counts[b])
+            t, p, pr = tokens[b, :n].copy(), parents[b, :n].astype(np.int64), probs[b, :n].copy()
+            for j in range(n):
+                if p[j] >= 0:
+                    pr[j] = min(pr[j], pr[p[j]])
+            order = np.argsort(-pr.astype(np.float64), kind="stable")
+            where = np.empty(n, np.int64)
+            where[order] = np.arange(n)
+            t, pr = t[order], pr[order]
+            p = np.where(p[order] >= 0, where[np.maximum(p[order], 0)], -1)
+            assert all(p[j] < j for j in range(n))
+            tokens[b, :n], parents[b, :n], probs[b, :n] = t, p, pr
+            drafts.append((t, p, pr))
+        from verifier.budget.policy import BudgetPolicy
+        from verifier.step.tree_batch import best_first_rows
+
+        assert best_first_rows(probs)
+        policy = BudgetPolicy(15, None, lambda tokens: 1.0 + 0.01 * tokens)
+        assert policy.choose_nodes_rows(probs, counts, best_first=True) == policy.choose_nodes([d[2] for d in drafts])
+        k = int(rng.integers(0, W + 2))
+        _prune_rows_like_prune_tree(tokens, parents, probs, counts, drafts, k)
+
+
+def test_native_row_summary_prune_and_pack_match_the_numpy_forms():
+    """corpus_service._native.summarize_rows / pack_rows (the engine's fast path) give exactly what
+    choose_nodes_rows' column sums, best_first_rows, prune_rows and pack_rows give: rows ranked
+    best-first or not (ties included), pruned to any k, packed for a larger bucket of rows in place."""
+    from corpus_service import _native
+    from verifier.budget.policy import BudgetPolicy
+    from verifier.step.tree_batch import best_first_rows, pack_rows, prune_rows
+
+    rng = np.random.default_rng(9)
+    policy = BudgetPolicy(15, None, lambda tokens: 1.0 + 0.01 * tokens)
+    for trial in range(200):
+        bs, W = int(rng.integers(1, 7)), int(rng.integers(0, 10))
+        tokens, parents, probs, counts, _ = _padded_batch(rng, bs, W)
+        if trial % 3 == 0 and W:  # best-first rows (the corpus' ranking), with ties
+            probs = np.round(-np.sort(-probs, axis=1), 1).astype(np.float32) * (np.arange(W) < counts[:, None])
+        t32, p32, c32 = tokens.astype(np.int32), parents.astype(np.int32), counts.astype(np.int32)
+        nodes, best_first, sums = _native.summarize_rows(probs, c32)
+        assert best_first == best_first_rows(probs) and nodes == min(W, int(counts.max(initial=0)))
+        assert policy.choose_nodes_summary(bs, nodes, sums) == policy.choose_nodes_rows(probs, counts, best_first)
+        k = int(rng.integers(0, W + 2))
+        t, p, pr, c = prune_rows(tokens, parents, probs, counts, k, best_first)
+        last, prefix, slots = rng.integers(0, 1000, bs).tolist(), rng.integers(1, 50, bs).tolist(), list(range(bs))
+        K_min = int(rng.integers(1, 5))
+        ref = pack_rows(last, t, p, pr, c, prefix, slots, K_min)
+        host, K, num_nodes, predicted = _native.pack_rows(last, t32, p32, probs, c32, k, best_first, prefix, slots, K_min)
+        assert (K, num_nodes) == (ref.K, ref.num_nodes) and np.array_equal(host, ref.host)
+        assert abs(predicted - ref.predicted) < 1e-4
+        # In place, for a bucket of R >= bs rows: the first rows as above, padding rows after.
+        R = bs + int(rng.integers(0, 3))
+        out = np.full(2 * R * K + 2 * R, 77, np.int64)
+        back = _native.pack_rows(last, t32, p32, probs, c32, k, best_first, prefix, slots, K_min, rows=R, scratch=9, out=out)
+        assert back[0] is out
+        n = bs * K
+        assert np.array_equal(out[:n], ref.host[:n]) and (out[n:R * K] == 0).all()
+        assert np.array_equal(out[R * K:R * K + n], ref.host[n:2 * n]) and (out[R * K + n:2 * R * K] == -1).all()
+        assert out[2 * R * K:2 * R * K + bs].tolist() == prefix and (out[2 * R * K + bs:2 * R * K + R] == 0).all()
+        assert out[2 * R * K + R:2 * R * K + R + bs].tolist() == slots and (out[2 * R * K + R + bs:] == 9).all()
+
+
+def test_native_pack_rows_refuses_bad_input():
+    import pytest
+
+    from corpus_service import _native
+
+    t = np.zeros((2, 3), np.int32)
+    p, c = np.zeros((2, 3), np.float32), np.array([1, 1], np.int32)
+    with pytest.raises(ValueError, match="one shape and counts one entry per row"):
+        _native.pack_rows([1, 2], t, t[:1], p, c, 2, True, [1, 2], [0, 1], 1)
+    with pytest.raises(ValueError, match="last_tokens: expected 2 values"):
+        _native.pack_rows([1], t, t, p, c, 2, True, [1, 2], [0, 1], 1)
+    with pytest.raises(ValueError, match="at least n"):
+        _native.pack_rows([1, 2], t, t, p, c, 2, True, [1, 2], [0, 1], 1, rows=1)
+    with pytest.raises(ValueError, match="out holds"):
+        _native.pack_rows([1, 2], t, t, p, c, 2, True, [1, 2], [0, 1], 1, out=np.zeros(3, np.int64))
+    with pytest.raises(ValueError, match="writable C-contiguous int64"):
+        _native.pack_rows([1, 2], t, t, p, c, 2, True, [1, 2], [0, 1], 1, out=np.zeros(40, np.int32))
+    with pytest.raises(TypeError, match="slots: expected ints"):
+        _native.pack_rows([1, 2], t, t, p, c, 2, True, [1, 2], [0, "a"], 1)

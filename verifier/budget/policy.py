@@ -1,0 +1,469 @@
+"""How many draft nodes a step verifies: a fixed budget, or one chosen from measured costs and the
+measured acceptance.
+
+Cost model (``verifier.budget.cost_model``): t(N) = seconds of one verify forward over N tokens in the
+batch, probed at start-up and refreshed from the forward times of the steps really run.
+
+A step with bs requests padded to K nodes each (the root plus K - 1 draft nodes) costs t(bs * K)
+and is expected to commit bs + c * sum_b sum_{i < K-1} p_b,i tokens, where p_b,i is the corpus's
+path acceptance probability of request b's i-th best node and c calibrates those estimates
+against what verification actually accepted. The node choice picks the K with the most expected
+tokens per second; K = 1 (plain decoding) is always a candidate. Large batches, where t(bs * K)
+grows about linearly in K, draft little or nothing: the budget asked of the corpus is capped at
+the largest K - 1 for which even fully accepted drafts would pay (K * t(bs) > t(bs * K)).
+
+The model only knows forward time. A step's host work (drafting, tree packing, committing tokens:
+Python per request) is not in it, and at large batches it dominates: on the H200 a SmolLM2 step of
+64 requests took 4.7 ms of wall time plain and about 14 ms speculative, against 1.6 and 4 ms of
+forward. So the policy also measures what each mode delivers, per batch-size bucket (powers of
+two): the committed tokens per request of its steps (the acceptance actually measured: drafting
+steps against plain steps' one token) over its step time, the median of its latest steps. A step
+counts as the cost model's forward time for its tokens in the batch plus its own host time (its
+wall time less its measured forward), so that a forward slowed by other processes, the noisy part
+on a loaded machine, is the model's median rather than one step's, and both modes are timed on the
+same model; an overlapped plain step, whose forward is not measured apart, counts its wall time.
+Before, decayed sums of tokens and wall seconds were compared: one slow drafting step weighed on
+the figure for hundreds of steps, and on the H200 one round of batch 64 drafted in 3 of its 214
+full-batch steps (MAT 1.26 against 2.58 in the other rounds).
+
+Where drafting delivers less than plain (by more than 3%: drafting's gains come in bursts), the
+bucket does not draft, except for one step in ``explore_every`` (a run of ``explore_run`` plain
+steps; twice fewer when one mode leads by 25%) that keeps the losing mode's figures current. Plain
+steps of a speculative engine run one step ahead of the host (overlapped); their figure is that
+steady state, not the cost of switching into it and out of it (a lone plain step between drafting
+ones waits for its own results: at batch 64 on the H200 it delivered 20k tok/s where a run of
+plain steps delivers 28k, which kept drafting on where it lost).
+
+No figure can lock drafting off for good: the cost model follows the steps, its stale observations
+expire, and one drafting step in ``explore_every`` of a bucket (and every exploring one) chooses its
+nodes optimistically (the calibration at least 1, drafting's host overhead no more than plain's,
+at least one node where the corpus drafted any), so tree sizes that the figures rule out are
+measured again. Each switch of a bucket to plain decoding is counted (``BudgetStats``) by its
+reason and logged: ``cost`` (the cost model: no tree size expected to pay), ``delivered`` (drafting
+delivered less than plain), ``nothing`` (the corpus had nothing to draft).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .cost_model import CostModel
+
+__all__ = ["BudgetPolicy", "BudgetStats", "CostModel"]
+
+log = logging.getLogger(__name__)
+
+TIME_WINDOW = 9  # a mode's latest steps, of which the median step time counts
+MIN_STEPS = 3  # steps of each mode a bucket needs before it compares them (until then: drafting, exploring plain)
+OVERHEAD_WINDOW = 9  # a mode's latest (step wall time / modeled forward time) ratios
+LOG_EVERY_S = 60.0  # a bucket's switches to plain for one reason: one log line per this many seconds
+
+
+def _median(xs) -> float:
+    s = sorted(xs)
+    return s[len(s) // 2]
+
+
+@dataclass
+class BudgetStats:
+    """What the adaptive budget did (the engine's ``stats.budget``): switches of a batch bucket from
+    drafting to plain decoding, by reason (module docstring), and the cost model's refreshes."""
+
+    plain_switches_cost: int = 0
+    plain_switches_delivered: int = 0
+    plain_switches_nothing: int = 0
+    cost_model_refits: int = 0  # the cost model's figures changed from observed steps
+
+
+@dataclass
+class _Bucket:
+    """One batch-size bucket's measurements of the two modes (True: drafting, False: plain)."""
+
+    # Per mode, its latest steps as (tokens in the forward, host seconds): the step's wall time less
+    # its measured forward; (0, wall seconds) where the step's forward was not measured apart
+    # (overlapped plain steps). A step's time is the cost model's forward time plus its host time.
+    times: dict[bool, deque] = field(default_factory=lambda: {m: deque(maxlen=TIME_WINDOW) for m in (False, True)})
+    step_time: dict[bool, float | None] = field(default_factory=lambda: {False: None, True: None})
+    # Decayed sums per mode: committed tokens, committed tokens per request, steps.
+    sums: dict[bool, list[float]] = field(default_factory=lambda: {False: [0.0, 0.0, 0.0], True: [0.0, 0.0, 0.0]})
+    relative: float | None = None  # drafting's delivered rate / plain's (None: not compared yet)
+    prefers: bool = True  # whether drafting is the leading mode
+    steps: int = 0  # decisions taken (paces the exploration)
+    draft_steps: int = 0  # drafting decisions (paces the optimistic node choices)
+    state: str = "draft"  # the latest leading-mode step: "draft", or why it decoded plain ("cost", "nothing")
+    version: int = -1  # the cost model version the step times were computed on
+
+    def acceptance(self, mode: bool) -> float | None:
+        """Committed tokens per request per step of this mode."""
+        s = self.sums[mode]
+        return s[1] / s[2] if s[2] > 0 else None
+
+    def update(self, mode: bool, forward: Callable[[int], float], version: int) -> None:
+        """The mode's step time (the median of its latest steps; both modes' after a refit of the cost
+        model, so that they are timed on the same figures) and drafting's relative rate."""
+        for m in ((mode,) if version == self.version else (False, True)):
+            if self.times[m]:
+                self.step_time[m] = _median([(forward(n) if n else 0.0) + t for n, t in self.times[m]])
+        self.version = version
+        a, b = self.acceptance(True), self.acceptance(False)
+        td, tp = self.step_time[True], self.step_time[False]
+        if min(len(self.times[True]), len(self.times[False])) < MIN_STEPS or not (a and b and td and tp):
+            self.relative = None
+        else:
+            self.relative = (a / b) / (td / tp)
+
+
+class BudgetPolicy:
+    """``fixed`` >= 0: always draft that many nodes per request (0 = no speculation).
+    ``fixed`` None: adaptive within [0, max_budget] from ``cost`` and the measurements."""
+
+    def __init__(self, max_budget: int, fixed: int | None = None, cost: CostModel | None = None) -> None:
+        if fixed is None and cost is None:
+            raise ValueError("an adaptive budget needs a cost model")
+        if not 1 <= max_budget <= 63:
+            raise ValueError(f"max_budget: expected 1..63 (K <= 64 tree nodes), got {max_budget}")
+        if fixed is not None and not 0 <= fixed <= max_budget:
+            raise ValueError(f"budget: expected 0..{max_budget}, got {fixed}")
+        self.max_budget, self.fixed, self.cost = max_budget, fixed, cost
+        self.stats = BudgetStats()
+        self.predicted = 1.0  # decayed sums for the calibration c = accepted / predicted
+        self.accepted = 1.0
+        # Observed step time / modeled forward time, for plain and for speculative steps (medians
+        # of the latest): the host work a step adds (drafting, tree building, verification).
+        self.overhead = {False: 1.0, True: 1.0}
+        self._overhead_obs = {m: deque(maxlen=OVERHEAD_WINDOW) for m in (False, True)}
+        self._step_costs: dict[int, list[float]] = {}  # per batch size: cost(bs * node_bucket(k + 1)), k = 0..max_budget
+        self._budgets: dict[int, int] = {}  # per batch size: the largest budget that can pay
+        self._cost_version = -1  # the cost model's version the two caches hold
+        self.node_bucket = lambda k: k  # tree size the forward really runs
+        self.explore_every = 16
+        # Consecutive plain steps per exploration turn (drafting's: one). An engine whose plain
+        # steps overlap the host raises it (their first step only restarts the pipeline); a plain
+        # step that does not overlap shows its cost alone.
+        self.explore_run = 1
+        self._buckets: dict[int, _Bucket] = {}
+        # This step's decision (draft_budget), for its node choice: an exploring step does not
+        # change the bucket's state; an optimistic one measures tree sizes the figures rule out.
+        self._exploring = False
+        self._optimistic = False
+        self._step_bucket: int | None = None
+        # How each step was decided, per bucket (decision_counts): for the benchmark's record.
+        self._decisions: dict[tuple[int, str], int] = {}
+        self._logged: dict[tuple[int, str], list[float]] = {}  # (bucket, reason): [last log time, switches since]
+        self._step_forward: tuple[int, float] | None = None  # observe_step's (tokens, forward seconds) of this step
+        self._memo: dict[int, float] = {}
+        self._memo_version = -1
+
+    @property
+    def node_bucket(self) -> Callable[[int], int]:
+        return self._node_bucket
+
+    @node_bucket.setter
+    def node_bucket(self, fn: Callable[[int], int]) -> None:
+        self._node_bucket = fn
+        self._step_costs.clear()
+
+    @staticmethod
+    def batch_bucket(bs: int) -> int:
+        return 1 << max(0, bs - 1).bit_length()
+
+    def _bucket(self, b: int) -> _Bucket:
+        st = self._buckets.get(b)
+        if st is None:
+            st = self._buckets[b] = _Bucket()
+        return st
+
+    # ------------------------------------------------------------------ measured delivery
+
+    def delivered(self, bs: int, drafted: bool) -> float | None:
+        """Committed tokens per second of this bucket's steps of one mode: tokens per step over the
+        median step time (None: none seen yet)."""
+        st = self._buckets.get(self.batch_bucket(bs))
+        if st is None or not st.step_time[drafted] or st.sums[drafted][2] <= 0:
+            return None
+        s = st.sums[drafted]
+        return (s[0] / s[2]) / st.step_time[drafted]
+
+    def delivered_rates(self) -> dict[str, float]:
+        """Every figure kept, as {"<bucket>_drafted" | "<bucket>_plain": committed tokens/s}."""
+        out = {}
+        for b in sorted(self._buckets):
+            for mode in (True, False):
+                v = self.delivered(b, mode)
+                if v is not None:
+                    out[f"{b}_{'drafted' if mode else 'plain'}"] = v
+        return out
+
+    def relative_rate(self, bs: int) -> float | None:
+        """Drafting's delivered rate over plain decoding's in this bucket (None: not measured yet)."""
+        st = self._buckets.get(self.batch_bucket(bs))
+        return None if st is None else st.relative
+
+    def drafting_pays(self, bs: int) -> bool:
+        """False where drafting steps of this batch size deliver less than plain ones, except on
+        exploration steps (per ``explore_every`` of this bucket's steps, one drafting step or
+        ``explore_run`` plain ones run the mode that is losing, or is not measured yet)."""
+        b = self.batch_bucket(bs)
+        st = self._bucket(b)
+        n = st.steps
+        st.steps = n + 1
+        # Plain steps are explored in runs: an overlapped plain step only shows its steady cost
+        # after the one that restarts the pipeline (observe_delivered's callers skip that one and
+        # the drain before the next drafting step: switching costs are exploration's, not plain's).
+        # Drafting steps are not overlapped, so one shows what drafting costs.
+        rel = st.relative
+        if rel is None:
+            # Start by drafting; measure plain steps twice as often until the modes compare.
+            every = max(self.explore_every // 2, self.explore_run + 1)
+            st.prefers = True
+            drafts = n % every < every - self.explore_run
+            self._exploring = not drafts
+            self._count(b, "start_draft" if drafts else "start_plain")
+            return drafts
+        # A clear winner (25% apart) is re-checked half as often: exploring costs a step of the
+        # losing mode each time.
+        every = self.explore_every * (2 if rel > 1.25 or rel < 0.8 else 1)
+        # Drafting's gains come in bursts (a copied passage accepts 8 tokens, most steps accept
+        # none), so it keeps the lead unless plain is ahead by more than 3%.
+        prefers = rel >= 0.97
+        if st.prefers and not prefers:
+            self._switched(b, "delivered", f"drafting delivered {rel:.2f}x plain decoding's tokens/s "
+                           f"({st.acceptance(True):.2f} tokens per request-step against {st.acceptance(False):.2f}, "
+                           f"steps {st.step_time[True] / st.step_time[False]:.2f}x as long)")
+        st.prefers = prefers
+        explore = n % every >= every - (self.explore_run if prefers else 1)
+        drafts = prefers != explore
+        self._exploring = explore
+        self._count(b, ("explore_" if explore else "") + ("draft" if drafts else "plain"))
+        return drafts
+
+    def _count(self, bucket: int, kind: str) -> None:
+        key = (bucket, kind)
+        self._decisions[key] = self._decisions.get(key, 0) + 1
+
+    def decision_counts(self) -> dict[str, int]:
+        """Steps per "<bucket>_<how>": how the delivered-rate rule decided them (``start_draft`` /
+        ``start_plain``: the bucket's modes were not compared yet; ``draft`` / ``plain``: the leading
+        mode; ``explore_draft`` / ``explore_plain``: an exploration step), ``nodes0``: drafting steps
+        whose node choice verified no draft node (the drafts did not pay for their cost), ``nothing``:
+        drafting steps with nothing drafted, and ``optimistic``: drafting steps whose node choice was
+        optimistic (module docstring)."""
+        return {f"{b}_{k}": n for (b, k), n in sorted(self._decisions.items())}
+
+    def states(self) -> dict[str, str]:
+        """Per bucket: "draft", or why it decodes plain: "delivered" (drafting is the losing mode),
+        "cost" or "nothing" (its latest step, drafting leading)."""
+        return {str(b): st.state if st.prefers else "delivered" for b, st in sorted(self._buckets.items())}
+
+    def _switched(self, b: int, reason: str, why: str) -> None:
+        """A switch of the bucket to plain decoding: counted, and logged (one line per bucket and
+        reason per LOG_EVERY_S, saying how many switches it stands for)."""
+        setattr(self.stats, f"plain_switches_{reason}", getattr(self.stats, f"plain_switches_{reason}") + 1)
+        now = time.monotonic()
+        last = self._logged.setdefault((b, reason), [-LOG_EVERY_S, 0])
+        last[1] += 1
+        if now - last[0] >= LOG_EVERY_S:
+            more = f" ({last[1]} switches for this reason since the last line)" if last[0] >= 0 and last[1] > 1 else ""
+            log.info("draft budget, batch bucket %d: plain decoding (%s): %s%s", b, reason, why, more)
+            last[0], last[1] = now, 0
+
+    def _note(self, reason: str, why: str = "") -> None:
+        """A leading-mode drafting step's outcome for its bucket: drafts verified ("draft"), or why
+        it decoded plain ("cost", "nothing"); from "draft", that is a switch. Exploration steps, and
+        a bucket where plain decoding leads ("delivered", counted when it took the lead), say
+        nothing about the bucket's state."""
+        b = self._step_bucket
+        if b is None or self._exploring:
+            return
+        st = self._bucket(b)
+        if not st.prefers:
+            return
+        was, st.state = st.state, reason
+        if was == "draft" and reason != "draft":
+            self._switched(b, reason, why)
+
+    # ------------------------------------------------------------------ the budget and the node choice
+
+    @property
+    def calibration(self) -> float:
+        return min(2.0, max(0.05, self.accepted / self.predicted))
+
+    def _fresh_costs(self) -> None:
+        version = getattr(self.cost, "version", 0)  # any t(N) callable will do; a CostModel refreshes
+        if version != self._cost_version:
+            self.stats.cost_model_refits = version  # the refits that changed its figures
+            self._cost_version = version
+            self._step_costs.clear()
+            self._budgets.clear()
+
+    def draft_budget(self, bs: int) -> int:
+        """Nodes per request to ask the corpus for (0 = do not draft this step)."""
+        self._exploring = self._optimistic = False
+        self._step_bucket = None
+        self._step_forward = None  # a new step: a verify step's observe_step comes after this
+        if self.fixed is not None:
+            return self.fixed
+        b = self.batch_bucket(bs)
+        self._step_bucket = b
+        if not self.drafting_pays(bs):
+            return 0
+        st = self._bucket(b)
+        st.draft_steps += 1
+        self._optimistic = self._exploring or st.draft_steps % self.explore_every == 0
+        self._fresh_costs()
+        best = self._budgets.get(bs)
+        if best is None:  # once per batch size and cost model version
+            base, best = self.cost(bs), 0
+            for k in range(2, self.max_budget + 2):
+                if k * base > self.cost(bs * k):
+                    best = k - 1
+            self._budgets[bs] = best
+        if best == 0 and self._optimistic:
+            best = 1  # the cost model may be wrong: one node measures the next tree size
+        if best == 0:
+            self._note("cost", f"no tree pays at batch {bs} even if fully accepted "
+                       f"({self.cost(bs) * 1e3:.2f} ms per plain step, {self.cost(2 * bs) * 1e3:.2f} ms with one node)")
+        return best
+
+    def choose_nodes(self, probs: list[np.ndarray]) -> int:
+        """Per-request node count (the same K - 1 for all: the batch is padded to K anyway)."""
+        if self.fixed is not None:
+            return min(self.fixed, max((len(p) for p in probs), default=0))
+        bs = len(probs)
+        longest = max((len(p) for p in probs), default=0)
+        # gains[k] = expected accepted tokens with the k best nodes per request (probs are ranked
+        # by the corpus; sorting keeps the bound honest if they are not).
+        gains = np.zeros(longest + 1)
+        for p in probs:
+            s = np.cumsum(np.sort(np.asarray(p, dtype=float))[::-1])
+            gains[1:len(s) + 1] += s
+            gains[len(s) + 1:] += s[-1] if len(s) else 0.0
+        return self._best_nodes(bs, gains.tolist())
+
+    def choose_nodes_rows(self, probs: np.ndarray, counts: np.ndarray, best_first: bool = False) -> int:
+        """``choose_nodes`` for [bs, W] padded probabilities (``counts[b]`` real, padding 0),
+        without a loop over rows. ``best_first``: every row's probabilities are non-increasing
+        (the corpus ranks nodes so), so a row's k best nodes are its first k and no sort is needed."""
+        W = int(counts.max()) if counts.size else 0
+        bs = probs.shape[0]
+        if self.fixed is not None:
+            return min(self.fixed, W)
+        if not (bs and W):
+            return self._nothing()
+        probs = probs[:, :W]
+        if best_first:  # gains[k] = the first k columns' sum (padding is 0)
+            col = probs.sum(axis=0, dtype=np.float64)
+        else:
+            col = np.sort(probs.astype(np.float64), axis=1)[:, ::-1].sum(axis=0)
+        return self._best_nodes(bs, [0.0, *itertools.accumulate(col.tolist())])
+
+    def choose_nodes_summary(self, bs: int, nodes: int, column_sums: list[float]) -> int:
+        """``choose_nodes_rows`` from a summary of the rows (``corpus_service._native.summarize_rows``:
+        the widest row's node count and, per column, the sum of the rows' j-th best probabilities)."""
+        if self.fixed is not None:
+            return min(self.fixed, nodes)
+        if not (bs and nodes):
+            return self._nothing()
+        return self._best_nodes(bs, [0.0, *itertools.accumulate(column_sums)])
+
+    def _nothing(self) -> int:
+        if self._step_bucket is not None:
+            self._count(self._step_bucket, "nothing")
+        self._note("nothing", "the corpus had nothing to draft")
+        self._optimistic = False
+        return 0
+
+    def _best_nodes(self, bs: int, gains: list[float]) -> int:
+        """The k (0 .. len(gains) - 1) with the most expected tokens per second: bs + c gains[k]
+        (gains[k]: the k best nodes' probabilities summed over the batch, c the calibration) over
+        the step's modeled time with k nodes per request (its tree bucket, and the host overhead
+        observed for plain or speculative steps). Plain Python: some 16 numbers, where numpy's
+        per-call cost would be most of the step's host time at batch 1."""
+        if len(gains) < 2:
+            return self._nothing()
+        self._fresh_costs()
+        costs = self._step_costs.get(bs)
+        if costs is None:  # the cost model and the buckets are fixed between refits: once per batch size
+            costs = self._step_costs[bs] = [self.cost(bs * self.node_bucket(k + 1)) for k in range(self.max_budget + 1)]
+        c, plain, spec = self.calibration, self.overhead[False], self.overhead[True]
+        optimistic, self._optimistic = self._optimistic, False
+        if optimistic:  # figures that may be stale for want of drafting steps: at their most hopeful
+            c, spec = max(c, 1.0), min(spec, plain)
+        best, best_rate = 0, bs / (costs[0] * plain)
+        for k in range(1, min(len(gains), len(costs))):
+            rate = (bs + c * gains[k]) / (costs[k] * spec)
+            if rate > best_rate:  # the first of equal rates, as argmax
+                best, best_rate = k, rate
+        if optimistic and self._step_bucket is not None:
+            self._count(self._step_bucket, "optimistic")
+            if best == 0 and gains[1] > 0:
+                best = 1
+        if best == 0:
+            self._count(self.batch_bucket(bs), "nodes0")
+            self._note("cost", f"no tree size was expected to pay (calibration {c:.2f}, "
+                       f"step overhead {spec:.2f}x drafting, {plain:.2f}x plain)")
+        else:
+            self._note("draft")
+        return best
+
+    # ------------------------------------------------------------------ observations
+
+    def observe_step(self, speculative: bool, seconds: float, tokens: int, forward_seconds: float | None = None) -> None:
+        """One step's wall time against the cost model's forward time for its tokens in the batch;
+        ``forward_seconds``: the step's own forward time, which refreshes the cost model."""
+        if self.cost is None or not seconds > 0:
+            return
+        if forward_seconds is not None and forward_seconds > 0:
+            if isinstance(self.cost, CostModel):
+                self.cost.observe(tokens, forward_seconds)
+            self._step_forward = (tokens, forward_seconds)  # for this step's observe_delivered
+        w = self._overhead_obs[speculative]
+        w.append(min(seconds / self.cost(tokens), 10.0))
+        self.overhead[speculative] = _median(w)
+
+    def observe_delivered(self, bs: int, drafted: bool, seconds: float, committed: int) -> None:
+        """One step's committed tokens and wall time (drafting and committing included). ``drafted``:
+        the step asked the corpus for drafts (its cost is paid even if no node was verified). Where
+        observe_step gave this step's forward time, the step counts as the cost model's forward time
+        for its tokens plus its host time: a forward slowed by other processes is noise that the
+        model's median absorbs, and both modes are timed on the same model."""
+        step, self._step_forward = self._step_forward, None
+        if not seconds > 0 or bs < 1:
+            return
+        st = self._bucket(self.batch_bucket(bs))
+        # The leading mode's figures average over about 20 steps (drafting's bursts); the other
+        # mode is seen once in explore_every steps, so a few of those must be able to move them.
+        decay = 0.95 if drafted == st.prefers else 0.8
+        s = st.sums[drafted]
+        s[0] = decay * s[0] + committed
+        s[1] = decay * s[1] + committed / bs
+        s[2] = decay * s[2] + 1.0
+        if step is not None and self.cost is not None:
+            st.times[drafted].append((step[0], max(0.0, seconds - step[1])))
+        else:
+            st.times[drafted].append((0, seconds))
+        st.update(drafted, self._forward_memo, getattr(self.cost, "version", 0))
+
+    def _forward_memo(self, n: int) -> float:
+        """cost(n), memoized per cost model version (a bucket's figures are re-read every step)."""
+        version = getattr(self.cost, "version", 0)
+        if version != self._memo_version:
+            self._memo.clear()
+            self._memo_version = version
+        t = self._memo.get(n)
+        if t is None:
+            t = self._memo[n] = self.cost(n)
+        return t
+
+    def observe(self, predicted: float, accepted: int) -> None:
+        """One step's sum of path probabilities of the verified nodes vs draft tokens accepted."""
+        decay = 0.98
+        self.predicted = decay * self.predicted + predicted
+        self.accepted = decay * self.accepted + accepted

@@ -1,0 +1,552 @@
+"""The remote corpus' client in a child process, so that its Python work never takes the engine's GIL.
+
+A ``CorpusClient`` in the verifier's process runs three Python threads per step (the caller's,
+gRPC's request consumer and the session reader: protobuf, futures, numpy), and every one of them
+competes with the engine thread for the interpreter lock. Measured on this project's 2-core CPU,
+those threads spend 0.3 ms of CPU per batch-1 step; on the H200 host a remote-drafting step took
+~70 us more wall time than an in-process one (1.42 vs 1.35 ms), most of it waiting for the lock.
+
+``ClientProcess`` starts ``python -m verifier.draft.corpus_process`` and talks to it over its stdin and
+stdout: length-prefixed pickled frames, written and read without blocking. The engine's side of
+a step is at most one ``os.write`` of its queued calls and draft request (calls no draft request
+needs are held for a few steps: ``verifier.draft.drafter.HOLD_CALLS_S``), and one non-blocking ``os.read``
+when it wants the answer; the child owns an ``AsyncCorpusClient`` on one event loop (its session,
+retries, circuit breaker and the replay of live requests after a server restart), runs every call
+in order, and sends buffered calls on its own when no draft request has for ``FLUSH_AFTER_S``.
+
+Frames, parent to child: ``("calls", [(method, args), ...])`` (start_request / extend_many / finish;
+errors come back as notes), ``("draft", ticket, req_ids, nodes, budget)`` (``nodes`` > ``budget``:
+a pipelined deep tree, retried at ``budget`` if the corpus refuses trees that large),
+``("close",)``. Child to parent: ``("ready",)``, ``("result", ticket, arrays, capped)``,
+``("error", ticket | None, message)``. The first frame from the parent is the client's
+configuration (its bearer token travels there, never on a command line).
+
+An outage is reported once: the first call that finds the corpus unreachable sends its error, later
+failed flushes send nothing (a draft's error is its answer, always sent), and once the corpus
+answers again (a draft, or a Stats probe every ``PROBE_S`` while it is down) the child sends
+``REACHABLE_NOTE``; the parent's ``verifier.draft.corpus_health.CorpusHealth`` logs the two.
+
+If the child dies, every pending and later draft reports an error; requests are never failed by
+it. The drafter drafts in process meanwhile, says so once, and starts a replacement in the
+background, replaying its live requests into it (``verifier.draft.drafter``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pickle
+import select
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from corpus_service.engine.corpus import DraftBatch
+
+log = logging.getLogger(__name__)
+
+_HEADER = struct.Struct("<IB")  # body length, kind
+_PICKLED, _TREES = 0, 1  # kinds: a pickled tuple; a draft's trees as raw arrays (pickling them costs ~50 us)
+_TREES_HEAD = struct.Struct("<qiiB")  # ticket, rows, width, capped
+MAX_FRAME_BYTES = 1 << 30
+# The client buffers starts, commits and finishes until a draft request carries them. An engine that
+# does not draft (a large batch where drafting does not pay, a corpus asked for nothing) still hands
+# its commits over (at least every verifier.draft.drafter.HOLD_CALLS_S while it steps): the child sends
+# what it holds at least this often, so the shared corpus (and every other replica drafting from
+# it) learns this verifier's outputs anyway.
+FLUSH_AFTER_S = 0.1
+_READ_BYTES = 1 << 16
+CALL_METHODS = ("start_request", "extend_many", "finish")
+# While the corpus is down the child asks it for its Stats this often (a flush with nothing pending
+# sends nothing, so it cannot tell that the corpus is back).
+PROBE_S = 0.5
+REACHABLE_NOTE = "(the corpus answers again)"  # an error frame's text that ends an outage
+
+
+@dataclass
+class ClientSettings:
+    target: str
+    namespace: str = "default"
+    timeout_s: float = 1.0
+    breaker_cooldown_s: float = 0.5
+    token: str | None = None
+    tls: str | None = None
+
+
+def _frame(obj) -> bytes:
+    body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(body), _PICKLED) + body
+
+
+def _trees_frame(ticket: int, b: DraftBatch, capped: bool) -> bytes:
+    n, W = b.tokens.shape
+    parts = [_TREES_HEAD.pack(ticket, n, W, capped), np.ascontiguousarray(b.tokens, np.int32).tobytes(),
+             np.ascontiguousarray(b.parents, np.int32).tobytes(), np.ascontiguousarray(b.probs, np.float32).tobytes(),
+             np.ascontiguousarray(b.counts, np.int32).tobytes()]
+    size = sum(map(len, parts))
+    return _HEADER.pack(size, _TREES) + b"".join(parts)
+
+
+def _decode(kind: int, body: bytearray):
+    if kind == _PICKLED:
+        return pickle.loads(body)
+    if kind != _TREES:
+        raise ValueError(f"corpus client process: unknown frame kind {kind}")
+    ticket, n, W, capped = _TREES_HEAD.unpack_from(body)
+    o, cells = _TREES_HEAD.size, n * W
+    if len(body) != o + 4 * (3 * cells + n):
+        raise ValueError(f"corpus client process: a trees frame of {len(body)} bytes for {n} x {W}")
+    # One array over the body, then views (a numpy call per array cost several us per step).
+    # Writable: the body is a bytearray of its own.
+    ints = np.frombuffer(body, np.int32, 3 * cells + n, o)
+    tokens, parents = ints[:cells].reshape(n, W), ints[cells:2 * cells].reshape(n, W)
+    probs = ints[2 * cells:3 * cells].view(np.float32).reshape(n, W)
+    return ("result", ticket, (tokens, parents, probs, ints[3 * cells:]), bool(capped))
+
+
+class _Frames:
+    """Splits a byte stream into frames."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list:
+        self._buf += data
+        out = []
+        while len(self._buf) >= _HEADER.size:
+            n, kind = _HEADER.unpack_from(self._buf)
+            if n > MAX_FRAME_BYTES:
+                raise ValueError(f"corpus client process: a frame of {n} bytes (at most {MAX_FRAME_BYTES})")
+            if len(self._buf) < _HEADER.size + n:
+                break
+            out.append(_decode(kind, self._buf[_HEADER.size:_HEADER.size + n]))
+            del self._buf[:_HEADER.size + n]
+        return out
+
+
+@dataclass
+class Ticket:
+    """A draft asked of the child: ``done`` once its answer (or an error) arrived."""
+
+    owner: ClientProcess
+    id: int
+    done_: bool = False
+    batch: DraftBatch | None = None
+    error: str = ""
+    capped: bool = False  # the corpus refused the deep tree; this one has ``budget`` nodes
+    asked_at: float = 0.0  # time.monotonic() when it was asked
+
+    def done(self) -> bool:
+        if not self.done_:
+            self.owner.poll()
+        return self.done_
+
+    def wait(self, timeout: float) -> bool:
+        return self.owner.wait(self, timeout)
+
+    def result(self, timeout: float) -> DraftBatch | None:
+        """Waits for the answer (TimeoutError after ``timeout`` seconds); None after an error."""
+        if not self.wait(timeout):
+            raise TimeoutError(f"no answer from the corpus client process within {timeout} s")
+        return self.batch
+
+
+@dataclass
+class ClientProcess:
+    """``start_timeout_s``: how long the constructor waits for the child's client to exist (imports
+    and the client's own checks: a bad target or TLS setting raises ValueError here, as an
+    in-process client's constructor would)."""
+
+    settings: ClientSettings
+    start_timeout_s: float = 60.0
+    errors: list[str] = field(default_factory=list)  # notes from the child, taken by the drafter
+    dead: str = ""
+
+    def __post_init__(self) -> None:
+        self._tickets: dict[int, Ticket] = {}
+        self._next = 0
+        self._out = bytearray()
+        self._frames = _Frames()
+        self._proc = subprocess.Popen(child_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
+        self._wfd, self._rfd = self._proc.stdin.fileno(), self._proc.stdout.fileno()
+        os.set_blocking(self._wfd, False)
+        os.set_blocking(self._rfd, False)
+        self._ready = False
+        self._send(("config", asdict(self.settings)))
+        deadline = time.monotonic() + self.start_timeout_s
+        while not self._ready and not self.dead and time.monotonic() < deadline:
+            select.select([self._rfd], [], [], max(0.0, deadline - time.monotonic()))
+            self.poll()
+        if not self._ready:
+            why = self.errors[0] if self.errors else f"no answer within {self.start_timeout_s} s"
+            self.close()
+            raise ValueError(f"corpus client for {self.settings.target}: {why}")
+
+    # ------------------------------------------------------------------ parent side
+
+    @property
+    def pid(self) -> int:
+        """The child's process id (benchmarks read its CPU time)."""
+        return self._proc.pid
+
+    def calls(self, calls: list[tuple[str, tuple]]) -> None:
+        """Runs the client's methods in the child, in order, without waiting."""
+        if calls:
+            self._send(("calls", calls))
+
+    def draft(self, req_ids: list[str], nodes: int, budget: int) -> Ticket:
+        self._next += 1
+        t = self._tickets[self._next] = Ticket(self, self._next, asked_at=time.monotonic())
+        if self.dead:
+            self._finish(t, None, self.dead)
+        else:
+            self._send(("draft", t.id, req_ids, nodes, budget))
+        return t
+
+    def poll(self) -> None:
+        """Takes whatever the child has answered, without blocking; sends what was held back."""
+        if self._out:
+            self._flush()
+        while not self.dead:
+            try:
+                data = os.read(self._rfd, _READ_BYTES)
+            except BlockingIOError:
+                return
+            except OSError as e:
+                self._died(f"reading from it failed: {e}")
+                return
+            if not data:
+                self._died("it exited")
+                return
+            try:
+                msgs = self._frames.feed(data)
+            except Exception as e:  # not our frames: nothing more from this child can be trusted
+                self._proc.kill()
+                self._died(f"it wrote a bad frame: {type(e).__name__}: {e}")
+                return
+            for msg in msgs:
+                self._receive(msg)
+            if len(data) < _READ_BYTES:  # the pipe is drained (a read that would fail costs an exception)
+                return
+
+    def wait(self, ticket: Ticket, timeout: float) -> bool:
+        """Waits up to ``timeout`` seconds for a draft's answer."""
+        deadline = time.monotonic() + timeout
+        while not ticket.done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            select.select([self._rfd], [self._wfd] if self._out else [], [], left)
+        return True
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Sends what is held back and a close (for up to ``timeout`` seconds: a stuck child is
+        killed, never waited on forever), then waits for the child to exit."""
+        deadline = time.monotonic() + timeout
+        if self._proc.poll() is None and not self.dead:
+            self._send(("close",))
+            while self._out and not self.dead and time.monotonic() < deadline:
+                select.select([], [self._wfd], [], max(0.0, deadline - time.monotonic()))
+                self._flush()
+        for f in (self._proc.stdin, self._proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+        try:
+            self._proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self.dead = self.dead or "closed"
+
+    def kill(self) -> None:
+        """Stops the child at once: nothing it still holds reaches the corpus."""
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait()
+        self.close(timeout=0.1)
+
+    def _send(self, obj) -> None:
+        if self.dead:
+            return
+        self._out += _frame(obj)
+        self._flush()
+
+    def _flush(self) -> None:
+        try:
+            while self._out:
+                n = os.write(self._wfd, self._out)
+                del self._out[:n]
+        except BlockingIOError:
+            pass  # the pipe is full: the rest goes with the next send or poll
+        except OSError as e:
+            self._died(f"writing to it failed: {e}")
+
+    def _receive(self, msg) -> None:
+        kind = msg[0]
+        if kind == "ready":
+            self._ready = True
+        elif kind == "result":
+            _, tid, arrays, capped = msg
+            t = self._tickets.get(tid)
+            if t is not None:
+                t.capped = capped
+                self._finish(t, DraftBatch(*arrays), "")
+        elif kind == "error":
+            _, tid, text = msg
+            t = self._tickets.get(tid) if tid is not None else None
+            if t is not None:
+                self._finish(t, None, text)
+            else:
+                self.errors.append(text)
+
+    def _finish(self, t: Ticket, batch: DraftBatch | None, error: str) -> None:
+        t.batch, t.error, t.done_ = batch, error, True
+        self._tickets.pop(t.id, None)
+
+    def _died(self, why: str) -> None:
+        code = self._proc.poll()
+        self.dead = f"CorpusUnavailable: the corpus client process stopped ({why}; exit code {code})"
+        for t in list(self._tickets.values()):
+            self._finish(t, None, self.dead)
+        self.errors.append(self.dead)
+
+
+# The child's first statement: the parent's module search path in place of its own. ``python -m``
+# (and ``-c``) put the current directory first, so a verifier installed with a plain ``pip install .``
+# and started from the checkout's root had its child import the checkout's ``corpus_service``, which
+# has no compiled ``_native``, and exit (the verifier with it, code 2). ``-P`` (3.11+) drops only that
+# entry; a benchmark may also have put the package on the parent's sys.path.
+_CHILD_BOOT = ("import sys; sys.path[:] = sys.argv[1:]; del sys.argv[1:]; "
+               "from verifier.draft.corpus_process import main; sys.exit(main())")
+
+
+def child_command() -> list[str]:
+    """The client process' command line: it imports what this process imported, from wherever it
+    runs (a relative or empty entry of this process' path is resolved against its directory now)."""
+    return [sys.executable, "-c", _CHILD_BOOT, *(os.path.abspath(p) for p in sys.path)]
+
+
+def draft_capped(client, req_ids: list[str], nodes: int, budget: int) -> tuple[DraftBatch, bool]:
+    """``client.draft`` of ``nodes``-node trees (a pipelined deep tree), retried at ``budget`` if
+    the corpus refuses trees that large (its --max-budget); returns the trees and whether they were
+    cut to ``budget``. Both clients use it: the child here, the thread client in verifier.draft.drafter."""
+    from corpus_service.protocol.status import CorpusError
+
+    try:
+        return client.draft(req_ids, nodes), False
+    except (CorpusError, ValueError) as e:
+        if not _refused_depth(e, nodes, budget):
+            raise
+        return client.draft(req_ids, budget), True
+
+
+def _refused_depth(e: Exception, nodes: int, budget: int) -> bool:
+    """Whether a draft of ``nodes`` > ``budget`` nodes failed because the corpus refuses trees that
+    large (then a step's ``budget`` is asked instead)."""
+    return nodes > budget and "budget" in str(e)
+
+
+# ---------------------------------------------------------------------- child side
+
+def _child() -> int:
+    try:
+        return _serve()
+    except BrokenPipeError:  # the parent went away
+        return 0
+
+
+def _serve() -> int:
+    # Frames go to a private copy of the stdout pipe; file descriptor 1 itself now points at stderr,
+    # so nothing else (a print, a native library's logging) can write into the frame stream.
+    rfd, wfd = sys.stdin.fileno(), os.dup(sys.stdout.fileno())
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    sys.stdout = sys.stderr
+    return asyncio.run(_relay(rfd, wfd))
+
+
+async def draft_capped_async(client, req_ids: list[str], nodes: int, budget: int) -> tuple[DraftBatch, bool]:
+    """``draft_capped`` for an ``AsyncCorpusClient``."""
+    from corpus_service.protocol.status import CorpusError
+
+    try:
+        return await client.draft(req_ids, nodes), False
+    except (CorpusError, ValueError) as e:
+        if not _refused_depth(e, nodes, budget):
+            raise
+        return await client.draft(req_ids, budget), True
+
+
+async def _relay(rfd: int, wfd: int) -> int:
+    """The child's loop: frames from the parent, in order, through an ``AsyncCorpusClient``. One
+    thread and an event loop: a draft's exchange with the server wakes this loop directly, where
+    the thread-based client handed each step between three Python threads (B=1 drafts on the
+    2-core machine: 512-572 us per round trip against 578-715 us)."""
+    from corpus_service.client.aio import AsyncCorpusClient
+    from corpus_service.client.circuit_breaker import CircuitBreaker
+    from corpus_service.protocol.status import CorpusError
+
+    from .corpus_health import unreachable
+
+    loop = asyncio.get_running_loop()
+    frames = _Frames()
+    inbox: list[bytes] = []  # what the pipe gave since the last turn (b"": the parent closed it)
+    arrived = asyncio.Event()
+
+    def readable() -> None:
+        try:
+            data = os.read(rfd, 1 << 20)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        inbox.append(data)
+        if not data:
+            loop.remove_reader(rfd)
+        arrived.set()
+
+    os.set_blocking(rfd, False)
+    loop.add_reader(rfd, readable)
+
+    def send(obj) -> None:
+        write(_frame(obj))
+
+    down = False  # the parent was told the corpus is unreachable, and not yet that it is back
+    probed = 0.0
+
+    def report(ticket: int | None, e: Exception, what: str) -> None:
+        nonlocal down
+        if not isinstance(e, (CorpusError, ValueError)):  # a bug here must not stop the child
+            log.exception("corpus client process: %s", what)
+        text = f"{type(e).__name__}: {e}"
+        if unreachable(text):
+            if down and ticket is None:
+                return  # said once per outage
+            down = True
+        send(("error", ticket, text))
+
+    def answered() -> None:
+        nonlocal down
+        if down:
+            down = False
+            send(("error", None, REACHABLE_NOTE))
+
+    def write(frame: bytes) -> None:
+        # Blocking writes: the parent never blocks on a full pipe (it reads without blocking), so
+        # a write waits only while the parent is between polls.
+        data = memoryview(frame)
+        while data:
+            n = os.write(wfd, data)
+            data = data[n:]
+
+    client = None
+    sent = time.monotonic()  # when buffered operations last went out (a draft or a flush)
+    flush_error = ""
+
+    async def flush() -> None:
+        nonlocal sent, flush_error, probed
+        try:
+            await client.flush()
+            flush_error = ""
+            if down and time.monotonic() - probed >= PROBE_S:
+                probed = time.monotonic()
+                await client.stats()
+                answered()
+        except BrokenPipeError:
+            raise
+        except Exception as e:  # the corpus is down or slow: said once, retried at the next turn
+            text = f"{type(e).__name__}: {e}"
+            if text != flush_error:
+                report(None, e, "flush")
+            flush_error = text
+        sent = time.monotonic()
+
+    while True:
+        if not inbox:
+            left = None if client is None else FLUSH_AFTER_S - (time.monotonic() - sent)
+            try:
+                if left is not None and left <= 0:
+                    raise asyncio.TimeoutError
+                await asyncio.wait_for(arrived.wait(), left)
+            except asyncio.TimeoutError:
+                await flush()
+                continue
+        arrived.clear()
+        chunks, inbox[:] = inbox[:], []
+        batch = []
+        for data in chunks:
+            if not data:
+                batch.append(("close",))
+                break
+            batch.extend(frames.feed(data))
+        for msg in batch:
+            kind = msg[0]
+            if kind == "close":
+                loop.remove_reader(rfd)
+                if client is not None:
+                    # What the client still buffers goes out first (within its timeout: the parent
+                    # waits a bounded time for this process to exit), so a drafter's last commits
+                    # reach the shared corpus.
+                    try:
+                        await asyncio.wait_for(client.flush(), client.timeout)
+                    except BrokenPipeError:
+                        raise
+                    except Exception as e:
+                        log.warning("corpus client process: the last calls were not sent: %s: %s", type(e).__name__, e)
+                    await client.close()
+                return 0
+            if kind == "config":
+                s = ClientSettings(**msg[1])
+                try:
+                    client = AsyncCorpusClient(s.target, namespace=s.namespace, timeout=s.timeout_s, token=s.token,
+                                               tls=s.tls, breaker=CircuitBreaker(failure_threshold=2,
+                                                                                 cooldown_s=s.breaker_cooldown_s))
+                except Exception as e:  # reported to the constructor, which raises it
+                    send(("error", None, f"{type(e).__name__}: {e}"))
+                    return 2
+                send(("ready",))
+            elif kind == "calls":
+                for method, args in msg[1]:
+                    try:
+                        if method not in CALL_METHODS:
+                            raise ValueError(f"unknown call {method!r}")
+                        # Awaited: a buffered call sends the pending step itself when it must (a
+                        # restarted id finished in it, too many buffered tokens).
+                        await getattr(client, method)(*args)
+                    except BrokenPipeError:
+                        raise
+                    except Exception as e:
+                        report(None, e, method)
+            elif kind == "draft":
+                _, tid, ids, nodes, budget = msg
+                try:
+                    b, capped = await draft_capped_async(client, ids, nodes, budget)
+                    answered()
+                    write(_trees_frame(tid, b, capped))
+                except BrokenPipeError:
+                    raise
+                except Exception as e:
+                    report(tid, e, "draft")
+                sent = time.monotonic()
+        if client is not None and time.monotonic() - sent >= FLUSH_AFTER_S:
+            await flush()
+
+
+def main() -> int:
+    import signal
+
+    # Ctrl-C in a terminal reaches the whole process group: the parent closes this process itself
+    # (or its exit closes the pipe), so the child does not die mid-call with a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s corpus-client %(levelname)s %(message)s")
+    return _child()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

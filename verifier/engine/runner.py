@@ -1,0 +1,81 @@
+"""Runs an ``Engine`` on its own thread: steps while there is work, sleeps when idle.
+
+The HTTP API (asyncio) submits requests through ``submit``; the engine thread reports progress
+through the request's ``on_update`` callback, which hands a snapshot to the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import dataclass
+
+from ..step.sampling import SamplingParams
+from .core import Engine
+from .request import Request
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Update:
+    output_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+    text: str
+    request: Request
+
+
+class EngineLoop:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self.error: BaseException | None = None
+
+    def start(self) -> "EngineLoop":
+        self._thread.start()
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._stop
+
+    def stop(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams,
+               group: str | None = None) -> tuple[Request, asyncio.Queue]:
+        """Queues a request (ValueError for a bad one); updates arrive on the returned queue.
+        ``group``: the corpus request group of the samples of one API request."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Update] = asyncio.Queue()
+
+        def on_update(req: Request) -> None:  # engine thread
+            upd = Update(list(req.output_ids), req.finished, req.finish_reason, req.text, req)
+            loop.call_soon_threadsafe(queue.put_nowait, upd)
+
+        req = self.engine.add_request(prompt_ids, params, on_update=on_update, group=group)
+        self._wake.set()
+        return req, queue
+
+    def abort(self, req_id: str) -> None:
+        self.engine.abort(req_id)
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop:
+            if not self.engine.has_work():
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            try:
+                self.engine.step()
+            except Exception as e:  # a bug: fail the running requests, keep serving new ones
+                log.exception("engine step failed")
+                self.error = e
+                self.engine.fail_all(f"internal error: {type(e).__name__}: {e}")

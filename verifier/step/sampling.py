@@ -1,0 +1,104 @@
+"""Sampling parameters and the target distribution they define.
+
+With temperature T, top-k k and top-p p the target is q = softmax(logits / T) restricted to the k
+most likely tokens and to the smallest set whose mass reaches p, renormalised. Tree rejection
+sampling against this q is exact: the output is distributed as plain sampling from q.
+Temperature 0 means greedy (argmax).
+
+Penalties and ``min_tokens`` change the logits before any of this (``verifier.step.penalties``), per
+tree node with the tokens on the node's path counted, so speculation keeps them exact too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from .structured_spec import GrammarSpec
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    speculate: bool = True  # False: plain decoding for this request (no drafts)
+    presence_penalty: float = 0.0  # OpenAI: minus this for each token already in the output
+    frequency_penalty: float = 0.0  # OpenAI: minus this times the token's count in the output
+    repetition_penalty: float = 1.0  # CTRL/HF: logits of prompt or output tokens / this (x this if < 0)
+    min_tokens: int = 0  # eos and stop_token_ids are masked (stop strings unchecked) before this many
+    logprobs: int | None = None  # None: off; k >= 0: each token's logprob and the k most likely tokens
+    grammar: GrammarSpec | None = None  # structured output: the grammar every token obeys (verifier.step.grammar)
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens: expected an int >= 1, got {self.max_tokens!r}")
+        if not isinstance(self.temperature, (int, float)) or not 0.0 <= self.temperature <= 100.0:
+            raise ValueError(f"temperature: expected a number in [0, 100], got {self.temperature!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p: expected a number in (0, 1], got {self.top_p!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k: expected an int >= 0, got {self.top_k!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63):
+            raise ValueError(f"seed: expected an int in [0, 2^63), got {self.seed!r}")
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        if len(stop) > 16 or any(not isinstance(s, str) or not s for s in stop):
+            raise ValueError(f"stop: expected up to 16 non-empty strings, got {self.stop!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not -2.0 <= v <= 2.0:
+                raise ValueError(f"{name}: expected a number in [-2, 2], got {v!r}")
+        rp = self.repetition_penalty
+        if isinstance(rp, bool) or not isinstance(rp, (int, float)) or not 0.0 < rp <= 10.0:
+            raise ValueError(f"repetition_penalty: expected a number in (0, 10], got {rp!r}")
+        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens: expected an int in [0, max_tokens ({self.max_tokens})], got {self.min_tokens!r}")
+        lp = self.logprobs
+        if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= MAX_TOP_LOGPROBS):
+            raise ValueError(f"logprobs: expected None or an int in [0, {MAX_TOP_LOGPROBS}], got {lp!r}")
+        if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
+            raise ValueError(f"grammar: expected a GrammarSpec, got {type(self.grammar).__name__}")
+        object.__setattr__(self, "stop", stop)
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty) or self.repetition_penalty != 1.0
+
+
+def target_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """logits [N, V]; per-row temperature (> 0), top_k (0 = off), top_p [N] -> probs [N, V] float32."""
+    logits = logits.float() / temperature[:, None]
+    V = logits.shape[-1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    ranks = torch.arange(V, device=logits.device)[None, :]
+    k = torch.where(top_k > 0, top_k, V).clamp(max=V)
+    drop = ranks >= k[:, None]
+    probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
+    # Keep the smallest prefix whose mass reaches top_p: a token is dropped when the mass before it
+    # already reaches top_p (the first token always stays).
+    before = probs.cumsum(-1) - probs
+    drop = drop | (before >= top_p[:, None])
+    probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
+    return torch.zeros_like(probs).scatter_(-1, order, probs)
+
+
+def sample(probs: Tensor, coins: Tensor) -> Tensor:
+    """Inverse-CDF draw: probs [N, V], coins [N] in [0, 1) -> token ids [N]."""
+    cdf = probs.double().cumsum(-1)
+    u = coins.double() * cdf[:, -1]
+    return torch.searchsorted(cdf, u[:, None], right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)
