@@ -197,7 +197,7 @@ def put_flood(srv: ServerProcess, a: argparse.Namespace, deadline: float, out: d
 
 def hostile(srv: ServerProcess, a: argparse.Namespace, deadline: float, out: dict) -> None:
     with grpc.insecure_channel(srv.target) as ch:
-        out["grpc"] = run_grpc(ch, grpc_cases(a.seed, a.grpc_cases), deadline)
+        out["grpc"] = run_grpc(ch, grpc_cases(a.seed, a.grpc_cases), deadline, admin_token=TOKEN)
     with httpx.Client(base_url=srv.admin_url, timeout=60) as http:
         out["rest"] = run_rest(http, TOKEN, rest_cases(a.seed, a.rest_cases), deadline)
 
