@@ -203,10 +203,19 @@ class Replica:
         """The KV bucket (and the object store, if blobs live there), created if missing."""
         if hasattr(self.blobs, "attach"):
             await self.blobs.attach(self._js)
+        want = int(self.config.log_replicas)
         try:
             self._kv = await self._js.key_value(self.bucket)
         except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
-            self._kv = await self._js.create_key_value(bucket=self.bucket, history=5)
+            self._kv = await self._js.create_key_value(bucket=self.bucket, history=5, replicas=want or 1)
+            return
+        if want:  # the bucket is a stream (KV_<bucket>): its copies follow log_replicas like the log's
+            info = await self._js.stream_info(f"KV_{self.bucket}")
+            if (info.config.num_replicas or 1) != want:
+                cfg = info.config
+                log.warning("snapshot bucket %s: replicas changed from %d to %d", self.bucket, cfg.num_replicas or 1, want)
+                cfg.num_replicas = want
+                await self._js.update_stream(cfg)
 
     async def _records(self) -> list[SnapshotRecord]:
         """Complete snapshots: the blob store's, and the KV bucket's record of the newest (which may

@@ -50,9 +50,10 @@ class CommitStream:
         self.max_msgs = config.log_max_msgs or -1
         self.max_bytes = config.log_max_bytes or -1
         self.max_age = float(config.log_max_age_s)  # 0 = no age limit
-        # Servers holding the stream, as last seen (an operator raises it in a JetStream cluster):
-        # a stream recreated after a loss keeps it.
-        self.num_replicas = 1
+        # Servers holding the stream: the configured count (log_replicas), else as last seen (an
+        # operator may have raised it by hand): a stream recreated after a loss keeps it.
+        self.wanted_replicas = int(config.log_replicas)
+        self.num_replicas = self.wanted_replicas or 1
 
     def _limits(self, cfg: api.StreamConfig) -> api.StreamConfig:
         cfg.max_msgs, cfg.max_bytes, cfg.max_age = self.max_msgs, self.max_bytes, self.max_age
@@ -96,11 +97,13 @@ class CommitStream:
         except nats.js.errors.NotFoundError:
             return await self.create(js, None)
         cfg = info.config
-        self.num_replicas = cfg.num_replicas or 1
+        have_replicas = cfg.num_replicas or 1
+        self.num_replicas = self.wanted_replicas or have_replicas
         have = (cfg.max_msgs, cfg.max_bytes, float(cfg.max_age or 0))
-        if have != (self.max_msgs, self.max_bytes, self.max_age):
+        if have != (self.max_msgs, self.max_bytes, self.max_age) or have_replicas != self.num_replicas:
+            cfg.num_replicas = self.num_replicas
             info = await js.update_stream(self._limits(cfg))
-            log.warning("commit log stream %s: retention changed from max_msgs=%d max_bytes=%d max_age_s=%g to "
-                        "max_msgs=%d max_bytes=%d max_age_s=%g", self.name, *have, self.max_msgs, self.max_bytes,
-                        self.max_age)
+            log.warning("commit log stream %s: retention changed from max_msgs=%d max_bytes=%d max_age_s=%g "
+                        "replicas=%d to max_msgs=%d max_bytes=%d max_age_s=%g replicas=%d", self.name, *have,
+                        have_replicas, self.max_msgs, self.max_bytes, self.max_age, self.num_replicas)
         return _view(info)

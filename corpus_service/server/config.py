@@ -88,7 +88,7 @@ def check_replication(cfg: "ServiceConfig") -> None:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 10_000:
         raise ValueError(f"log_batch_ms: expected a number in (0, 10000], got {v!r}")
     for name, lo, hi in (("log_buffer_tokens", 0, 1 << 34), ("log_max_msgs", 0, 1 << 62), ("log_max_bytes", 0, 1 << 62),
-                         ("snapshot_keep", 1, 1000), ("ready_lag", 0, 1 << 30)):
+                         ("snapshot_keep", 1, 1000), ("ready_lag", 0, 1 << 30), ("log_replicas", 0, 5)):
         v = getattr(cfg, name)
         if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
             raise ValueError(f"{name}: expected an int in [{lo}, {hi}], got {v!r}")
@@ -170,6 +170,12 @@ class ServiceConfig:
     log_max_age_s: float = field(default=3600.0, metadata={"help": (
         "stream retention in seconds (0 = no age limit, else >= 2 x --snapshot-interval-s so the log reaches back "
         "to the newest snapshot); applied to an existing stream too")})
+    # Copies of the log and of the snapshot bucket in a JetStream cluster. 0 leaves an existing stream's
+    # count as an operator set it (and creates with 1), so a single-server broker needs no setting.
+    log_replicas: int = field(default=0, metadata={"help": (
+        "JetStream copies of the commit log and of the snapshot KV bucket, int in [0, 5]: 1-5 is applied when they "
+        "are created and to existing ones at every start (3 in a 3-server cluster; a single server holds only 1); "
+        "0 = keep what they have (1 when created)")})
     snapshot_keep: int = field(default=3, metadata={"help": (
         "snapshots kept in the blob store across all replica ids, int in [1, 1000]; older ones are deleted")})
     snapshot_max_age_s: float = field(default=86400.0, metadata={"help": (

@@ -218,23 +218,25 @@ def test_configmap_and_secrets_make_a_replica_that_serves_tls_to_the_verifiers_t
         assert limits.max_msgs == int(config["NGRAM_CORPUS_LOG_MAX_MSGS"])
         assert limits.max_age == float(config["NGRAM_CORPUS_LOG_MAX_AGE_S"])
 
-        # docs/operations.md raises the log's and the snapshot bucket's replicas to the cluster's 3
-        # (what `nats stream edit NAME --replicas 3` does); a replica that starts later keeps them.
-        async def replicas(raise_to: int | None = None) -> list[int]:
+        # The ConfigMap's NGRAM_CORPUS_LOG_REPLICAS puts the log and the snapshot bucket on the
+        # cluster's 3 servers; a replica that starts later keeps them, and sets them back if lowered.
+        async def replicas(lower_to: int | None = None) -> list[int]:
             nc = await nats.connect(nats_cluster.urls.split(","))
             try:
                 js, out = nc.jetstream(), []
                 for name in (config["NGRAM_CORPUS_LOG_STREAM"], f"KV_{config['NGRAM_CORPUS_LOG_STREAM']}-snapshots"):
                     cfg = (await js.stream_info(name)).config
-                    if raise_to:
-                        cfg.num_replicas = raise_to
+                    if lower_to:
+                        cfg.num_replicas = lower_to
                         cfg = (await js.update_stream(cfg)).config
                     out.append(cfg.num_replicas)
                 return out
             finally:
                 await nc.close()
 
-        assert asyncio.run(replicas(3)) == [3, 3]
+        assert config["NGRAM_CORPUS_LOG_REPLICAS"] == "3"
+        wait_for(lambda: asyncio.run(replicas()) == [3, 3], timeout=30, what="the log and the bucket on 3 servers")
+        assert asyncio.run(replicas(lower_to=1)) == [1, 1]  # an operator's edit, or a bucket recreated with one
         (tmp_path / "data2").mkdir()
         second = ServerProcess(tmp_path / "data2", env={**env, "NGRAM_CORPUS_REPLICA_ID": "ngram-corpus-5d9f7-fghij"},
                                admin_token=admin).start()
