@@ -1,11 +1,16 @@
 """Shared n-gram/suffix draft corpus for speculative decoding.
 
-``NgramCorpus`` is the in-process engine; ``CorpusConfig`` configures it; ``Namespaces`` keeps one
-engine per tokenizer family.
+The public API of the in-process corpus (with ``corpus_service.client`` for a remote one, the only
+modules other packages import): ``NgramCorpus`` is the engine and ``DraftBatch`` its drafts;
+``CorpusConfig`` configures it (``MAX_BUDGET``: the most nodes a tree may have); ``Namespaces`` keeps
+one engine per tokenizer family (``check_namespace_name``: the rule for their names);
+``read_documents`` reads corpus files (.jsonl, .ids or blank-line-separated text) as uploads do.
 """
 
-from corpus_service.engine.config import CorpusConfig
+from corpus_service.admin.uploads import read_documents
+from corpus_service.engine.config import MAX_BUDGET, CorpusConfig
 from corpus_service.engine.corpus import DraftBatch, NgramCorpus
-from corpus_service.engine.namespaces import Namespaces
+from corpus_service.engine.namespaces import Namespaces, check_namespace_name
 
-__all__ = ["CorpusConfig", "DraftBatch", "NgramCorpus", "Namespaces"]
+__all__ = ["MAX_BUDGET", "CorpusConfig", "DraftBatch", "NgramCorpus", "Namespaces", "check_namespace_name",
+           "read_documents"]

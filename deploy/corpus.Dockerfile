@@ -11,6 +11,7 @@ RUN pip install --no-cache-dir -c requirements/ci.txt scikit-build-core pybind11
 COPY pyproject.toml CMakeLists.txt README.md ./
 COPY corpus_service corpus_service
 COPY verifier verifier
+COPY ngram_common ngram_common
 RUN pip wheel --no-cache-dir --no-build-isolation --no-deps -w /wheels . \
  && python -m venv /opt/venv \
  && /opt/venv/bin/pip install --no-cache-dir -c requirements/ci.txt "$(ls /wheels/*.whl)[service,replication]" \

@@ -18,6 +18,7 @@ RUN pip install --no-cache-dir -c requirements/ci.txt scikit-build-core pybind11
 COPY pyproject.toml CMakeLists.txt README.md ./
 COPY corpus_service corpus_service
 COPY verifier verifier
+COPY ngram_common ngram_common
 # The native corpus engine (the verifier's in-process corpus and mirror) as a wheel: the build tools
 # stay in this stage.
 RUN pip wheel --no-cache-dir --no-build-isolation --no-deps -w /wheels .

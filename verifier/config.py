@@ -4,13 +4,12 @@ and reads ``NGRAM_VERIFIER_<FIELD>`` (``NGRAM_VERIFIER_MAX_BATCH``) when the fla
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
-import socket
 import typing
 from dataclasses import MISSING, dataclass, field, fields
 
-from corpus_service.engine.namespaces import check_namespace_name
+from corpus_service import check_namespace_name
+from ngram_common.net import is_loopback
 
 from .draft.ask_gate import AskGateConfig
 from .draft.drafter import REMOTE_ASKS, REMOTE_CLIENTS, REMOTE_DRAFT_MODES
@@ -135,7 +134,7 @@ class VerifierConfig:
             check_namespace_name(self.corpus_namespace)
         if self.log_level.upper() not in LOG_LEVELS:
             raise ValueError(f"log_level: expected one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
-        if not _is_loopback(self.host) and not self.api_key:
+        if not is_loopback(self.host) and not self.api_key:
             # An open inference endpoint off loopback is a decision, not a default.
             if os.environ.get(f"{ENV_PREFIX}ALLOW_OPEN", "") != "1":
                 raise ValueError(f"host {self.host!r} is not loopback: set --api-key (or {ENV_PREFIX}ALLOW_OPEN=1)")
@@ -171,18 +170,6 @@ class VerifierConfig:
                             native_linear=self.native_linear, refill_group=self.refill_group,
                             overlap_plain=self.overlap_plain, overlap_spec_plain=self.overlap_spec_plain,
                             arm_steps=self.arm_steps)
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        try:
-            return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
-        except OSError:
-            return False
 
 
 def parse_bool(v: str | bool) -> bool:

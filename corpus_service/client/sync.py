@@ -168,7 +168,7 @@ class CorpusClient:
 
     def describe_namespaces(self, timeout: float = 30.0) -> dict[str, dict]:
         """Every namespace this client may read: name -> ('vocab_size', 'tokenizer', 'tokenizer_probe', 'tokenizer_error'). A verifier compares ``tokenizer_probe`` with its
-        own tokenizer's ids of ``corpus_service.engine.tokenizer.PROBE_TEXT``. The default timeout leaves
+        own tokenizer's ids of ``ngram_common.tokenizer.PROBE_TEXT``. The default timeout leaves
         room for a server that is still loading a tokenizer (seconds for a GGUF)."""
         return describe_of(self.unary(self.stub.Stats, pb.StatsRequest(describe=True), timeout))
 

@@ -37,7 +37,7 @@ py::tuple merged_trees(DraftOutput&& d, py::ssize_t n, int budget) {
   auto only = to_array(std::move(d.earlier_only), {n});
   return padded_trees(std::move(d), n, budget) + py::make_tuple(only);
 }
-// [n, width] padded trees (tree_merge.h's TreeRows), checked: one shape, counts within the width.
+// [n, width] padded trees (tree_rows.h), checked: one shape, counts within the width.
 TreeRows tree_rows(const I32& tokens, const I32& parents, const F32& probs, const I32& counts, py::ssize_t n) {
   if (tokens.ndim() != 2 || tokens.shape(0) != n)
     throw py::value_error("trees: expected [n, width] arrays with one row per request");
@@ -137,52 +137,6 @@ PYBIND11_MODULE(_native, m) {
         return to_array(std::move(found), {m});
       },
       "Per j: the nodes of tree rows[j] marked in marked[rows[j]] along paths[j] (tree_merge.h).");
-
-  // The verifier's step layout (tree_rows.h; verifier/step/tree_batch.py has the numpy reference).
-  m.def(
-      "summarize_rows",
-      [](F32 probs, I32 counts) {
-        if (probs.ndim() != 2 || counts.ndim() != 1 || counts.shape(0) != probs.shape(0))
-          throw py::value_error("summarize_rows: expected probs [n, width] and counts [n]");
-        const TreeRows v{nullptr, nullptr, probs.data(), counts.data(), probs.shape(0), probs.shape(1)};
-        RowsSummary s = summarize_rows(v);
-        return py::make_tuple(s.nodes, s.best_first, py::cast(s.column_sums));
-      },
-      "(nodes, best_first, column_sums) of padded draft rows (tree_rows.h).");
-  m.def(
-      "pack_rows",
-      [](py::handle last_tokens, I32 tokens, I32 parents, F32 probs, I32 counts, int k, bool best_first,
-         py::handle prefix_lens, py::handle slots, int k_min, int64_t rows, int64_t scratch, py::object out) {
-        const TreeRows v = tree_rows(tokens, parents, probs, counts, tokens.ndim() == 2 ? tokens.shape(0) : -1);
-        if (k < 0 || k_min < 1) throw py::value_error("pack_rows: expected k >= 0 and k_min >= 1");
-        if (rows != 0 && rows < v.n) throw py::value_error("pack_rows: rows must be 0 (n) or at least n");
-        auto last = to_int64s(last_tokens, v.n, "last_tokens");
-        auto prefix = to_int64s(prefix_lens, v.n, "prefix_lens");
-        auto slot = to_int64s(slots, v.n, "slots");
-        const int64_t R = std::max(rows, static_cast<int64_t>(v.n));
-        const int K = pack_width(v, k, k_min);
-        const auto size = static_cast<py::ssize_t>(2 * R * K + 2 * R);
-        py::array_t<int64_t> host;
-        if (out.is_none()) {
-          host = py::array_t<int64_t>(size);
-        } else {  // the caller's buffer (a graph's pinned staging): written in place, nothing copied after
-          if (!py::array_t<int64_t, py::array::c_style>::check_(out) || !py::reinterpret_borrow<py::array>(out).writeable())
-            throw py::value_error("pack_rows: out must be a writable C-contiguous int64 array");
-          host = py::reinterpret_borrow<py::array_t<int64_t>>(out);
-          if (host.size() < size)
-            throw py::value_error("pack_rows: out holds " + std::to_string(host.size()) + " values, the step needs " +
-                                  std::to_string(size));
-        }
-        std::vector<int32_t> num_nodes;
-        const double predicted = pack_rows(v, k, best_first, last.data(), prefix.data(), slot.data(), k_min, R,
-                                           scratch, host.mutable_data(), num_nodes);
-        return py::make_tuple(host, K, py::cast(num_nodes), predicted);
-      },
-      py::arg("last_tokens"), py::arg("tokens"), py::arg("parents"), py::arg("probs"), py::arg("counts"), py::arg("k"),
-      py::arg("best_first"), py::arg("prefix_lens"), py::arg("slots"), py::arg("k_min"), py::arg("rows") = 0,
-      py::arg("scratch") = 0, py::arg("out") = py::none(),
-      "(host int64, K, num_nodes, predicted): the rows pruned to k nodes and packed for a verify step of "
-      "max(rows, n) rows (tree_rows.h), into `out` if given.");
 
   py::class_<ScoreParams>(m, "ScoreParams")
       .def(py::init<>())

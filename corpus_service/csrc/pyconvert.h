@@ -68,27 +68,6 @@ inline std::vector<int32_t> to_tokens(py::handle obj, const char* what) {
   return out;
 }
 
-// A sequence of n ints (a list, a tuple or a 1-D integer array), read through the C API: the
-// verifier's per-step lists (last tokens, prefix lengths, cache slots) cost a numpy conversion each.
-inline std::vector<int64_t> to_int64s(py::handle obj, py::ssize_t n, const char* what) {
-  py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(obj.ptr(), what));
-  if (!seq) throw py::error_already_set();
-  if (PySequence_Fast_GET_SIZE(seq.ptr()) != n)
-    throw std::invalid_argument(std::string(what) + ": expected " + std::to_string(n) + " values, got " +
-                                std::to_string(PySequence_Fast_GET_SIZE(seq.ptr())));
-  std::vector<int64_t> out(static_cast<size_t>(n));
-  PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
-  for (py::ssize_t i = 0; i < n; ++i) {
-    if (PyBool_Check(items[i]) || !PyIndex_Check(items[i]))
-      throw py::type_error(std::string(what) + ": expected ints, got " +
-                           std::string(py::str(py::type::of(py::handle(items[i])).attr("__name__"))));
-    const long long v = PyLong_AsLongLong(items[i]);  // calls __index__ (numpy integers)
-    if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
-    out[static_cast<size_t>(i)] = v;
-  }
-  return out;
-}
-
 inline std::vector<std::string> to_ids(py::handle obj, const char* what) {
   if (py::isinstance<py::str>(obj) || !py::isinstance<py::sequence>(obj))
     throw py::type_error(std::string(what) + ": expected a sequence of request ids");

@@ -1,15 +1,10 @@
-// Draft rows in the verifier's step layout: the host work between a batch's drafts and its verify
-// step, in one pass over the rows (verifier/step/tree_batch.py holds the numpy reference of each).
-//
-// A batch of drafts is [n, W] padded rows: row i holds counts[i] nodes (tokens, parents: -1 = a
-// child of the root, probs: path probabilities; padding has probability 0). The verify step takes
-// K = 1 + nodes per request: node 0 is the root (the request's last token), draft node j is node
-// j + 1, padding nodes repeat the root and are isolated (parent -1). At batch 1 the numpy form of
-// this work is some 25 calls of a few microseconds each, more than the work itself.
+// A batch of draft trees as [n, width] padded rows, the layout of the engine's batch drafts
+// (DraftOutput) and of the earlier trees a merge re-roots (tree_merge.h): row i holds counts[i]
+// nodes (tokens, parents: -1 = a child of the root, probs: path probabilities); padding has
+// probability 0.
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 namespace ngc {
 
@@ -20,29 +15,5 @@ struct TreeRows {
   const int32_t* counts;
   int64_t n, width;
 };
-
-// What the node choice needs: the widest row's node count (at most width), whether every row's
-// probabilities are non-increasing over the whole width (the corpus ranks its trees best-first),
-// and, per column j below that count, the sum over rows of each row's j-th largest probability
-// (padding counts 0; for best-first rows, simply column j).
-struct RowsSummary {
-  int32_t nodes = 0;
-  bool best_first = true;
-  std::vector<double> column_sums;
-};
-RowsSummary summarize_rows(const TreeRows& rows);
-
-// Keeps each row's k most probable nodes as a valid tree (the rows' order; ties keep their order):
-// best-first rows keep their first k; otherwise the k largest by a stable sort, and a row whose
-// chosen nodes leave a parent out keeps its first k nodes instead (parents precede children).
-// Then packs the step input for `rows` >= n rows (a graph's batch bucket): `host` = tokens
-// [rows, K], parents [rows, K] (node indices, -1 = the root or isolated), prefix lens [rows],
-// cache slots [rows]; rows past n are padding (token 0, isolated, prefix 0, slot `scratch`).
-// K = max(k_min, 1 + the longest kept row); `host` must hold 2 rows K + 2 rows values.
-// `num_nodes[i]` = 1 + row i's kept nodes; returns the kept nodes' probability sum.
-int pack_width(const TreeRows& rows, int k, int k_min);
-double pack_rows(const TreeRows& rows, int k, bool best_first, const int64_t* last_tokens, const int64_t* prefix_lens,
-                 const int64_t* slots, int k_min, int64_t out_rows, int64_t scratch, int64_t* host,
-                 std::vector<int32_t>& num_nodes);
 
 }  // namespace ngc

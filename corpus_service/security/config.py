@@ -10,7 +10,7 @@ import ssl
 from typing import Any
 
 from corpus_service.security.auth import ClientToken, load_client_tokens
-from corpus_service.security.net import is_loopback
+from ngram_common.net import is_loopback
 from corpus_service.security.tls import read_pem
 
 

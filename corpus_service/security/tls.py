@@ -16,7 +16,7 @@ from pathlib import Path
 
 import grpc
 
-from corpus_service.security.net import is_loopback
+from ngram_common.net import is_loopback
 
 log = logging.getLogger("corpus_service.tls")
 TOKEN_ENV = "NGRAM_CORPUS_TOKEN"

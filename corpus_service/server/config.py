@@ -17,7 +17,7 @@ from typing import Any
 from corpus_service.engine.config import MAX_BUDGET, CorpusConfig
 from corpus_service.engine.namespaces import check_namespace_name
 from corpus_service.security.config import check_security
-from corpus_service.security.net import is_loopback
+from ngram_common.net import is_loopback
 
 ENV_PREFIX = "NGRAM_CORPUS_"
 

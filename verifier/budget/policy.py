@@ -365,7 +365,7 @@ class BudgetPolicy:
         return self._best_nodes(bs, [0.0, *itertools.accumulate(col.tolist())])
 
     def choose_nodes_summary(self, bs: int, nodes: int, column_sums: list[float]) -> int:
-        """``choose_nodes_rows`` from a summary of the rows (``corpus_service._native.summarize_rows``:
+        """``choose_nodes_rows`` from a summary of the rows (``verifier.step._native.summarize_rows``:
         the widest row's node count and, per column, the sum of the rows' j-th best probabilities)."""
         if self.fixed is not None:
             return min(self.fixed, nodes)

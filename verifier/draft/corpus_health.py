@@ -4,7 +4,7 @@ remote drafting is on. ``/healthz`` and ``/metrics`` show it (``verifier/api``).
 
 The namespace check (``check_namespace``): the namespace must exist on the corpus, and where the
 namespace declares them, its vocabulary size must be the model's and its tokenizer must encode
-``corpus_service.engine.tokenizer.PROBE_TEXT`` to the ids the model's tokenizer gives. Token ids of two
+``ngram_common.tokenizer.PROBE_TEXT`` to the ids the model's tokenizer gives. Token ids of two
 tokenizers must never mix: drafts from the wrong namespace verify nothing, and this verifier's
 commits would spoil that namespace for every other replica.
 """
@@ -17,6 +17,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from ngram_common.tokenizer import PROBE_TEXT
 
 log = logging.getLogger("verifier.corpus")
 
@@ -48,8 +50,6 @@ class ModelIds:
 
 
 def model_ids(codec, vocab_size: int) -> ModelIds:
-    from corpus_service.engine.tokenizer import PROBE_TEXT
-
     return ModelIds(int(vocab_size), tuple(codec.encode(PROBE_TEXT)))
 
 

@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from corpus_service.engine.corpus import DraftBatch
+from corpus_service import DraftBatch
 
 log = logging.getLogger(__name__)
 
@@ -337,7 +337,7 @@ def draft_capped(client, req_ids: list[str], nodes: int, budget: int) -> tuple[D
     """``client.draft`` of ``nodes``-node trees (a pipelined deep tree), retried at ``budget`` if
     the corpus refuses trees that large (its --max-budget); returns the trees and whether they were
     cut to ``budget``. Both clients use it: the child here, the thread client in verifier.draft.drafter."""
-    from corpus_service.protocol.status import CorpusError
+    from corpus_service.client import CorpusError
 
     try:
         return client.draft(req_ids, nodes), False
@@ -373,7 +373,7 @@ def _serve() -> int:
 
 async def draft_capped_async(client, req_ids: list[str], nodes: int, budget: int) -> tuple[DraftBatch, bool]:
     """``draft_capped`` for an ``AsyncCorpusClient``."""
-    from corpus_service.protocol.status import CorpusError
+    from corpus_service.client import CorpusError
 
     try:
         return await client.draft(req_ids, nodes), False
@@ -388,9 +388,7 @@ async def _relay(rfd: int, wfd: int) -> int:
     thread and an event loop: a draft's exchange with the server wakes this loop directly, where
     the thread-based client handed each step between three Python threads (B=1 drafts on the
     2-core machine: 512-572 us per round trip against 578-715 us)."""
-    from corpus_service.client.aio import AsyncCorpusClient
-    from corpus_service.client.circuit_breaker import CircuitBreaker
-    from corpus_service.protocol.status import CorpusError
+    from corpus_service.client import AsyncCorpusClient, CircuitBreaker, CorpusError
 
     from .corpus_health import unreachable
 

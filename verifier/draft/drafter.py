@@ -63,9 +63,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from corpus_service import NgramCorpus
-from corpus_service.engine.config import MAX_BUDGET, CorpusConfig
-from corpus_service.engine.corpus import DraftBatch
+from corpus_service import MAX_BUDGET, CorpusConfig, DraftBatch, NgramCorpus
 
 from .ask_gate import AskGate, AskGateConfig
 from .corpus_health import BackgroundCheck, CorpusHealth, NamespaceMismatch, unreachable
@@ -207,8 +205,7 @@ class Drafter:
             self._restart_at: float | None = None  # when to start a replacement (None: no death handled)
             self._child_since = time.monotonic()
         else:
-            from corpus_service.client.circuit_breaker import CircuitBreaker
-            from corpus_service.client import CorpusClient
+            from corpus_service.client import CircuitBreaker, CorpusClient
 
             self.target = corpus
             self._client = CorpusClient(corpus, namespace=namespace, timeout=client_timeout_s, token=token, tls=tls,
@@ -441,7 +438,7 @@ class Drafter:
     def _check_at_start(self) -> None:
         """The namespace check, now: a mismatch raises; a corpus that cannot be reached holds remote
         drafting back until a background check passes."""
-        from corpus_service.protocol.status import CorpusError
+        from corpus_service.client import CorpusError
 
         try:
             note = self._check()
@@ -539,7 +536,7 @@ class Drafter:
                     self._note_error_text(text)
 
     def _guarded(self, fn, *args):
-        from corpus_service.protocol.status import CorpusError
+        from corpus_service.client import CorpusError
 
         try:
             return fn(*args)

@@ -18,8 +18,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from corpus_service import NgramCorpus
-from corpus_service.admin.uploads import read_documents
+from corpus_service import NgramCorpus, read_documents
 
 log = logging.getLogger(__name__)
 

@@ -18,14 +18,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from corpus_service import _native
-
 from .. import kernels
 from ..budget.cost_probe import measure_cost_model
 from ..budget.policy import BudgetPolicy, BudgetStats, CostModel
 from ..draft.drafter import Drafter
 from ..model import ForwardBatch, KVCache, TextCodec, Transformer
 from ..model import fusion
+from ..step import _native
 from ..step.cuda_graphs import GraphRunner, GreedyStepResult, StepInput, StepLaunch, probe_native_linear
 from ..step.grammar import GrammarCompiler, finish_if_complete, mask_logits, prune_drafts, settle
 from ..step.logprobs import row_logprobs
@@ -764,7 +763,7 @@ class Engine:
     def _packed_drafts(self, running: list[Request], plain: frozenset[str], slots: list[int],
                        max_prefix: int) -> tuple[PackedTrees, StepInput]:
         """The fast path's drafting: the corpus' padded rows summarized for the node choice, then
-        pruned and packed in one native pass each (``corpus_service/csrc/tree_rows.h``;
+        pruned and packed in one native pass each (``verifier/step/csrc/step_rows.h``;
         ``verifier.step.tree_batch`` holds the numpy form, whose ~25 calls cost more than the work at
         batch 1) straight into the step's pinned input: the armed step's if it fits, else a new one."""
         bs = len(running)
@@ -800,7 +799,7 @@ class Engine:
                 inp = None
         if inp is None:
             inp = self.graphs.step_input(bs, K, max_prefix + K)
-        host, K, num_nodes, predicted = _native.pack_rows(
+        host, K, num_nodes, predicted = _native.pack_plan(
             [r.last_token for r in running], tokens, parents, probs, counts, k, best_first,
             [r.cache_len for r in running], slots, K, rows=inp.B, scratch=self.graphs.scratch, out=inp.host)
         return PackedTrees(host, bs, K, num_nodes, predicted, rows=inp.B), inp

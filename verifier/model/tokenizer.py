@@ -13,6 +13,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from ngram_common.tokenizer import tokenizer_from_gguf
+
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
           "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
@@ -44,8 +46,6 @@ class TextCodec:
 
 
 def codec_from_gguf(path: str | os.PathLike[str], reader, eos_token_ids: tuple[int, ...]) -> TextCodec:
-    from corpus_service.engine.tokenizer import tokenizer_from_gguf
-
     tok = tokenizer_from_gguf(path)
     f = reader.fields.get("tokenizer.chat_template")
     template = f.contents() if f is not None else CHATML

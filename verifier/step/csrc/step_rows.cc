@@ -1,18 +1,18 @@
-#include "tree_rows.h"
+#include "step_rows.h"
 
 #include <algorithm>
 #include <numeric>
 
-namespace ngc {
+namespace vstep {
 namespace {
 
-int32_t clamp_count(const TreeRows& r, int64_t i) {
+int32_t clamp_count(const DraftRows& r, int64_t i) {
   return static_cast<int32_t>(std::clamp<int64_t>(r.counts[i], 0, r.width));
 }
 
 }  // namespace
 
-RowsSummary summarize_rows(const TreeRows& r) {
+RowsSummary summarize_rows(const DraftRows& r) {
   RowsSummary s;
   for (int64_t i = 0; i < r.n; ++i) {
     s.nodes = std::max(s.nodes, clamp_count(r, i));
@@ -33,19 +33,18 @@ RowsSummary summarize_rows(const TreeRows& r) {
   return s;
 }
 
-int pack_width(const TreeRows& r, int k, int k_min) {
+int plan_width(const DraftRows& r, int k, int k_min) {
   k = static_cast<int>(std::clamp<int64_t>(k, 0, r.width));
   int32_t widest = 0;
   for (int64_t i = 0; i < r.n; ++i) widest = std::max(widest, std::min(clamp_count(r, i), k));
   return std::max(k_min, 1 + widest);
 }
 
-double pack_rows(const TreeRows& r, int k, bool best_first, const int64_t* last_tokens, const int64_t* prefix_lens,
-                 const int64_t* slots, int k_min, int64_t out_rows, int64_t scratch, int64_t* host,
-                 std::vector<int32_t>& num_nodes) {
-  const int K = pack_width(r, k, k_min);
-  k = static_cast<int>(std::clamp<int64_t>(k, 0, r.width));
-  const int64_t n = r.n, R = std::max(out_rows, n);
+double pack_plan(const DraftRows& r, const PlanShape& shape, bool best_first, const int64_t* last_tokens,
+                 const int64_t* prefix_lens, const int64_t* slots, int64_t* host, std::vector<int32_t>& num_nodes) {
+  const int K = plan_width(r, shape.k, shape.k_min);
+  const int k = static_cast<int>(std::clamp<int64_t>(shape.k, 0, r.width));
+  const int64_t n = r.n, R = std::max(shape.rows, n);
   int64_t* tok = host;
   int64_t* par = host + R * K;
   num_nodes.assign(static_cast<size_t>(n), 1);
@@ -96,8 +95,8 @@ double pack_rows(const TreeRows& r, int k, bool best_first, const int64_t* last_
   std::copy(prefix_lens, prefix_lens + n, prefix);
   std::fill(prefix + n, prefix + R, 0);
   std::copy(slots, slots + n, slot);
-  std::fill(slot + n, slot + R, scratch);
+  std::fill(slot + n, slot + R, shape.scratch_slot);
   return predicted;
 }
 
-}  // namespace ngc
+}  // namespace vstep
