@@ -1,4 +1,4 @@
-"""``ngram-corpus``: serve | upload FILE --name NAME | ls | rm NAME | stats.
+"""``ngram-corpus``: serve | upload FILE --name NAME | ls | rm NAME | stats | policy-version N.
 
 ``serve`` flags mirror ``ServiceConfig`` fields and each reads ``NGRAM_CORPUS_<FIELD>``; the admin
 commands talk to the REST admin (``--admin-url`` / ``NGRAM_CORPUS_ADMIN_URL``, ``--token`` /
@@ -198,6 +198,31 @@ def _stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _policy_version(args: argparse.Namespace) -> int:
+    """Announces that the policy's weights changed: the namespace's version moves forward."""
+    from corpus_service.names import check_namespace_name
+
+    try:
+        check_namespace_name(args.namespace)
+    except ValueError as e:
+        print(f"ngram-corpus policy-version: {e}", file=sys.stderr)
+        return 2
+    with _admin(args) as admin:
+        version = admin.announce_policy_version(args.namespace, args.version)
+    print(json.dumps({"namespace": args.namespace, "policy_version": version}))
+    return 0
+
+
+def _non_negative(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative int, got {text!r}") from None
+    if not 0 <= v < 1 << 62:
+        raise argparse.ArgumentTypeError(f"expected an int in [0, 2**62), got {v}")
+    return v
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ngram-corpus", description="The shared n-gram draft corpus service.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -205,7 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve_flags(serve)
     serve.set_defaults(run=_serve)
     for name, run, help_text in (("upload", _upload, "upload an external corpus"), ("ls", _ls, "list corpora"),
-                                 ("rm", _rm, "remove a corpus"), ("stats", _stats, "engine statistics")):
+                                 ("rm", _rm, "remove a corpus"), ("stats", _stats, "engine statistics"),
+                                 ("policy-version", _policy_version, "announce that the policy's weights changed "
+                                  "(an RL step): the namespace's policy version moves forward")):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--admin-url", default=os.environ.get(_env("admin_url"), "http://127.0.0.1:8080"),
                        help=f"REST admin base URL (env {_env('admin_url')})")
@@ -237,6 +264,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--quiet", action="store_true", help="no progress bars")
         elif name == "rm":
             p.add_argument("name", help="the corpus to remove (whatever loaded it: upload or gRPC; damaged ones too)")
+        elif name == "policy-version":
+            p.add_argument("version", type=_non_negative,
+                           help="the new policy version, an int in [0, 2**62), not older than the current one; "
+                                "prompt history the namespace's history_max_age versions older is dropped")
     return ap
 
 

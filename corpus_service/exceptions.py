@@ -27,3 +27,7 @@ class LimitExceededError(CorpusEngineError):
 class CorruptSnapshotError(CorpusEngineError):
     """A snapshot file that is corrupt, truncated, of another version or incompatible; nothing of it
     was loaded."""
+
+
+class StalePolicyVersionError(CorpusEngineError):
+    """A policy version older than the namespace's announced one (versions only move forward)."""

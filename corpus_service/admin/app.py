@@ -11,6 +11,7 @@ import time
 import uuid
 from typing import Annotated
 
+import grpc
 from fastapi import Depends, FastAPI, Header, HTTPException, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -19,12 +20,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from corpus_service.admin.catalog import Catalog, CorpusConflict
-from corpus_service.admin.schemas import (CorpusOut, ErrorResponse, IntegrityOut, JobOut, NamespaceOut, SnapshotOut,
-                                          StatusOut)
+from corpus_service.admin.schemas import (CorpusOut, ErrorResponse, IntegrityOut, JobOut, NamespaceOut, PolicyVersionIn,
+                                          PolicyVersionOut, SnapshotOut, StatusOut)
 from corpus_service.admin.uploads import FORMATS, UploadError
+from corpus_service.exceptions import StalePolicyVersionError
 from corpus_service.names import check_corpus_name
+from corpus_service.protocol.status import CorpusError
 from corpus_service.security.auth import AuthError, Principal, Role
 from corpus_service.security.rate_limit import RateLimited
+from corpus_service.server.policy_versions import announce
 from corpus_service.server.state import ServiceState
 
 log = logging.getLogger("corpus_service.admin")
@@ -125,6 +129,16 @@ def create_admin_app(state: ServiceState, catalog: Catalog) -> FastAPI:
     @app.exception_handler(CorpusConflict)
     async def conflict(request: Request, exc: CorpusConflict):
         return _error(409, "conflict", str(exc))
+
+    @app.exception_handler(StalePolicyVersionError)
+    async def stale_version(request: Request, exc: StalePolicyVersionError):
+        return _error(409, "conflict", str(exc))
+
+    @app.exception_handler(CorpusError)  # e.g. a replica whose commit log is down (announce)
+    async def corpus_error(request: Request, exc: CorpusError):
+        if exc.code == grpc.StatusCode.UNAVAILABLE:
+            return _error(503, "unavailable", str(exc))
+        return _error(400, "invalid_argument", str(exc))
 
     @app.exception_handler(UploadError)
     async def bad_upload(request: Request, exc: UploadError):
@@ -245,6 +259,13 @@ def create_admin_app(state: ServiceState, catalog: Catalog) -> FastAPI:
             raise KeyError(f"no job '{job_id}' (jobs are kept in memory until the server restarts)")
         require(principal, Role.READ, job.namespace)
         return job.to_dict()
+
+    @app.post("/v1/namespaces/{namespace}/policy-version", response_model=PolicyVersionOut)
+    async def announce_policy_version(namespace: AdminNamespace, body: PolicyVersionIn):
+        """The policy's weights changed (an RL step): the namespace's version moves forward (409 for
+        an older one; the same one again changes nothing). Requests started without a version are
+        sampled by it; prompt history the configured number of versions older is dropped."""
+        return {"namespace": namespace, "policy_version": await announce(state, namespace, body.version)}
 
     @app.post("/v1/snapshot", response_model=SnapshotOut)
     async def snapshot(_: Auth):

@@ -111,3 +111,8 @@ class AdminClient:
 
     def snapshot(self) -> dict:
         return self._call("POST", "/v1/snapshot")
+
+    def announce_policy_version(self, namespace: str, version: int) -> int:
+        """The policy's weights changed: ``namespace``'s policy version moves forward to ``version``
+        (AdminError 409 for an older one). Returns the namespace's version."""
+        return self._call("POST", f"/v1/namespaces/{namespace}/policy-version", json={"version": version})["policy_version"]

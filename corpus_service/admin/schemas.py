@@ -75,3 +75,13 @@ class UploadCheckOut(BaseModel):
     name: str
     replace: bool
     exists: bool = Field(description="a corpus of this name exists (a PUT needs replace=true)")
+
+
+class PolicyVersionIn(BaseModel):
+    version: int = Field(ge=0, le=(1 << 62) - 1, description="the policy version now sampling (an RL step); "
+                         "versions only move forward")
+
+
+class PolicyVersionOut(BaseModel):
+    namespace: str
+    policy_version: int = Field(description="the namespace's policy version after the call")

@@ -18,9 +18,9 @@ import numpy as np
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2_grpc as pb_grpc
 from corpus_service.client.circuit_breaker import CircuitBreaker
-from corpus_service.client.policy import (CHANNEL_OPTIONS, RetryPolicy, channel_target, decode_drafts, describe_of,
-                                          settle_step, stats_of)
-from corpus_service.client.request_log import RequestLog, group_key, req_id, token_array, token_runs
+from corpus_service.client.policy import (CHANNEL_OPTIONS, RetryPolicy, announce_request, channel_target, decode_drafts,
+                                          describe_of, settle_step, stats_of)
+from corpus_service.client.request_log import RequestLog, group_key, history_args, req_id, token_array, token_runs
 from corpus_service.engine.corpus import DraftBatch
 from corpus_service.protocol.status import (TRANSIENT, CorpusDeadlineExceeded, CorpusError, CorpusUnavailable,
                                             from_rpc_error)
@@ -114,12 +114,15 @@ class AsyncCorpusClient:
 
     # Buffered operations: they touch the local log and send only when they must (see above).
     async def start_request(self, req_id_: object, prompt_ids: Sequence[int] | np.ndarray,
-                            group: str | None = None) -> None:
-        """``group``: requests of one key (the n samples of one prompt) draft from each other."""
+                            group: str | None = None, *, prompt_key: str | None = None,
+                            policy_version: int | None = None) -> None:
+        """``group``: requests of one key (the n samples of one prompt) draft from each other.
+        ``prompt_key`` and ``policy_version``: as ``NgramCorpus.start_request`` (the prompt history)."""
         rid, prompt, key = req_id(req_id_), token_array(prompt_ids, "prompt"), group_key(group)
+        history = history_args(prompt_key, policy_version)
         if self._log.needs_flush_before_start(rid):  # a step applies starts before finishes
             await self.flush()
-        self._log.start(rid, prompt, key)
+        self._log.start(rid, prompt, key, history)
         await self._maybe_flush()
 
     async def extend(self, req_id_: object, token_ids: Sequence[int] | np.ndarray) -> None:
@@ -133,8 +136,10 @@ class AsyncCorpusClient:
             self._log.extend_many(*token_runs(items))
             await self._maybe_flush()
 
-    async def finish(self, req_id_: object) -> None:
-        self._log.finish(req_id(req_id_))
+    async def finish(self, req_id_: object, *, rollout: bool = True) -> None:
+        """``rollout=False``: the request ended without finishing (aborted); its output does not
+        join its prompt key's history."""
+        self._log.finish(req_id(req_id_), bool(rollout))
 
     async def _maybe_flush(self) -> None:
         if self._log.pending_tokens() > self.max_pending_tokens:
@@ -182,6 +187,12 @@ class AsyncCorpusClient:
 
     async def reset(self, timeout: float | None = None) -> None:
         await self.unary(self.stub.Reset, pb.ResetRequest(namespace=self.namespace), timeout)
+
+    async def announce_policy_version(self, version: int, timeout: float | None = None) -> int:
+        """The policy's weights changed: the namespace's policy version moves forward to ``version``
+        (admin role; an older one raises CorpusFailedPrecondition). Returns the namespace's version."""
+        request = announce_request(self.namespace, version)
+        return int((await self.unary(self.stub.AnnouncePolicyVersion, request, timeout)).version)
 
     async def close(self) -> None:
         if self._stream is not None:

@@ -10,6 +10,7 @@ import grpc
 
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
 from corpus_service.engine.corpus import DraftBatch, typed_stats
+from corpus_service.engine.prompt_keys import check_policy_version
 from corpus_service.protocol import arrays
 from corpus_service.protocol.status import CorpusError, code_from_value, to_exception
 
@@ -37,6 +38,14 @@ def describe_of(resp: pb.StatsResponse) -> dict[str, dict]:
     return {name: {"vocab_size": int(s.vocab_size), "tokenizer": s.tokenizer,
                    "tokenizer_probe": [int(t) for t in s.tokenizer_probe], "tokenizer_error": s.tokenizer_error}
             for name, s in sorted(resp.namespaces.items())}
+
+
+def announce_request(namespace: str, version: object) -> pb.AnnouncePolicyVersionRequest:
+    """An AnnouncePolicyVersion request, its version checked first (ValueError, TypeError)."""
+    v = check_policy_version(version, "version")
+    if v < 0:
+        raise ValueError("version: expected a non-negative int, got None")
+    return pb.AnnouncePolicyVersionRequest(namespace=namespace, version=v)
 
 
 def channel_target(target: str | list[str] | tuple[str, ...]) -> tuple[str, tuple]:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
+from corpus_service.engine.prompt_keys import check_policy_version, check_prompt_key
 from corpus_service.protocol import arrays
 
 
@@ -57,15 +58,32 @@ def group_key(value: object) -> str:
     return value
 
 
+def history_args(prompt_key: object, policy_version: object) -> tuple[str, int]:
+    """A prompt key and policy version for the wire ("" = the default key, -1 = the namespace's
+    version), checked by the engine's rule (corpus_service/engine/prompt_keys.py)."""
+    key = check_prompt_key(prompt_key)
+    return ("" if key is None else key), check_policy_version(policy_version)
+
+
+def _pack_history(runs: pb.TokenRuns, ids: Sequence[str], history: dict[str, tuple[str, int]]) -> None:
+    # Only when some request has one: a message without them is what older servers expect.
+    if any(history.get(r, ("", -1)) != ("", -1) for r in ids):
+        runs.prompt_keys.extend(history.get(r, ("", -1))[0] for r in ids)
+        runs.policy_versions.extend(history.get(r, ("", -1))[1] for r in ids)
+
+
 class RequestLog:
     def __init__(self) -> None:
         self.prompts: dict[str, np.ndarray] = {}  # confirmed live requests
         self.outputs: dict[str, list[np.ndarray]] = {}
         self.groups: dict[str, str] = {}  # group key of live requests started in a group
+        self.history: dict[str, tuple[str, int]] = {}  # (prompt key, policy version) of live requests with one
         self._starts: dict[str, np.ndarray] = {}  # pending, not yet acknowledged
         self._start_groups: dict[str, str] = {}
+        self._start_history: dict[str, tuple[str, int]] = {}
         self._extends: dict[str, list[np.ndarray]] = {}
         self._finishes: list[str] = []
+        self._abandons: set[str] = set()  # of _finishes: ended without finishing (no rollout)
         self._pending_tokens = 0  # tokens in _starts and _extends (checked on every extend)
 
     # ------------------------------------------------------------------ buffering
@@ -78,13 +96,15 @@ class RequestLog:
         # A step applies start before finish: restarting an id finished in the same step must wait.
         return rid in self._finishes
 
-    def start(self, rid: str, prompt: np.ndarray, group: str = "") -> None:
+    def start(self, rid: str, prompt: np.ndarray, group: str = "", history: tuple[str, int] = ("", -1)) -> None:
         if self.is_live(rid):
             raise ValueError(f"request id '{rid}' is already live")
         self._starts[rid] = prompt
         self._pending_tokens += prompt.size
         if group:
             self._start_groups[rid] = group
+        if history != ("", -1):
+            self._start_history[rid] = history
 
     def extend(self, rid: str, tokens: np.ndarray) -> None:
         if not self.is_live(rid):
@@ -101,10 +121,12 @@ class RequestLog:
             self._extends.setdefault(rid, []).append(tokens)
             self._pending_tokens += tokens.size
 
-    def finish(self, rid: str) -> None:
+    def finish(self, rid: str, rollout: bool = True) -> None:
         if not self.is_live(rid):
             raise ValueError(f"unknown request id '{rid}' (never started, or finished)")
         self._finishes.append(rid)
+        if not rollout:
+            self._abandons.add(rid)
 
     def has_pending(self) -> bool:
         return bool(self._starts or self._extends or self._finishes)
@@ -124,15 +146,18 @@ class RequestLog:
             arrays.pack_runs(msg.restore, live, contexts)
             if self.groups:  # only then: a message without groups is what older servers expect
                 msg.restore.groups.extend(self.groups.get(r, "") for r in live)
+            _pack_history(msg.restore, live, self.history)
         if self._starts:
             arrays.pack_runs(msg.start, list(self._starts), list(self._starts.values()))
             if self._start_groups:
                 msg.start.groups.extend(self._start_groups.get(r, "") for r in self._starts)
+            _pack_history(msg.start, list(self._starts), self._start_history)
         if self._extends:
             ext_ids = list(self._extends)
             ext = [ts[0] if len(ts) == 1 else np.concatenate(ts) for ts in self._extends.values()]
             arrays.pack_runs(msg.extend, ext_ids, ext)  # one concatenation of every request's tokens
-        msg.finish.extend(self._finishes)
+        msg.finish.extend(r for r in self._finishes if r not in self._abandons)
+        msg.abandon.extend(r for r in self._finishes if r in self._abandons)
         if draft_ids:
             msg.draft.req_ids.extend(draft_ids)
             msg.draft.budget = budget
@@ -143,16 +168,18 @@ class RequestLog:
         for r, p in self._starts.items():
             self.prompts[r], self.outputs[r] = p, []
         self.groups.update(self._start_groups)
+        self.history.update(self._start_history)
         for r, ts in self._extends.items():
             self.outputs[r].extend(ts)
         for r in self._finishes:
             self.prompts.pop(r, None)
             self.outputs.pop(r, None)
             self.groups.pop(r, None)
+            self.history.pop(r, None)
         self.discard()
 
     def discard(self) -> None:
         """The server refused the pending step: nothing of it was applied."""
         self._starts, self._extends, self._finishes = {}, {}, []
-        self._start_groups = {}
+        self._start_groups, self._start_history, self._abandons = {}, {}, set()
         self._pending_tokens = 0

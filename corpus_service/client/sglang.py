@@ -4,7 +4,13 @@ is asynchronous as in SGLang (its errors surface at the next ``synchronize``).
 
 How it drafts is the server's namespace's: its ``mode`` is ``score`` unless the namespace spec sets
 one, whatever ``match_type`` the worker passes here. SGLang's orderings are a namespace setting:
-``ngram-corpus serve --namespace NAME:mode=bfs`` (or ``mode=prob``)."""
+``ngram-corpus serve --namespace NAME:mode=bfs`` (or ``mode=prob``).
+
+Prompt history: SGLang's ``batch_get`` carries no prompt, only each request's last window, so as
+SGLang's worker calls it, no request has a prompt key (nor a policy version): they draft from the
+learned corpus, not from a prompt's history. A caller that knows them passes ``prompt_keys`` (and
+``policy_versions``) to ``batch_get`` (an extension of SGLang's signature), read when a request is
+first seen; ``erase_match_state`` then adds its output to its key's history."""
 
 from __future__ import annotations
 
@@ -16,7 +22,7 @@ import grpc
 import numpy as np
 
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
-from corpus_service.client.request_log import req_id, token_array
+from corpus_service.client.request_log import history_args, req_id, token_array
 from corpus_service.client.sync import CorpusClient
 from corpus_service.protocol import arrays
 from corpus_service.protocol.status import from_rpc_error
@@ -56,7 +62,10 @@ class RemoteNgramCorpus:
         self._puts: list[grpc.Future] = []
 
     def batch_get(self, req_ids: Sequence[object], batch_tokens: Sequence[Sequence[int]],
-                  total_lens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+                  total_lens: Sequence[int], *, prompt_keys: Sequence[str | None] | None = None,
+                  policy_versions: Sequence[int | None] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """SGLang's ``batch_get``; ``prompt_keys``/``policy_versions`` (one per request or None)
+        give new requests their prompt key and policy version (see the module's docstring)."""
         if not (len(req_ids) == len(batch_tokens) == len(total_lens)):
             raise ValueError(f"batch_get: req_ids, batch_tokens and total_lens must have one entry per request, got "
                              f"{len(req_ids)}, {len(batch_tokens)}, {len(total_lens)}")
@@ -65,6 +74,15 @@ class RemoteNgramCorpus:
         request = pb.BatchGetRequest(namespace=self.namespace, client_id=self.client_id,
                                      total_lens=arrays.pack(total_lens, arrays.I64), draft_token_num=self.draft_token_num)
         arrays.pack_runs(request.windows, ids, windows)
+        if prompt_keys is not None or policy_versions is not None:
+            keys = list(prompt_keys) if prompt_keys is not None else [None] * len(ids)
+            versions = list(policy_versions) if policy_versions is not None else [None] * len(ids)
+            if len(keys) != len(ids) or len(versions) != len(ids):
+                raise ValueError(f"batch_get: expected one prompt key and policy version (or None) per request, "
+                                 f"got {len(keys)} and {len(versions)} for {len(ids)}")
+            pairs = [history_args(k, v) for k, v in zip(keys, versions)]
+            request.prompt_keys.extend(k for k, _ in pairs)
+            request.policy_versions.extend(v for _, v in pairs)
         resp = self._client.unary(self._client.stub.BatchGet, request, None)
         k, n = resp.draft_token_num, len(ids)
         drafts = arrays.unpack(resp.drafts, arrays.I32, "drafts", n * k).astype(np.int64)
@@ -94,6 +112,10 @@ class RemoteNgramCorpus:
 
     def reset(self) -> None:
         self._client.reset()
+
+    def announce_policy_version(self, version: int) -> int:
+        """The policy's weights changed (``CorpusClient.announce_policy_version``)."""
+        return self._client.announce_policy_version(version)
 
     def erase_match_state(self, req_ids: Sequence[object]) -> None:
         request = pb.EraseMatchStateRequest(namespace=self.namespace, client_id=self.client_id,

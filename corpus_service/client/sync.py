@@ -27,9 +27,9 @@ import numpy as np
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2_grpc as pb_grpc
 from corpus_service.client.circuit_breaker import CircuitBreaker
-from corpus_service.client.policy import (CHANNEL_OPTIONS, RetryPolicy, channel_target, decode_drafts, describe_of,
-                                          settle_step, stats_of)
-from corpus_service.client.request_log import RequestLog, group_key, req_id, token_array, token_runs
+from corpus_service.client.policy import (CHANNEL_OPTIONS, RetryPolicy, announce_request, channel_target, decode_drafts,
+                                          describe_of, settle_step, stats_of)
+from corpus_service.client.request_log import RequestLog, group_key, history_args, req_id, token_array, token_runs
 from corpus_service.engine.corpus import DraftBatch
 from corpus_service.protocol.status import (TRANSIENT, CorpusDeadlineExceeded, CorpusError, CorpusUnavailable,
                                             from_rpc_error)
@@ -104,13 +104,16 @@ class CorpusClient:
 
     # ------------------------------------------------------------------ request-level API
 
-    def start_request(self, req_id_: object, prompt_ids: Sequence[int] | np.ndarray, group: str | None = None) -> None:
-        """``group``: requests of one key (the n samples of one prompt) draft from each other."""
+    def start_request(self, req_id_: object, prompt_ids: Sequence[int] | np.ndarray, group: str | None = None, *,
+                      prompt_key: str | None = None, policy_version: int | None = None) -> None:
+        """``group``: requests of one key (the n samples of one prompt) draft from each other.
+        ``prompt_key`` and ``policy_version``: as ``NgramCorpus.start_request`` (the prompt history)."""
         rid, prompt, key = req_id(req_id_), token_array(prompt_ids, "prompt"), group_key(group)
+        history = history_args(prompt_key, policy_version)
         with self._lock:
             if self._log.needs_flush_before_start(rid):
                 self.flush()
-            self._log.start(rid, prompt, key)
+            self._log.start(rid, prompt, key, history)
             self._maybe_flush()
 
     def extend(self, req_id_: object, token_ids: Sequence[int] | np.ndarray) -> None:
@@ -128,9 +131,11 @@ class CorpusClient:
             self._log.extend_many(rids, runs)
             self._maybe_flush()
 
-    def finish(self, req_id_: object) -> None:
+    def finish(self, req_id_: object, *, rollout: bool = True) -> None:
+        """``rollout=False``: the request ended without finishing (aborted); its output does not
+        join its prompt key's history."""
         with self._lock:
-            self._log.finish(req_id(req_id_))
+            self._log.finish(req_id(req_id_), bool(rollout))
 
     def has_request(self, req_id_: object) -> bool:
         with self._lock:
@@ -174,6 +179,12 @@ class CorpusClient:
 
     def reset(self, timeout: float | None = None) -> None:
         self.unary(self.stub.Reset, pb.ResetRequest(namespace=self.namespace), timeout)
+
+    def announce_policy_version(self, version: int, timeout: float | None = None) -> int:
+        """The policy's weights changed: the namespace's policy version moves forward to ``version``
+        (admin role; an older one raises CorpusFailedPrecondition). Returns the namespace's version."""
+        v = announce_request(self.namespace, version)
+        return int(self.unary(self.stub.AnnouncePolicyVersion, v, timeout).version)
 
     def close(self) -> None:
         with self._lock:

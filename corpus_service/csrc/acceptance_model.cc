@@ -20,7 +20,8 @@ uint32_t accepted_of(uint32_t v) { return v & 0xffffu; }
 }  // namespace
 
 void DraftRecord::start_draft() {
-  tokens.clear(), parents.clear(), depth_cell.clear(), token_cell.clear();
+  tokens.clear(), parents.clear(), depth_cell.clear(), token_cell.clear(), q.clear(), cls.clear();
+  cells = false;
   armed = true;
 }
 
@@ -74,7 +75,7 @@ void AcceptanceModel::observe(DraftRecord& rec, const int32_t* committed, size_t
   if (!rec.armed) return;
   rec.armed = false;
   const size_t m = rec.tokens.size();
-  if (m == 0 || n == 0) return;
+  if (m == 0 || n == 0 || !rec.cells) return;
   // Node i (depth d) was tested iff its parent was accepted (or is the root) and the commit reached
   // depth d; it was accepted iff it also equals the d-th committed token. Parents precede children.
   thread_local std::vector<int32_t> depth;

@@ -42,8 +42,11 @@ struct FeedbackParams {
 // A request's latest draft, kept until the next commit shows which of its nodes were accepted.
 struct DraftRecord {
   std::vector<int32_t> tokens, parents;  // the drafted tree (parents before children)
-  std::vector<uint16_t> depth_cell;      // each node's (q, depth) cell
+  std::vector<uint16_t> depth_cell;      // each node's (q, depth) cell (with an AcceptanceModel only)
   std::vector<uint32_t> token_cell;      // ... and its token cell (AcceptanceModel::kNoCell: none)
+  std::vector<float> q;                  // each node's conditional estimate P(node | parent)
+  std::vector<uint8_t> cls;              // ... and the source class of its heaviest vote (prompt_history.h)
+  bool cells = false;                    // depth_cell/token_cell were filled (feedback on)
   bool armed = false;                    // a draft is waiting for its commit
 
   void start_draft();  // empties the node lists and arms the record

@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <bit>
 #include <cstdint>
 
 #include "corpus.h"
@@ -75,6 +76,15 @@ std::pair<std::vector<int32_t>, std::vector<int64_t>> read_rows(py::handle rows_
     off.push_back(static_cast<int64_t>(since.size()));
   }
   return {std::move(since), std::move(off)};
+}
+// corpus_service/engine/prompt_keys.py's default_prompt_key of validated ids: "ids:" and the BLAKE2b-128
+// hex digest of the ids as little-endian int32 (hashlib's, so every language can compute the same key).
+std::string default_prompt_key(const std::vector<int32_t>& ids) {
+  static_assert(std::endian::native == std::endian::little, "prompt keys hash little-endian int32 ids");
+  // Never destroyed: a static py::object would be released after the interpreter is gone.
+  static auto* blake2b = new py::object(py::module_::import("hashlib").attr("blake2b"));
+  py::bytes data(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(int32_t));
+  return "ids:" + (*blake2b)(data, py::arg("digest_size") = 16).attr("hexdigest")().cast<std::string>();
 }
 }  // namespace
 
@@ -152,6 +162,14 @@ PYBIND11_MODULE(_native, m) {
       .def_readwrite("token_prior", &FeedbackParams::token_prior)
       .def_readwrite("window", &FeedbackParams::window);
 
+  py::class_<HistoryConfig>(m, "HistoryConfig")
+      .def(py::init<>())
+      .def_readwrite("max_rollouts", &HistoryConfig::max_rollouts)
+      .def_readwrite("max_key_tokens", &HistoryConfig::max_key_tokens)
+      .def_readwrite("max_charged_tokens", &HistoryConfig::max_charged_tokens)
+      .def_readwrite("max_age", &HistoryConfig::max_age)
+      .def_readwrite("context", &HistoryConfig::context);
+
   py::class_<CorpusConfig>(m, "CorpusConfig")
       .def(py::init<>())
       .def_readwrite("own_orders", &CorpusConfig::own_orders)
@@ -184,19 +202,59 @@ PYBIND11_MODULE(_native, m) {
       .def_readwrite("request_ttl_s", &CorpusConfig::request_ttl_s)
       .def_readwrite("max_requests", &CorpusConfig::max_requests)
       .def_readwrite("max_request_tokens", &CorpusConfig::max_request_tokens)
-      .def_readwrite("max_external_tokens", &CorpusConfig::max_external_tokens);
+      .def_readwrite("max_external_tokens", &CorpusConfig::max_external_tokens)
+      .def_readwrite("history", &CorpusConfig::history)
+      .def_readwrite("history_weight", &CorpusConfig::history_weight)
+      .def_readwrite("learn_source_weights", &CorpusConfig::learn_source_weights)
+      .def_readwrite("source_window", &CorpusConfig::source_window);
 
   py::class_<Corpus>(m, "Corpus")
       .def(py::init<CorpusConfig>())
       .def("start_request",
            [](Corpus& c, const std::string& id, py::handle prompt, int learn_prompt, const std::string& group,
-              bool learn) {
+              bool learn, const std::string& prompt_key, int64_t policy_version, bool key_group) {
              auto t = to_tokens(prompt, "prompt_ids");
+             StartOptions opt{learn_prompt, group, learn, prompt_key, policy_version, key_group};
+             if (opt.prompt_key.empty() && c.config().history.max_charged_tokens > 0)
+               opt.prompt_key = default_prompt_key(t);
              py::gil_scoped_release nogil;
-             c.start_request(id, t.data(), t.size(), learn_prompt, group, learn);
+             c.start_request(id, t.data(), t.size(), opt);
            },
            py::arg("req_id"), py::arg("prompt_ids"), py::arg("learn_prompt") = -1, py::arg("group") = "",
-           py::arg("learn") = true)
+           py::arg("learn") = true, py::arg("prompt_key") = "", py::arg("policy_version") = -1,
+           py::arg("key_group") = false)
+      .def("set_prompt_key", &Corpus::set_prompt_key, py::arg("req_id"), py::arg("prompt_key"),
+           py::arg("policy_version"), py::arg("keep_rollout"))
+      .def("rollout",
+           [](Corpus& c, const std::string& id) -> py::object {
+             Rollout r;
+             bool ok;
+             {
+               py::gil_scoped_release nogil;
+               ok = c.rollout(id, &r);
+             }
+             if (!ok) return py::none();
+             const auto n = static_cast<py::ssize_t>(r.tokens.size());
+             return py::make_tuple(r.key, r.version, to_array(std::move(r.tokens), {n}), r.output);
+           })
+      .def("announce_policy_version", &Corpus::announce_policy_version, py::arg("version"), py::arg("strict"))
+      .def("policy_version", &Corpus::policy_version)
+      .def("add_rollout",
+           [](Corpus& c, const std::string& key, int64_t version, py::handle tokens, size_t output) {
+             auto t = to_tokens(tokens, "rollout tokens");
+             py::gil_scoped_release nogil;
+             return c.add_rollout(key, version, t.data(), t.size(), output);
+           })
+      .def("history_lengths", &Corpus::history_lengths)
+      .def("history_dump",
+           [](Corpus& c) {
+             py::list out;
+             for (auto& v : c.history_dump()) {
+               const auto n = static_cast<py::ssize_t>(v.tokens.size());
+               out.append(py::make_tuple(v.key, v.version, v.output, to_array(std::move(v.tokens), {n})));
+             }
+             return out;
+           })
       .def("extend_many",
            [](Corpus& c, py::handle ids_obj, py::array_t<int32_t, py::array::c_style> tokens,
               py::array_t<int64_t, py::array::c_style> lengths) {
@@ -229,7 +287,8 @@ PYBIND11_MODULE(_native, m) {
              py::gil_scoped_release nogil;
              c.extend(id, t.data(), t.size());
            })
-      .def("finish", &Corpus::finish, py::call_guard<py::gil_scoped_release>())
+      .def("finish", &Corpus::finish, py::arg("req_id"), py::arg("rollout") = true,
+           py::call_guard<py::gil_scoped_release>())
       .def("erase", &Corpus::erase, py::call_guard<py::gil_scoped_release>())
       .def("has_request", &Corpus::has_request)
       .def("draft",
@@ -388,6 +447,8 @@ PYBIND11_MODULE(_native, m) {
       raise("NotFoundError", e.what());
     } catch (const LimitExceeded& e) {
       raise("LimitExceededError", e.what());
+    } catch (const StaleVersion& e) {
+      raise("StalePolicyVersionError", e.what());
     } catch (const CorruptSnapshot& e) {
       raise("CorruptSnapshotError", e.what());
     } catch (const IOFailure& e) {

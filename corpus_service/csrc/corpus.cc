@@ -39,7 +39,9 @@ UnknownRequest unknown_request(const std::string& id) {
 }  // namespace
 
 Corpus::Corpus(CorpusConfig cfg)
-    : cfg_(std::move(cfg)), learned_(cfg_.learned_orders) {
+    : cfg_(std::move(cfg)), learned_(cfg_.learned_orders), history_(cfg_.own_orders, cfg_.history) {
+  if (cfg_.history.max_key_tokens < 1024) throw std::invalid_argument("history max_key_tokens must be >= 1024");
+  if (cfg_.source_window < 1) throw std::invalid_argument("source_window must be >= 1");
   // Validate the other order sets eagerly so a bad config fails at construction.
   TokenIndex probe_own(cfg_.own_orders), probe_ext(cfg_.external_orders);
   if (cfg_.max_candidates < 1 || cfg_.max_candidates > 1024)
@@ -139,12 +141,18 @@ void Corpus::check_request_size(size_t have, size_t more) const {
                         " tokens, more than max_request_tokens = " + std::to_string(cfg_.max_request_tokens));
 }
 
-void Corpus::start_request(const std::string& id, const int32_t* prompt, size_t n, int learn_prompt,
-                           const std::string& group, bool learn) {
+void Corpus::start_request(const std::string& id, const int32_t* prompt, size_t n, const StartOptions& opt) {
   check_tokens(prompt, n, "prompt");
   check_request_size(0, n);
+  if (opt.policy_version < -1) throw std::invalid_argument("policy_version must be >= 0 (or -1: the namespace's)");
   sweep_idle();
+  const bool learn = opt.learn;
   auto rs = new_state(learn);
+  // An explicit prompt key stands for "samples of one prompt": its live requests form a group
+  // (namespace-wide, unlike a client's group keys), so siblings on every replica draft from each
+  // other at once; finished ones live on in the key's history.
+  const bool implied = opt.group.empty() && opt.key_group && !opt.prompt_key.empty();
+  const std::string group = implied ? std::string(kKeyGroupPrefix) + opt.prompt_key : opt.group;
   // A later member of a group leaves the prompt prefix it shares to the founder's index (group.h):
   // it keeps the prefix's tail as unindexed left context, so matches still reach into its output.
   const size_t borrow = group.empty() ? 0 : groups_.shared_prefix(group, prompt, n);
@@ -157,7 +165,11 @@ void Corpus::start_request(const std::string& id, const int32_t* prompt, size_t 
     rs->own.extend_last(prompt, n);
   }
   rs->total_len = n;
-  const bool learn_p = learn && (learn_prompt > 0 || (learn_prompt < 0 && cfg_.learn_prompts));
+  rs->prompt_len = n;
+  rs->history_key = opt.prompt_key;
+  rs->policy_version = opt.policy_version >= 0 ? opt.policy_version : policy_version();
+  rs->keep_rollout = learn && !opt.prompt_key.empty();
+  const bool learn_p = learn && (opt.learn_prompt > 0 || (opt.learn_prompt < 0 && cfg_.learn_prompts));
   rs->touch();
   std::lock_guard<std::mutex> g(req_mu_);
   if (requests_.count(id)) throw AlreadyExists("request id '" + id + "' is already live");
@@ -165,17 +177,39 @@ void Corpus::start_request(const std::string& id, const int32_t* prompt, size_t 
     throw LimitExceeded("too many live requests (max_requests = " + std::to_string(cfg_.max_requests) + ")");
   // A later member of a group does not feed the learned corpus the prompt prefix it shares.
   std::vector<uint64_t> dropped;
-  size_t skip = group.empty() ? 0 : groups_.join(group, rs, prompt, n, learn_p, &dropped);
+  size_t skip = 0;
+  if (!group.empty()) {
+    try {
+      skip = groups_.join(group, rs, prompt, n, learn_p, &dropped);
+    } catch (const LimitExceeded&) {
+      if (!implied) throw;
+      // A key's group is full (kMaxGroupMembers live): this one drafts from the history alone.
+      ++implied_group_full_;
+      rs->borrowed = false;
+    }
+  }
   if (borrow > 0 && !rs->borrowed) {  // the group changed since the look-up: index the whole prompt
     GroupWriteLock gw(*rs);
     rs->own.reset();
     rs->own.extend_last(prompt, n);
+    rs->shared_prefix = rs->group ? rs->shared_prefix : 0;
   }
   // Pending tokens are read back from `own`: a borrowed prefix is not there to learn (the founder's is).
   if (rs->borrowed) skip = rs->shared_prefix;
   if (learn_p) rs->pending.assign(prompt + skip, prompt + n);
   requests_.emplace(id, std::move(rs));
   drop_chunk_records(dropped);
+}
+
+void Corpus::set_prompt_key(const std::string& id, const std::string& key, int64_t version, bool keep_rollout) {
+  if (version < -1) throw std::invalid_argument("policy_version must be >= 0 (or -1: the namespace's)");
+  auto rs = get(id);
+  std::lock_guard<std::mutex> g(rs->mu);
+  rs->history_key = key;
+  rs->policy_version = version >= 0 ? version : policy_version();
+  rs->keep_rollout = keep_rollout && !key.empty();
+  rs->history.reset();
+  rs->history_seen = UINT64_MAX;
 }
 
 void Corpus::extend(const std::string& id, const int32_t* tokens, size_t n) {
@@ -230,7 +264,7 @@ void Corpus::extend_many(const std::vector<std::string>& ids, const int32_t* tok
   n_extend_tokens_ += total;
 }
 
-void Corpus::finish(const std::string& id) {
+void Corpus::finish(const std::string& id, bool rollout) {
   std::shared_ptr<RequestState> rs;
   {
     std::lock_guard<std::mutex> g(req_mu_);
@@ -239,13 +273,49 @@ void Corpus::finish(const std::string& id) {
     rs = std::move(it->second);
     requests_.erase(it);
   }
+  Rollout r;
+  bool add = false;
   {
     std::lock_guard<std::mutex> g(rs->mu);
     LearnChunk c;
     if (rs->take_chunk(0, cfg_.overlap, true, &c)) enqueue_chunk(std::move(c));
+    add = rollout && rs->keep_rollout && history_.enabled() && take_rollout(*rs, &r);
+  }
+  // Into the history before its siblings stop drafting it from `own`: they see it twice for a
+  // moment, never not at all.
+  if (add && history_.add(r.key, r.version, r.tokens.data(), r.tokens.size(), r.output)) {
+    GroupWriteLock gw(*rs);
+    rs->in_history = true;
   }
   leave_group(*rs);
   release(std::move(rs));
+}
+
+bool Corpus::take_rollout(RequestState& rs, Rollout* out) {
+  if (rs.history_key.empty() || rs.total_len <= rs.prompt_len) return false;
+  const uint64_t output = rs.total_len - rs.prompt_len;
+  const uint64_t want = output + std::min<uint64_t>(rs.prompt_len, static_cast<uint64_t>(cfg_.history.context));
+  const size_t n = static_cast<size_t>(std::min<uint64_t>(want, rs.own.live()));
+  std::vector<int32_t> t(n);
+  if (n) rs.own.tail(static_cast<int>(n), t.data());
+  // SGLang's window path may hold several documents (a gap) or fewer tokens than it committed (a
+  // rewind): only a whole output after the last document boundary is a rollout.
+  auto from = std::find(t.rbegin(), t.rend(), kSep).base();
+  if (static_cast<uint64_t>(t.end() - from) < output) {
+    ++rollouts_incomplete_;
+    return false;
+  }
+  out->key = rs.history_key;
+  out->version = rs.policy_version;
+  out->tokens.assign(from, t.end());
+  out->output = static_cast<size_t>(output);
+  return true;
+}
+
+bool Corpus::rollout(const std::string& id, Rollout* out) {
+  auto rs = get(id);
+  std::lock_guard<std::mutex> g(rs->mu);
+  return take_rollout(*rs, out);
 }
 
 void Corpus::leave_group(RequestState& rs) {
@@ -367,7 +437,7 @@ void Corpus::draft_one(RequestState& rs, int budget, const std::vector<std::shar
     auto mine = live_chunks_.find(rs.serial);
     const PositionRanges* own_chunks = mine == live_chunks_.end() ? nullptr : &mine->second;
     auto add_source = [&](const TokenIndex& idx, uint64_t exclude_from, float scale, const ScoreParams& sp,
-                          const PositionRanges* skip = nullptr) {
+                          const PositionRanges* skip, uint8_t cls) {
       int n = idx.find(ctx, ctx_len, limits, exclude_from, cands, skip);
       // The tree's table of pow(m, alpha): the same values as calling pow, which was the hot spot here.
       const float* pw = cfg_.mode == DraftMode::kScore ? tree.pow_table(sp) : nullptr;
@@ -375,11 +445,11 @@ void Corpus::draft_one(RequestState& rs, int budget, const std::vector<std::shar
         // A weak candidate's deep nodes never rank within a budget: read only a short continuation.
         bool weak = pw != nullptr && scale * pw[std::min(cands[i].match_len, sp.match_cap)] < cfg_.weak_weight;
         int c = idx.continuation(cands[i].pos, weak ? std::min(depth, cfg_.weak_depth) : depth, cont);
-        tree.add(cont, c, cands[i].match_len, scale, cands[i].pos, cfg_.mode, sp);
+        tree.add(cont, c, cands[i].match_len, scale, cands[i].pos, cfg_.mode, sp, cls);
       }
     };
     // The request's current position trivially matches itself: exclude it.
-    add_source(rs.own, rs.own.end() - 1, cfg_.own_weight, cfg_.score);
+    add_source(rs.own, rs.own.end() - 1, cfg_.own_weight, cfg_.score, nullptr, kSrcOwn);
     // A group's members draft from each other at once, and skip all their chunks (group.h).
     std::shared_lock<std::shared_mutex> group_lock;
     if (rs.group) {
@@ -387,25 +457,62 @@ void Corpus::draft_one(RequestState& rs, int budget, const std::vector<std::shar
       thread_local std::vector<SiblingSource> siblings;
       thread_local PositionRanges chunks;
       sibling_sources(rs, &siblings);
+      const float sibling = cfg_.group_weight * source_weights_.multiplier(kSrcSibling);
       for (auto& s : siblings)
-        add_source(*s.index, s.exclude_from, s.as_own ? cfg_.own_weight : cfg_.group_weight, cfg_.score, &s.skip);
+        add_source(*s.index, s.exclude_from, s.as_own ? cfg_.own_weight : sibling, cfg_.score, &s.skip,
+                   s.as_own ? kSrcOwn : kSrcSibling);
       group_chunks(*rs.group, live_chunks_, &chunks);
       own_chunks = &chunks;
     }
-    add_source(learned_, UINT64_MAX, cfg_.learned_weight, shared, own_chunks);
-    for (auto& e : ext) add_source(*e, UINT64_MAX, cfg_.external_weight, shared);
+    // The key's rollouts, each weighted by how many policy versions it is from this request's.
+    if (const KeyHistory* h = key_history(rs)) {
+      std::shared_lock<std::shared_mutex> hl(h->mu);
+      const int n = h->index.find(ctx, ctx_len, limits, UINT64_MAX, cands);
+      const float* pw = cfg_.mode == DraftMode::kScore ? tree.pow_table(cfg_.score) : nullptr;
+      const int64_t max_age = cfg_.history.max_age;
+      for (int i = 0; i < n; ++i) {
+        const HistoryRollout& r = h->rollout_at(cands[i].pos);
+        const int64_t age = r.version > rs.policy_version ? r.version - rs.policy_version : rs.policy_version - r.version;
+        if (max_age > 0 && age >= max_age) continue;  // dropped once it reaches the key's oldest
+        const uint8_t cls = static_cast<uint8_t>(kSrcHistory + std::min<int64_t>(age, 3));
+        const float scale = cfg_.history_weight * source_weights_.multiplier(cls);
+        const bool weak = pw != nullptr && scale * pw[std::min(cands[i].match_len, cfg_.score.match_cap)] < cfg_.weak_weight;
+        const int c = h->index.continuation(cands[i].pos, weak ? std::min(depth, cfg_.weak_depth) : depth, cont);
+        tree.add(cont, c, cands[i].match_len, scale, cands[i].pos, cfg_.mode, cfg_.score, cls);
+      }
+    }
+    add_source(learned_, UINT64_MAX, cfg_.learned_weight, shared, own_chunks, kSrcLearned);
+    for (auto& e : ext) add_source(*e, UINT64_MAX, cfg_.external_weight, shared, nullptr, kSrcExternal);
   }
-  if (cfg_.feedback.enabled && cfg_.mode == DraftMode::kScore) {
+  // A draft is remembered for the next commit to score: for the calibration (feedback) and for the
+  // learned source weights, when the request has a sibling or history source to learn about.
+  const bool score = cfg_.mode == DraftMode::kScore;
+  const bool learn_sources = score && cfg_.learn_source_weights && (rs.group || rs.history);
+  const bool feedback = score && cfg_.feedback.enabled;
+  if (feedback || learn_sources) {
     rs.last_draft.start_draft();
-    tree.select(budget, cfg_.min_prob, cfg_.mode, cfg_.score, tokens, parents, probs, &acceptance_,
+    tree.select(budget, cfg_.min_prob, cfg_.mode, cfg_.score, tokens, parents, probs, feedback ? &acceptance_ : nullptr,
                 &cfg_.feedback, &rs.last_draft);
   } else {
     tree.select(budget, cfg_.min_prob, cfg_.mode, cfg_.score, tokens, parents, probs);
   }
 }
 
+const KeyHistory* Corpus::key_history(RequestState& rs) {
+  if (rs.history_key.empty() || !history_.enabled()) return nullptr;
+  const uint64_t created = history_.created();
+  const bool stale = rs.history ? rs.history->evicted.load(std::memory_order_acquire) : created != rs.history_seen;
+  if (stale) {
+    rs.history_seen = created;
+    rs.history = history_.find(rs.history_key);
+  }
+  return rs.history.get();
+}
+
 void Corpus::observe_commit(RequestState& rs, const int32_t* tokens, size_t n) {
-  if (rs.last_draft.armed) acceptance_.observe(rs.last_draft, tokens, n, cfg_.feedback);
+  if (!rs.last_draft.armed) return;
+  if (cfg_.learn_source_weights) source_weights_.observe(rs.last_draft, tokens, n, cfg_.source_window);
+  acceptance_.observe(rs.last_draft, tokens, n, cfg_.feedback);  // disarms the record
 }
 
 void Corpus::draft(const std::vector<std::string>& ids, int budget, DraftOutput* out) {
@@ -846,6 +953,8 @@ void Corpus::reset() {
     requests_.clear();
     groups_.clear();
   }
+  history_.clear();
+  source_weights_.clear();
   std::unique_lock<std::shared_mutex> wl(learned_mu_);
   learned_.clear();
   ++learned_epoch_;
@@ -859,6 +968,31 @@ std::vector<int32_t> Corpus::learned_tokens() {
   synchronize();
   std::shared_lock<std::shared_mutex> lg(learned_mu_);
   return learned_.dump_tokens();
+}
+
+// ---------------------------------------------------------------- prompt history, policy versions
+
+int64_t Corpus::announce_policy_version(int64_t v, bool strict) {
+  if (v < 0) throw std::invalid_argument("policy version must be >= 0, got " + std::to_string(v));
+  int64_t cur = policy_version_.load(std::memory_order_acquire);
+  while (v > cur && !policy_version_.compare_exchange_weak(cur, v, std::memory_order_acq_rel)) {
+  }
+  if (v < cur) {
+    if (strict)
+      throw StaleVersion("policy version " + std::to_string(v) + " is older than the namespace's current " +
+                         std::to_string(cur) + " (versions only move forward)");
+    return cur;
+  }
+  history_.announce(v);
+  return v;
+}
+
+bool Corpus::add_rollout(const std::string& key, int64_t version, const int32_t* tokens, size_t n, size_t output) {
+  if (key.empty()) throw std::invalid_argument("rollout: the prompt key must not be empty");
+  if (version < 0) throw std::invalid_argument("rollout: policy version must be >= 0, got " + std::to_string(version));
+  if (output > n) throw std::invalid_argument("rollout: output longer than its tokens");
+  check_tokens(tokens, n, "rollout");
+  return history_.add(key, version, tokens, n, output);
 }
 
 // ---------------------------------------------------------------- external corpora
@@ -949,6 +1083,9 @@ void Corpus::save(const std::string& path) {
     w.put_str(name);
     idx->save(w);
   }
+  w.put_str("history");  // format 2
+  w.put<int64_t>(policy_version());
+  history_.save(w);
   write_snapshot_file(path, w.bytes());
 }
 
@@ -957,9 +1094,11 @@ void Corpus::freeze() {
   turnstile_.lock();  // the insert thread's order: turnstile, then the learned lock
   learned_mu_.lock();
   ext_mu_.lock();
+  history_.lock();
 }
 
 void Corpus::thaw() {
+  history_.unlock();
   ext_mu_.unlock();
   learned_mu_.unlock();
   turnstile_.unlock();
@@ -974,11 +1113,15 @@ void Corpus::save_frozen(const std::string& path) const {
     w.put_str(name);
     idx->save(w);
   }
+  w.put_str("history");
+  w.put<int64_t>(policy_version());
+  history_.save_locked(w);
   write_snapshot_file(path, w.bytes());
 }
 
 void Corpus::load(const std::string& path) {
-  auto payload = read_snapshot_file(path);
+  uint32_t version = 0;
+  auto payload = read_snapshot_file(path, &version);
   ByteReader r(payload.data(), payload.size());
   if (r.get_str() != "corpus") throw CorruptSnapshot("snapshot does not hold a corpus: '" + path + "'");
   TokenIndex learned = TokenIndex::load(r);
@@ -995,6 +1138,14 @@ void Corpus::load(const std::string& path) {
     ext_tokens += idx->live();
     ext[name] = std::move(idx);
   }
+  int64_t policy = 0;  // format 1 predates policy versions and prompt history: none of either
+  PromptHistory::Loaded history;
+  if (version >= 2) {
+    if (r.get_str() != "history") throw CorruptSnapshot("corrupt snapshot: no prompt history section: '" + path + "'");
+    policy = r.get<int64_t>();
+    if (policy < 0) throw CorruptSnapshot("corrupt snapshot: negative policy version: '" + path + "'");
+    history = history_.parse(r);
+  }
   if (!r.done()) throw CorruptSnapshot("corrupt snapshot: trailing bytes: '" + path + "'");
   learned.check_integrity();
   for (auto& [name, idx] : ext) idx->check_integrity();
@@ -1007,9 +1158,13 @@ void Corpus::load(const std::string& path) {
     open_by_tail_.clear();
     live_chunks_.clear();
   }
-  std::lock_guard<std::mutex> g(ext_mu_);
-  externals_ = std::move(ext);
-  external_tokens_ = ext_tokens;
+  {
+    std::lock_guard<std::mutex> g(ext_mu_);
+    externals_ = std::move(ext);
+    external_tokens_ = ext_tokens;
+  }
+  policy_version_.store(policy, std::memory_order_release);
+  history_.install(std::move(history));
 }
 
 std::map<std::string, double> Corpus::stats() {
@@ -1051,6 +1206,31 @@ std::map<std::string, double> Corpus::stats() {
   auto [tested, accepted] = acceptance_.totals();
   s["feedback_tested_nodes"] = static_cast<double>(tested);
   s["feedback_accepted_nodes"] = static_cast<double>(accepted);
+  const auto h = history_.totals();
+  s["history_keys"] = static_cast<double>(h.keys);
+  s["history_rollouts"] = static_cast<double>(h.rollouts);
+  s["history_tokens"] = static_cast<double>(h.stored);
+  s["history_output_tokens"] = static_cast<double>(h.output);
+  s["history_charged_tokens"] = static_cast<double>(h.charged);
+  s["history_max_charged_tokens"] = static_cast<double>(cfg_.history.max_charged_tokens);
+  s["history_bytes"] = static_cast<double>(h.bytes);
+  s["history_bytes_per_token"] = h.stored ? static_cast<double>(h.bytes) / static_cast<double>(h.stored) : 0.0;
+  s["history_rollouts_added"] = static_cast<double>(h.added);
+  s["history_rollouts_truncated"] = static_cast<double>(h.truncated);
+  s["history_rollouts_dropped"] = static_cast<double>(h.dropped_rollouts);
+  s["history_rollouts_incomplete"] = static_cast<double>(rollouts_incomplete_.load());
+  s["history_keys_evicted"] = static_cast<double>(h.evicted_keys);
+  s["history_key_group_full"] = static_cast<double>(implied_group_full_.load());
+  s["policy_version"] = static_cast<double>(policy_version());
+  static const char* kClassNames[kLearnedClasses] = {"sibling", "history_age0", "history_age1", "history_age2",
+                                                     "history_age3"};
+  for (int i = 0; i < kLearnedClasses; ++i) {
+    const auto c = source_weights_.stats(i);
+    const std::string name = kClassNames[i];
+    s["source_" + name + "_weight"] = static_cast<double>(c.multiplier);
+    s["source_" + name + "_tested_nodes"] = static_cast<double>(c.tested);
+    s["source_" + name + "_accepted_nodes"] = static_cast<double>(c.accepted);
+  }
   s["drafts"] = static_cast<double>(n_drafts_.load());
   s["draft_nodes"] = static_cast<double>(n_draft_nodes_.load());
   s["extend_tokens"] = static_cast<double>(n_extend_tokens_.load());
@@ -1076,6 +1256,7 @@ void Corpus::check_integrity() {
     if (rs->pending.size() > rs->own.live()) throw std::logic_error("request pending beyond its tokens");
   }
   groups_.check_integrity(live);
+  history_.check_integrity();
 }
 
 }  // namespace ngc

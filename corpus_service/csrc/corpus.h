@@ -1,5 +1,6 @@
-// Corpus: one namespace's draft corpus. Three sources of drafts (each request's own context, the
-// shared learned corpus of committed tokens, named external corpora) merged into one draft tree.
+// Corpus: one namespace's draft corpus. Its sources of drafts (each request's own context, its
+// group's siblings, its prompt key's history of rollouts, the shared learned corpus of committed
+// tokens, named external corpora) merged into one draft tree.
 //
 // Threads: lookups take the learned corpus' shared lock and run in parallel; inserts are queued and
 // applied by one background thread under the exclusive lock, in groups of bounded size with waiting
@@ -26,6 +27,7 @@
 #include "draft_pool.h"
 #include "draft_tree.h"
 #include "group.h"
+#include "prompt_history.h"
 #include "request_state.h"
 #include "token_index.h"
 #include "tree_rows.h"
@@ -64,6 +66,31 @@ struct CorpusConfig {
   size_t max_external_tokens = size_t{1} << 32;  // tokens in all external corpora together
   int draft_threads = 1;         // threads drafting one batch's requests (draft_pool.h); 1 = the caller alone
   bool learned_copy_growth = true;  // grow the learned index in a copy prepared beside it (Corpus::grow_learned)
+  HistoryConfig history;          // prompt history bounds (prompt_history.h); max_charged_tokens 0: off
+  float history_weight = 1.0f;    // source weight of a prompt key's rollouts (times the learned multiplier)
+  bool learn_source_weights = true;  // learn the sibling and history multipliers from commits (SourceWeights)
+  uint32_t source_window = 256;   // tested nodes of a class per multiplier update
+};
+
+// How a request starts (Corpus::start_request).
+struct StartOptions {
+  // 1 feeds the prompt to the learned corpus, 0 does not, -1 follows the config (0 suits a request
+  // re-established after a restart, whose tokens were learned already).
+  int learn_prompt = -1;
+  std::string group;              // requests of one non-empty group key draft from each other (group.h)
+  bool learn = true;              // false keeps the request's tokens out of the learned corpus and its
+                                  // output out of the history (a replica's requests: the log brings them)
+  std::string prompt_key;         // its prompt history key ("" none)
+  int64_t policy_version = -1;    // the policy version sampling it (-1: the namespace's current)
+  bool key_group = false;         // with no `group`: the key's live requests form one (an explicit key)
+};
+
+// A finished request's output as its prompt key's history keeps it (Corpus::rollout).
+struct Rollout {
+  std::string key;
+  int64_t version = 0;
+  std::vector<int32_t> tokens;    // the prompt's last tokens (up to HistoryConfig::context), then the output
+  size_t output = 0;
 };
 
 struct DraftOutput {
@@ -99,12 +126,19 @@ class Corpus {
   // (0 suits a request re-established after a restart, whose tokens were learned already).
   // group: requests of one non-empty group key draft from each other's context (group.h).
   // learn: false keeps all of the request's tokens out of the learned corpus (a replica's requests).
-  void start_request(const std::string& id, const int32_t* prompt, size_t n, int learn_prompt = -1,
-                     const std::string& group = "", bool learn = true);
+  void start_request(const std::string& id, const int32_t* prompt, size_t n, const StartOptions& opt = {});
+  // A live request's prompt key and version, for one that started without them (SGLang's windows);
+  // keep_rollout: its output joins the history when it is erased.
+  void set_prompt_key(const std::string& id, const std::string& key, int64_t version, bool keep_rollout);
   void extend(const std::string& id, const int32_t* tokens, size_t n);
   // Extends ids[i] by the next lengths[i] tokens of `tokens`; all or nothing.
   void extend_many(const std::vector<std::string>& ids, const int32_t* tokens, const int64_t* lengths);
-  void finish(const std::string& id);
+  // rollout: its output joins its key's history (a request that ended without finishing, its stream
+  // closed or its client gone, does not: a cut rollout would skew what the history says of lengths).
+  void finish(const std::string& id, bool rollout = true);
+  // What finish would add to the history (false: nothing, e.g. no key or no output yet), for a
+  // replica that publishes it to the commit log instead.
+  bool rollout(const std::string& id, Rollout* out);
   bool has_request(const std::string& id) const;
   // Drafts at most `budget` nodes per request: tokens/parents/probs padded to budget per row
   // (padding token -1, parent -1, prob 0), counts per request.
@@ -132,6 +166,15 @@ class Corpus {
   void put(std::vector<std::vector<int32_t>> sequences);  // SGLang batch_put (windows de-duplicated)
   void synchronize();
   void reset();
+
+  // Prompt history and policy versions (prompt_history.h).
+  // The namespace's policy version becomes max(current, v); strict: an older v is refused (StaleVersion).
+  int64_t announce_policy_version(int64_t v, bool strict);
+  int64_t policy_version() const { return policy_version_.load(std::memory_order_acquire); }
+  // Adds a rollout as the commit log delivers it (tokens[0..n): prompt tail, then `output` tokens).
+  bool add_rollout(const std::string& key, int64_t version, const int32_t* tokens, size_t n, size_t output);
+  std::vector<RolloutView> history_dump() const { return history_.dump(); }
+  std::vector<std::pair<int64_t, uint32_t>> history_lengths(const std::string& key) const { return history_.lengths(key); }
 
   // External corpora.
   // replace: the name may be committed already; the commit then swaps the new corpus in atomically
@@ -178,6 +221,9 @@ class Corpus {
   void flush_all_pending();
   // Scores the request's last draft against tokens it commits next (under rs.mu).
   void observe_commit(RequestState& rs, const int32_t* tokens, size_t n);
+  bool take_rollout(RequestState& rs, Rollout* out);  // under rs.mu
+  // The request's key history, looked up again when keys were created or it was evicted (under rs.mu).
+  const KeyHistory* key_history(RequestState& rs);
 
   CorpusConfig cfg_;
 
@@ -193,6 +239,10 @@ class Corpus {
   TokenIndex learned_;
   uint64_t learned_epoch_ = 0;  // bumped (under learned_mu_ exclusive) when learned_ is cleared or replaced
   AcceptanceModel acceptance_;  // calibration of node acceptance, learned from every request's commits
+  PromptHistory history_;       // each prompt key's rollouts
+  SourceWeights source_weights_;  // learned multipliers of the sibling and history sources
+  std::atomic<int64_t> policy_version_{0};
+  std::atomic<uint64_t> implied_group_full_{0}, rollouts_incomplete_{0};
 
   mutable std::mutex req_mu_;
   std::unordered_map<std::string, std::shared_ptr<RequestState>> requests_;

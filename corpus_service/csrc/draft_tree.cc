@@ -8,7 +8,7 @@ namespace ngc {
 
 void DraftTree::reset() {
   nodes_.clear();
-  nodes_.push_back(Node{-1, -1, -1, 0, 0.f, 0.f, 0});
+  nodes_.push_back(Node{-1, -1, -1, 0, 0.f, 0.f, 0, 0.f, 0});
 }
 
 int32_t DraftTree::child(int32_t parent, int32_t token) {
@@ -18,7 +18,7 @@ int32_t DraftTree::child(int32_t parent, int32_t token) {
     prev = c;
   }
   int32_t id = static_cast<int32_t>(nodes_.size());
-  nodes_.push_back(Node{token, -1, -1, nodes_[parent].depth + 1, 0.f, 0.f, 0});
+  nodes_.push_back(Node{token, -1, -1, nodes_[parent].depth + 1, 0.f, 0.f, 0, 0.f, 0});
   if (prev == -1)
     nodes_[parent].first_child = id;
   else
@@ -39,7 +39,7 @@ const float* DraftTree::pow_table(const ScoreParams& sp) {
 }
 
 void DraftTree::add(const int32_t* tokens, int n, int match_len, float scale, uint64_t recency,
-                    DraftMode mode, const ScoreParams& sp) {
+                    DraftMode mode, const ScoreParams& sp, uint8_t cls) {
   // weight(d) = scale * min(match_len + gain * d, cap)^alpha, from a table when it is an integer.
   const bool score = mode == DraftMode::kScore;
   const float* tab = score ? pow_table(sp) : nullptr;
@@ -60,6 +60,7 @@ void DraftTree::add(const int32_t* tokens, int n, int match_len, float scale, ui
     int32_t c = child(u, tokens[i]);
     Node& node = nodes_[c];
     node.vote += w;
+    if (w > node.top) node.top = w, node.cls = cls;
     w = weight(i + 1);
     node.mass += w;
     node.recency = std::max(node.recency, recency);
@@ -110,11 +111,19 @@ int DraftTree::select(int budget, float min_prob, DraftMode mode, const ScorePar
     tokens.push_back(nodes_[e.node].token);
     parents.push_back(e.parent_out);
     probs.push_back(e.prob);
-    if (model && record) {
+    if (record) {
+      const int32_t par = e.parent_out;
       record->tokens.push_back(nodes_[e.node].token);
-      record->parents.push_back(e.parent_out);
-      record->depth_cell.push_back(cells_[e.node].depth_cell);
-      record->token_cell.push_back(cells_[e.node].token_cell);
+      record->parents.push_back(par);
+      // The conditional it was taken with: the path probability over its parent's.
+      const float parent_p = par < 0 ? 1.0f : probs[out_base + static_cast<size_t>(par)];
+      record->q.push_back(parent_p > 0.f ? e.prob / parent_p : 0.f);
+      record->cls.push_back(nodes_[e.node].cls);
+      if (model) {
+        record->depth_cell.push_back(cells_[e.node].depth_cell);
+        record->token_cell.push_back(cells_[e.node].token_cell);
+        record->cells = true;
+      }
     }
     ++taken;
     push_children(e.node, static_cast<int32_t>(tokens.size() - out_base - 1), e.prob);

@@ -38,13 +38,14 @@ class DraftTree {
   void reset();
   // Adds one candidate's continuation (tokens[0..n)) below the root.
   //   match_len: tokens matched before the continuation; scale: the source's weight;
-  //   recency: larger is more recent (used by kBfs ordering).
+  //   recency: larger is more recent (used by kBfs ordering); cls: its source class (each node
+  //   remembers the class of its heaviest vote: prompt_history.h's SourceWeights learns from it).
   void add(const int32_t* tokens, int n, int match_len, float scale, uint64_t recency,
-           DraftMode mode, const ScoreParams& sp);
+           DraftMode mode, const ScoreParams& sp, uint8_t cls = 0);
   // Selects at most budget nodes (parents before children). Nodes whose path probability falls
   // below min_prob are not taken (kScore and kProb). Appends to the outputs; returns the count.
-  // With a model (kScore), conditionals are calibrated and each taken node is written to `record`
-  // (already started) so the next commit can score it.
+  // With a model (kScore), conditionals are calibrated. Each taken node is written to `record`
+  // (already started; its cells with a model) so the next commit can score it.
   int select(int budget, float min_prob, DraftMode mode, const ScoreParams& sp,
              std::vector<int32_t>& tokens, std::vector<int32_t>& parents,
              std::vector<float>& probs, const AcceptanceModel* model = nullptr,
@@ -63,6 +64,8 @@ class DraftTree {
     float vote;         // weight of candidates through this node, at the parent's depth
     float mass;         // weight of candidates through this node, at this node's depth
     uint64_t recency;   // most recent candidate through this node
+    float top;          // the heaviest single vote for this node ...
+    uint8_t cls;        // ... and its source class
   };
   int32_t child(int32_t parent, int32_t token);
   std::vector<Node> nodes_;

@@ -19,6 +19,9 @@ struct NotFound : std::invalid_argument {  // an external corpus that does not e
 struct LimitExceeded : std::length_error {  // a configured bound (requests, external tokens)
   using std::length_error::length_error;
 };
+struct StaleVersion : std::invalid_argument {  // a policy version older than the namespace's announced one
+  using std::invalid_argument::invalid_argument;
+};
 struct CorruptSnapshot : std::runtime_error {  // a snapshot file refused before anything was built
   using std::runtime_error::runtime_error;
 };

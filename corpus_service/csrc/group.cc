@@ -17,15 +17,17 @@ void sibling_sources(const RequestState& rs, std::vector<SiblingSource>* out) {
     size_t shared = m->borrowed ? 0 : std::min(rs.shared_prefix, m->shared_prefix);
     if (rs.borrowed && m.get() == founder && shared > 0) {
       // rs's prompt prefix lives in the founder's index: those positions are rs's own context,
-      // except the prefix's last one, which continues into the founder's output, not rs's.
+      // except the prefix's last one, which continues into the founder's output, not rs's (a
+      // founder in the history drafts its output from there).
       SiblingSource rest{&m->own, {}, last, false};
       if (shared > 1) {
         out->push_back(SiblingSource{&m->own, {{begin + shared - 1, last}}, UINT64_MAX, true});
         rest.skip.emplace_back(begin, begin + shared - 2);
       }
-      out->push_back(std::move(rest));
+      if (!m->in_history) out->push_back(std::move(rest));
       continue;
     }
+    if (m->in_history) continue;  // its rollout drafts from the key's history (prompt_history.h)
     SiblingSource s{&m->own, {}, last, false};
     // The prefix both indexed is in rs's own index already: its occurrences count once. Not rs's
     // current position though: rs's own index excludes it (it has no continuation there).

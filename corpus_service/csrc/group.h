@@ -15,6 +15,9 @@
 //
 // Finished members stay sources until the last member ends; then the group is dropped and the states
 // it held are freed (or pooled).
+//
+// An explicit prompt key (StartOptions::key_group) makes its live requests a group of their own, under
+// kKeyGroupPrefix + key: namespace-wide, where a client's group keys are scoped to its session.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +25,7 @@
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -34,6 +38,8 @@ namespace ngc {
 // request must not grow a group, and the work of each draft, without bound. Beyond it the oldest
 // ended member is let go (its tokens stay in the learned corpus); live members beyond it are refused.
 constexpr size_t kMaxGroupMembers = 64;
+// Groups implied by prompt keys: no group key a caller passes starts with NUL (the facade refuses them).
+inline constexpr std::string_view kKeyGroupPrefix{"\0key:", 5};
 
 struct RequestGroup {
   explicit RequestGroup(std::string k) : key(std::move(k)) {}

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "acceptance_model.h"
+#include "prompt_history.h"
 #include "token_index.h"
 
 namespace ngc {
@@ -45,6 +46,18 @@ struct RequestState {
                                    // the group's founder indexes it for every member (group.h)
   bool ended = false;              // a group member that finished (still a source for its siblings)
   DraftRecord last_draft;          // the latest draft, scored by the next commit (feedback)
+  // Prompt history (prompt_history.h): the request's key ("" none), the policy version sampling it,
+  // where its prompt ends, whether its output joins the history when it finishes (false on a
+  // replica: the commit log brings it), and its key's history (looked up again once `history_seen`
+  // keys were created since, or once it was evicted).
+  std::string history_key;
+  int64_t policy_version = 0;
+  uint64_t prompt_len = 0;
+  bool keep_rollout = false;
+  std::shared_ptr<const KeyHistory> history;
+  uint64_t history_seen = UINT64_MAX;
+  bool in_history = false;         // ended, and its output is in its key's history: siblings draft it
+                                   // from there, not from `own` (group.h; written under the group's lock)
 
   // Makes a finished request's state reusable for a new one, keeping its allocations.
   void recycle(bool learn_tokens, uint64_t new_serial) {
@@ -58,6 +71,13 @@ struct RequestState {
     borrowed = false;
     ended = false;
     last_draft.reset();
+    history_key.clear();
+    policy_version = 0;
+    prompt_len = 0;
+    keep_rollout = false;
+    history.reset();
+    history_seen = UINT64_MAX;
+    in_history = false;
   }
 
   void touch() {

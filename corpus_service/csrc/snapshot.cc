@@ -81,7 +81,7 @@ void write_snapshot_file(const std::string& path, const std::vector<uint8_t>& pa
   }
 }
 
-std::vector<uint8_t> read_snapshot_file(const std::string& path) {
+std::vector<uint8_t> read_snapshot_file(const std::string& path, uint32_t* version_out) {
   FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) throw IOFailure(errno_text("cannot open snapshot", path));
   std::vector<uint8_t> header(kHeaderBytes);
@@ -95,11 +95,12 @@ std::vector<uint8_t> read_snapshot_file(const std::string& path) {
   std::memcpy(&version, header.data() + 8, 4);
   std::memcpy(&size, header.data() + 16, 8);
   std::memcpy(&sum, header.data() + 24, 8);
-  if (version != kSnapshotVersion) {
+  if (version < 1 || version > kSnapshotVersion) {
     std::fclose(f);
-    throw CorruptSnapshot("unsupported snapshot version " + std::to_string(version) + " (expected " +
+    throw CorruptSnapshot("unsupported snapshot version " + std::to_string(version) + " (expected 1 to " +
                              std::to_string(kSnapshotVersion) + "): '" + path + "'");
   }
+  if (version_out) *version_out = version;
   std::error_code ec;
   auto file_size = std::filesystem::file_size(path, ec);
   if (ec || file_size != kHeaderBytes + size) {

@@ -2,6 +2,8 @@
 //
 //   magic "NGCORPUS" | u32 format version | u32 reserved | u64 payload bytes | u64 checksum | payload
 //
+// Versions: 1 holds the learned and external corpora; 2 adds the policy version and the prompt history
+// (prompt_history.h). Files of every version up to kSnapshotVersion load; new files are written in it.
 // A file with another magic, an unknown version, a short payload or a checksum mismatch is refused
 // with CorruptSnapshot before anything is built from it, so a corrupt or truncated file can
 // never be half-loaded. Files are written to a temporary name, fsync'd and renamed into place.
@@ -17,7 +19,7 @@
 
 namespace ngc {
 
-constexpr uint32_t kSnapshotVersion = 1;
+constexpr uint32_t kSnapshotVersion = 2;
 
 // 64-bit checksum over 8-byte words (multiply-xorshift mixing): detects corruption, not tampering.
 uint64_t checksum64(const uint8_t* data, size_t n);
@@ -80,7 +82,7 @@ class ByteReader {
 
 // Writes header + payload atomically (temporary file, fsync, rename, fsync of the directory).
 void write_snapshot_file(const std::string& path, const std::vector<uint8_t>& payload);
-// Reads and verifies a snapshot file; returns its payload.
-std::vector<uint8_t> read_snapshot_file(const std::string& path);
+// Reads and verifies a snapshot file; returns its payload (and its format version in *version).
+std::vector<uint8_t> read_snapshot_file(const std::string& path, uint32_t* version = nullptr);
 
 }  // namespace ngc

@@ -413,6 +413,11 @@ void TokenIndex::tail(int n, int32_t* out) const {
   for (int i = 0; i < n; ++i) out[i] = decode_token(at(start + i));
 }
 
+void TokenIndex::read(uint64_t pos, size_t n, int32_t* out) const {
+  if (pos < base_ || pos + n > end()) throw std::out_of_range("TokenIndex::read: positions outside the live range");
+  for (size_t i = 0; i < n; ++i) out[i] = decode_token(at(pos + i));
+}
+
 std::vector<int32_t> TokenIndex::dump_tokens() const {
   std::vector<int32_t> out;
   out.reserve(live());

@@ -112,6 +112,8 @@ class TokenIndex {
   const std::vector<int>& orders() const { return orders_; }
   // Copies the last n tokens (decoded; n <= live()) into out: the context tail of a request.
   void tail(int n, int32_t* out) const;
+  // Copies the n tokens (decoded) from live position pos on into out.
+  void read(uint64_t pos, size_t n, int32_t* out) const;
   // Copies the live tokens (decoded, documents separated by kSep) for inspection.
   std::vector<int32_t> dump_tokens() const;
 

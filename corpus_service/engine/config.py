@@ -20,6 +20,16 @@ def worst_case_bytes_per_token(num_orders: int) -> float:
     return 1.25 * 1.25 * (4 + 4 * num_orders) + 4 * num_orders
 
 
+def worst_case_history_bytes_per_token(num_orders: int) -> float:
+    """Upper bound of the prompt history's bytes per charged token (csrc/prompt_history.h): a key's
+    index stores 4 B per token and 4 B per order, times 1.25 for storage growth and 1.25 for an
+    evicted prefix awaiting compaction, plus at most 4 B of head slots per order (slots never
+    outnumber a key's charge: a key is charged at least 256 tokens, and rebuilt when evictions leave
+    its tables oversized), plus 11 B for each rollout's record, the key and slack. 48 with the
+    default three own_orders."""
+    return 1.25 * 1.25 * (4 + 4 * num_orders) + 4 * num_orders + 11
+
+
 def _check_orders(name: str, orders: tuple[int, ...]) -> None:
     if not orders or len(orders) > 8:
         raise ValueError(f"{name}: expected 1..8 n-gram orders, got {len(orders)}")
@@ -96,6 +106,22 @@ class CorpusConfig:
     # Threads drafting one batch's requests (the caller and draft_threads - 1 others), for batches
     # of at least 8 requests per thread; 1 = the calling thread alone. Outputs do not depend on it.
     draft_threads: int = 1
+    # Prompt history (csrc/prompt_history.h): each prompt key's finished rollouts, a drafting source
+    # weighted per policy-version age. Bounded in total (0 = no history; least recently written keys
+    # go first; at most worst_case_history_bytes_per_token() bytes per charged token, so 10,000
+    # prompts x 8 samples x 300 tokens fit in 1.23 GB), per key (rollouts, tokens), and by age.
+    history_max_bytes: int = 3 << 29  # 1.5 GiB
+    history_max_rollouts: int = 64  # per key; the oldest go first
+    history_max_key_tokens: int = 1 << 15  # stored tokens per key
+    # Rollouts this many policy versions older than their key's newest one (or the announced
+    # version) are dropped; 0 keeps every version.
+    history_max_age: int = 4
+    history_context: int = 16  # prompt tail tokens stored ahead of each output (drafts the first tokens)
+    history_weight: float = 1.0  # source weight of a key's rollouts, times the learned multipliers
+    # Learn the sibling and per-age history multipliers from what the verifier commits (SourceWeights
+    # in csrc/prompt_history.h); source_window tested nodes of a class per update.
+    learn_source_weights: bool = True
+    source_window: int = 256
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -119,21 +145,26 @@ class CorpusConfig:
             "max_request_tokens": (1, 1 << 31),
             "feedback_window": (2, 1 << 15),
             "draft_threads": (1, 64),
+            "history_max_rollouts": (1, 1 << 16),
+            "history_max_key_tokens": (1024, 1 << 30),
+            "history_max_age": (0, 1 << 30),
+            "history_context": (0, 256),
+            "source_window": (1, 1 << 20),
         }
         for name, (lo, hi) in bounds.items():
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
                 raise ValueError(f"{name}: expected an int in [{lo}, {hi}], got {v!r}")
-        for name in ("feedback", "learned_copy_growth"):
+        for name in ("feedback", "learned_copy_growth", "learn_source_weights"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
-        for name in ("feedback_prior", "feedback_token_prior", "alpha", "shared_alpha", "lambda_", "depth_gain", "weak_weight", "own_weight", "learned_weight", "external_weight", "group_weight", "request_ttl_s"):
+        for name in ("feedback_prior", "feedback_token_prior", "alpha", "shared_alpha", "lambda_", "depth_gain", "weak_weight", "own_weight", "learned_weight", "external_weight", "group_weight", "history_weight", "request_ttl_s"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0 or v != v or v == float("inf"):
                 raise ValueError(f"{name}: expected a finite number >= 0, got {v!r}")
         if not 0.0 <= self.min_prob <= 1.0:
             raise ValueError(f"min_prob: expected a probability in [0, 1], got {self.min_prob!r}")
-        for name in ("learned_max_bytes", "vocab_size", "max_external_tokens"):
+        for name in ("learned_max_bytes", "vocab_size", "max_external_tokens", "history_max_bytes"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name}: expected an int >= 0, got {v!r}")
@@ -143,8 +174,17 @@ class CorpusConfig:
                 f"(~{self.bytes_per_token()} B per token); use 0 for unbounded"
             )
 
+        if 0 < self.history_max_bytes < self.history_bytes_per_token() * 4096:
+            raise ValueError(
+                f"history_max_bytes: {self.history_max_bytes} is too small to hold 4096 tokens "
+                f"(~{self.history_bytes_per_token()} B per token); use 0 for no prompt history"
+            )
+
     def bytes_per_token(self) -> float:
         return worst_case_bytes_per_token(len(self.learned_orders))
+
+    def history_bytes_per_token(self) -> float:
+        return worst_case_history_bytes_per_token(len(self.own_orders))
 
     def replace(self, **changes: Any) -> "CorpusConfig":
         return dataclasses.replace(self, **changes)
@@ -158,8 +198,14 @@ class CorpusConfig:
                      "enough_candidates", "enough_order",
                      "learned_weight", "external_weight", "group_weight", "learn_prompts", "flush_tokens", "overlap",
                      "vocab_size", "request_ttl_s", "max_requests", "max_request_tokens", "max_external_tokens",
-                     "draft_threads", "learned_copy_growth"):
+                     "draft_threads", "learned_copy_growth", "history_weight", "learn_source_weights",
+                     "source_window"):
             setattr(c, name, getattr(self, name))
+        h = _native.HistoryConfig()
+        h.max_rollouts, h.max_key_tokens = self.history_max_rollouts, self.history_max_key_tokens
+        h.max_age, h.context = self.history_max_age, self.history_context
+        h.max_charged_tokens = int(self.history_max_bytes / self.history_bytes_per_token()) if self.history_max_bytes else 0
+        c.history = h
         c.mode = MODES[self.mode]
         score = _native.ScoreParams()
         score.alpha, score.lambda_, score.match_cap = self.alpha, self.lambda_, self.match_cap

@@ -20,6 +20,7 @@ import numpy as np
 
 from corpus_service import _native
 from corpus_service.engine.config import MAX_BUDGET, CorpusConfig
+from corpus_service.engine.prompt_keys import check_policy_version, check_prompt_key
 from corpus_service.exceptions import AlreadyExistsError
 
 ReqId = str | int
@@ -79,7 +80,7 @@ def merge_with_earlier(fresh: DraftBatch, earlier: DraftBatch, since: Sequence[S
 
 # Statistics that are fractional by nature; every other one counts something (the native side
 # reports all of them as doubles).
-_FRACTIONAL_SUFFIXES = ("_seconds", "_per_token", "_ratio", "_rate")
+_FRACTIONAL_SUFFIXES = ("_seconds", "_per_token", "_ratio", "_rate", "_weight")
 
 
 def typed_stats(raw: dict[str, float]) -> dict[str, int | float]:
@@ -106,7 +107,20 @@ def _group(group: Any) -> str:
         raise TypeError(f"group: expected str or None, got {type(group).__name__}")
     if not 1 <= len(group) <= MAX_GROUP_CHARS:
         raise ValueError(f"group: expected 1-{MAX_GROUP_CHARS} characters (or None for no group), got {len(group)}")
+    if group.startswith("\0"):  # the engine's groups of prompt keys (csrc/group.h, kKeyGroupPrefix)
+        raise ValueError("group: must not start with a NUL character")
     return group
+
+
+@dataclass(frozen=True, slots=True)
+class Rollout:
+    """A finished request's output as its prompt key's history keeps it: the prompt's last tokens
+    (up to ``config.history_context``), then the ``output`` generated tokens."""
+
+    prompt_key: str
+    policy_version: int
+    tokens: np.ndarray  # int32
+    output: int
 
 
 def _rid(req_id: Any) -> str:
@@ -186,31 +200,40 @@ class NgramCorpus:
 
     def start_request(
         self, req_id: ReqId, prompt_ids: Sequence[int] | np.ndarray, *, learn_prompt: bool | None = None,
-        group: str | None = None,
+        group: str | None = None, prompt_key: str | None = None, policy_version: int | None = None,
     ) -> None:
         """Starts a request: its prompt is indexed for prompt lookup. ``learn_prompt`` overrides
         ``config.learn_prompts`` for this request (False suits a request re-established after a
         restart, whose tokens the learned corpus already holds). ``group``: requests started with the
         same key (the n samples of one prompt) draft from each other's committed tokens at once, and
-        their shared prompt counts once; the group lives as long as any member. Raises
-        AlreadyExistsError if live."""
+        their shared prompt counts once; the group lives as long as any member.
+
+        ``prompt_key``: what the request is a sample of (``engine/prompt_keys.py``); its key's
+        finished rollouts draft for it, and its own output joins them when it finishes. None: a hash
+        of the prompt ids. An explicit key also makes its live requests one group (namespace-wide),
+        unless ``group`` is given. ``policy_version``: the policy sampling it (None: the namespace's
+        current, ``announce_policy_version``); history counts by how many versions apart a rollout
+        is. Raises AlreadyExistsError if live."""
         flag = -1 if learn_prompt is None else int(bool(learn_prompt))
-        self._native.start_request(_rid(req_id), prompt_ids, flag, _group(group))
+        key, version, implied = self._history_args(prompt_key, policy_version)
+        self._native.start_request(_rid(req_id), prompt_ids, flag, _group(group), True, key, version, implied)
+
+    @staticmethod
+    def _history_args(prompt_key: Any, policy_version: Any) -> tuple[str, int, bool]:
+        """(key, version, whether the key implies a group) for the native start: key "" is the
+        default key, which the native start hashes from the ids it validated (default_prompt_key)."""
+        key = check_prompt_key(prompt_key)
+        return ("" if key is None else key), check_policy_version(policy_version), key is not None
 
     def start_request_unlearned(self, req_id: ReqId, prompt_ids: Sequence[int] | np.ndarray, *,
-                                group: str | None = None) -> None:
-        """``start_request`` for a request whose tokens never feed this engine's learned corpus, not
-        even its extends: a replica learns only from the commit log (corpus_service/replication).
-        Raises AlreadyExistsError if live."""
-        rid = _rid(req_id)
-        if group is not None:
-            self._native.start_request(rid, prompt_ids, 0, _group(group), False)
-            return
-        if self._native.has_request(rid):
-            raise AlreadyExistsError(f"request id '{rid}' is already live")
-        prompt = np.asarray(prompt_ids, dtype=np.int64) if not isinstance(prompt_ids, np.ndarray) else prompt_ids
-        # The SGLang window path starts requests that do not learn (that path learns via batch_put).
-        self._native.sync_window(rid, prompt, int(len(prompt)))
+                                group: str | None = None, prompt_key: str | None = None,
+                                policy_version: int | None = None) -> None:
+        """``start_request`` for a request whose tokens never feed this engine's learned corpus nor
+        its output this engine's history, not even its extends: a replica learns only from the commit
+        log (corpus_service/replication; ``rollout`` gives what to publish). Raises AlreadyExistsError
+        if live."""
+        key, version, implied = self._history_args(prompt_key, policy_version)
+        self._native.start_request(_rid(req_id), prompt_ids, 0, _group(group), False, key, version, implied)
 
     def extend(self, req_id: ReqId, token_ids: Sequence[int] | np.ndarray) -> None:
         """Appends committed tokens (accepted drafts plus the bonus token) to a live request."""
@@ -263,27 +286,91 @@ class NgramCorpus:
         budget = _check_budget(budget)
         return self._native.draft_compact([_rid(r) for r in req_ids], budget)
 
-    def finish(self, req_id: ReqId) -> None:
-        """Ends a request: its remaining committed tokens go to the learned corpus."""
-        self._native.finish(_rid(req_id))
+    def finish(self, req_id: ReqId, *, rollout: bool = True) -> None:
+        """Ends a request: its remaining committed tokens go to the learned corpus, and its output
+        (with ``rollout``) to its prompt key's history. ``rollout=False`` for a request that ended
+        without finishing (its client went away): a cut output would mislead the history."""
+        self._native.finish(_rid(req_id), bool(rollout))
+
+    def rollout(self, req_id: ReqId) -> Rollout | None:
+        """What ``finish`` would add to the history for a live request (None: nothing, e.g. no output
+        yet); a replica publishes it to the commit log."""
+        r = self._native.rollout(_rid(req_id))
+        return None if r is None else Rollout(r[0], int(r[1]), r[2], int(r[3]))
+
+    # ------------------------------------------------------------------ prompt history, policy versions
+
+    def announce_policy_version(self, version: int) -> int:
+        """The policy's weights changed: the namespace's version becomes ``version`` (requests started
+        without one are sampled by it; rollouts ``history_max_age`` versions older are dropped).
+        Returns it. An older version than the current raises StalePolicyVersionError (ValueError);
+        the same one changes nothing."""
+        v = check_policy_version(version, "version")
+        if v < 0:
+            raise ValueError("version: expected a non-negative int, got None")
+        return int(self._native.announce_policy_version(v, True))
+
+    def advance_policy_version(self, version: int) -> int:
+        """``announce_policy_version`` that ignores an older version (a replica applying the commit
+        log, where announcements of several replicas interleave). Returns the current version."""
+        v = check_policy_version(version, "version")
+        return int(self._native.announce_policy_version(max(v, 0), False))
+
+    def policy_version(self) -> int:
+        """The namespace's current policy version (0 until one is announced)."""
+        return int(self._native.policy_version())
+
+    def add_rollout(self, prompt_key: str, policy_version: int, tokens: Sequence[int] | np.ndarray, output: int) -> bool:
+        """Adds a rollout to ``prompt_key``'s history as the commit log delivers it: ``tokens`` are the
+        prompt's tail, then its last ``output`` tokens are the output. False if nothing was stored
+        (history off, or no output)."""
+        key = check_prompt_key(prompt_key)
+        if key is None:
+            raise ValueError("prompt_key: expected a key, got None")
+        v = check_policy_version(policy_version)
+        if v < 0:
+            raise ValueError("policy_version: expected a non-negative int, got None")
+        if isinstance(output, bool) or not isinstance(output, (int, np.integer)) or output < 0:
+            raise ValueError(f"output: expected an int >= 0, got {output!r}")
+        return bool(self._native.add_rollout(key, v, tokens, int(output)))
+
+    def prompt_history(self, prompt_key: str) -> list[tuple[int, int]]:
+        """``(policy_version, output_tokens)`` of each rollout the key's history holds, oldest first
+        (a request's expected length comes from it)."""
+        key = check_prompt_key(prompt_key)
+        return [] if key is None else [(int(v), int(n)) for v, n in self._native.history_lengths(key)]
+
+    def history_rollouts(self) -> list[Rollout]:
+        """Every stored rollout, keys least recently written first (what replicas must agree on)."""
+        return [Rollout(k, int(v), t, int(o)) for k, v, o, t in self._native.history_dump()]
 
     def has_request(self, req_id: ReqId) -> bool:
         return self._native.has_request(_rid(req_id))
 
     # Batch forms: one call for many requests (numpy arrays or lists per request).
     def start_requests(self, req_ids: Sequence[ReqId], prompts: Sequence[Sequence[int] | np.ndarray],
-                       groups: Sequence[str | None] | None = None) -> None:
-        """``start_request`` for many; ``groups[i]`` is request i's group key (None: none)."""
+                       groups: Sequence[str | None] | None = None, *,
+                       prompt_keys: Sequence[str | None] | None = None,
+                       policy_versions: Sequence[int | None] | None = None) -> None:
+        """``start_request`` for many; ``groups[i]``, ``prompt_keys[i]``, ``policy_versions[i]`` are
+        request i's (None: none, the hash of its prompt, the namespace's version)."""
         if len(req_ids) != len(prompts):
             raise ValueError(f"start_requests: {len(req_ids)} request ids but {len(prompts)} prompts")
-        if groups is None:
-            groups = [None] * len(req_ids)
-        elif isinstance(groups, str) or len(groups) != len(req_ids):
-            raise ValueError(f"start_requests: expected one group (or None) per request id, got "
-                             f"{'a str' if isinstance(groups, str) else len(groups)} for {len(req_ids)} ids")
-        keys = [_group(g) for g in groups]  # all checked before any request starts
-        for rid, prompt, key in zip(req_ids, prompts, keys):
-            self._native.start_request(_rid(rid), prompt, -1, key)
+
+        def per_request(values: Any, what: str) -> Sequence[Any]:
+            if values is None:
+                return [None] * len(req_ids)
+            if isinstance(values, str) or len(values) != len(req_ids):
+                raise ValueError(f"start_requests: expected one {what} (or None) per request id, got "
+                                 f"{'a str' if isinstance(values, str) else len(values)} for {len(req_ids)} ids")
+            return values
+
+        groups, keys, versions = (per_request(groups, "group"), per_request(prompt_keys, "prompt key"),
+                                  per_request(policy_versions, "policy version"))
+        # All checked before any request starts.
+        args = [(_group(g), *self._history_args(k, v)) for g, k, v in zip(groups, keys, versions)]
+        for rid, prompt, (group, key, version, implied) in zip(req_ids, prompts, args):
+            self._native.start_request(_rid(rid), prompt, -1, group, True, key, version, implied)
 
     def extend_batch(
         self,
@@ -367,11 +454,20 @@ class NgramCorpus:
         batch_tokens: Sequence[Sequence[int]],
         total_lens: Sequence[int],
         draft_token_num: int | None = None,
+        *,
+        prompt_keys: Sequence[str | None] | None = None,
+        policy_versions: Sequence[int | None] | None = None,
+        keep_rollouts: bool = True,
     ) -> tuple[np.ndarray, np.ndarray]:
         """SGLang's stateful match: ``batch_tokens[i]`` is the last window of request i's tokens and
         ``total_lens[i]`` its full length. Returns ``(drafts, mask)``: int64 ``[B*K]`` tokens, each
         row starting with the last token, and int64 ``[B*K*K]`` ancestor masks, padded with token 0
-        under the root as SGLang pads. K is ``draft_token_num`` (default: the constructor's)."""
+        under the root as SGLang pads. K is ``draft_token_num`` (default: the constructor's).
+
+        SGLang's API carries no prompt, so its requests have no prompt key unless the caller adds
+        ``prompt_keys`` (an extension; with ``policy_versions``), read when a request is first seen:
+        it then drafts from its key's history, and ``erase_match_state`` adds its output there
+        (``keep_rollouts``; its tokens after its first window's total length)."""
         k = self.draft_token_num if draft_token_num is None else draft_token_num
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= MAX_BUDGET + 1:
             raise ValueError(f"draft_token_num: expected an int in [1, {MAX_BUDGET + 1}], got {k!r}")
@@ -381,10 +477,21 @@ class NgramCorpus:
                 f"{len(req_ids)}, {len(batch_tokens)}, {len(total_lens)}"
             )
         ids = [_rid(r) for r in req_ids]
-        for rid, window, total in zip(ids, batch_tokens, total_lens):
+        keys = versions = None
+        if prompt_keys is not None or policy_versions is not None:
+            n = len(ids)
+            keys = [check_prompt_key(x, "prompt_keys") for x in (prompt_keys or [None] * n)]
+            versions = [check_policy_version(v, "policy_versions") for v in (policy_versions or [None] * n)]
+            if len(keys) != n or len(versions) != n:
+                raise ValueError(f"batch_get: expected one prompt key and policy version (or None) per request, "
+                                 f"got {len(keys)} and {len(versions)} for {n}")
+        for i, (rid, window, total) in enumerate(zip(ids, batch_tokens, total_lens)):
             if len(window) == 0:
                 raise ValueError(f"batch_get: request '{rid}' has an empty token window")
+            new = keys is not None and not self._native.has_request(rid)
             self._native.sync_window(rid, window, int(total))
+            if new and keys[i] is not None:
+                self._native.set_prompt_key(rid, keys[i], versions[i], bool(keep_rollouts))
         return self._native.draft_flat(ids, int(k))
 
     def batch_put(self, batch_tokens: Sequence[Sequence[int]]) -> None:
@@ -398,7 +505,8 @@ class NgramCorpus:
         self._native.synchronize()
 
     def reset(self) -> None:
-        """Drops the learned corpus and all request state; external corpora stay."""
+        """Drops the learned corpus, the prompt history and all request state; external corpora and the
+        policy version stay."""
         self._native.reset()
 
     def erase_match_state(self, req_ids: Sequence[ReqId]) -> None:

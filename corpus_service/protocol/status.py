@@ -36,6 +36,12 @@ class CorpusAlreadyExists(CorpusError, ValueError):
     code = grpc.StatusCode.ALREADY_EXISTS
 
 
+class CorpusFailedPrecondition(CorpusError, ValueError):
+    """The call does not fit the corpus' state: e.g. a policy version older than the announced one."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
 class CorpusResourceExhausted(CorpusError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
@@ -65,7 +71,7 @@ class CorpusUnavailable(CorpusError):
 
 _BY_CODE: dict[grpc.StatusCode, type[CorpusError]] = {
     cls.code: cls
-    for cls in (CorpusInvalidArgument, CorpusNotFound, CorpusAlreadyExists, CorpusResourceExhausted,
+    for cls in (CorpusInvalidArgument, CorpusNotFound, CorpusAlreadyExists, CorpusFailedPrecondition, CorpusResourceExhausted,
                 CorpusDeadlineExceeded, CorpusUnavailable, CorpusUnauthenticated, CorpusPermissionDenied)
 }
 _CODE_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
@@ -99,6 +105,7 @@ _ENGINE_CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (exceptions.NotFoundError, grpc.StatusCode.NOT_FOUND),
     (exceptions.AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
     (exceptions.LimitExceededError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (exceptions.StalePolicyVersionError, grpc.StatusCode.FAILED_PRECONDITION),
     (KeyError, grpc.StatusCode.NOT_FOUND),  # unknown namespace
     (ValueError, grpc.StatusCode.INVALID_ARGUMENT),
     (TypeError, grpc.StatusCode.INVALID_ARGUMENT),

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from corpus_service.replication.events import CHUNK, EXTERNAL, REMOVE, RESET, Batch
+from corpus_service.replication.events import CHUNK, EXTERNAL, POLICY, REMOVE, RESET, ROLLOUT, Batch, carried
 from corpus_service.server.state import ServiceState
 
 log = logging.getLogger("corpus_service.replication")
@@ -38,7 +38,7 @@ class Applier:
             chunks = iter(batch.tokens)
             for ev in batch.events:
                 kind, ns = ev[0], ev[1]
-                tokens = next(chunks) if kind == CHUNK else None
+                tokens = next(chunks) if carried(ev) is not None else None
                 if ns not in self.state.specs:
                     self.skipped_events += 1  # every replica of one cluster serves the same namespaces
                     log.warning("log event for unknown namespace %r skipped", ns)
@@ -56,13 +56,23 @@ class Applier:
                     self._on_remove(ev)
                 elif kind == RESET:
                     corpus.reset()
+                elif kind == ROLLOUT:  # ["h", NS, KEY, VERSION, OUTPUT, N]
+                    try:
+                        corpus.add_rollout(ev[2], ev[3], tokens, ev[4])
+                    except ValueError as e:  # a bad event from a foreign writer: every replica skips it
+                        self.skipped_events += 1
+                        log.warning("log rollout event skipped: %s", e)
+                elif kind == POLICY:
+                    corpus.advance_policy_version(ev[2])
         for ns in sorted(touched):
             self.state.corpus(ns).synchronize()
 
 
 def digest(state: ServiceState) -> str:
     """A hash of what replication must make equal on every replica: each namespace's learned corpus
-    (its tokens and document boundaries, in order) and its external corpora (names, token counts)."""
+    (its tokens and document boundaries, in order), its external corpora (names, token counts), its
+    policy version and its prompt history (keys in least-recently-written order, each rollout's
+    version, output length and tokens)."""
     h = hashlib.sha256()
     for ns in sorted(state.specs):
         corpus = state.corpus(ns)
@@ -70,5 +80,9 @@ def digest(state: ServiceState) -> str:
         h.update(np.ascontiguousarray(corpus.learned_tokens(), dtype="<i4").tobytes())
         for name, count in sorted(corpus.list_external_corpora().items()):
             h.update(f"\0{name}={count}".encode())
+        h.update(f"\2{corpus.policy_version()}".encode())
+        for r in corpus.history_rollouts():
+            h.update(f"\3{r.prompt_key}\0{r.policy_version}\0{r.output}\0".encode())
+            h.update(np.ascontiguousarray(r.tokens, dtype="<i4").tobytes())
         h.update(b"\1")
     return h.hexdigest()

@@ -3,10 +3,13 @@
     JSON header line  {"v": 1, "origin": REPLICA, "t": UNIX_NS, "ev": [EVENT, ...]}  b"\n"
     int32 tokens      the tokens of the chunk events, concatenated in event order (little-endian)
 
-Events: ``["c", NS, N]`` a learned-corpus chunk of the next N tokens; ``["x", NS, NAME, KEY, FORMAT,
-BYTES]`` an uploaded external corpus whose data is blob KEY; ``["r", NS, NAME]`` a removed external
-corpus; ``["z", NS]`` a reset of the namespace's learned corpus. The header is JSON so a message stays
-readable with ``nats stream view``; the tokens are raw so a batch costs one copy.
+Events: ``["c", NS, N]`` a learned-corpus chunk of the next N tokens; ``["h", NS, KEY, VERSION, OUTPUT,
+N]`` a finished request's rollout for prompt KEY's history, sampled by policy VERSION: the next N tokens,
+its prompt's tail and then OUTPUT generated tokens; ``["x", NS, NAME, KEY, FORMAT, BYTES]`` an uploaded
+external corpus whose data is blob KEY; ``["r", NS, NAME]`` a removed external corpus; ``["z", NS]`` a
+reset of the namespace's learned corpus; ``["v", NS, V]`` the namespace's policy version announced as
+V. The header is JSON so a message stays readable with ``nats stream view``; the tokens are raw so a
+batch costs one copy. Readers older than "h" and "v" refuse such messages (a version skew is loud).
 """
 
 from __future__ import annotations
@@ -18,7 +21,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 VERSION = 1
-CHUNK, EXTERNAL, REMOVE, RESET = "c", "x", "r", "z"
+CHUNK, EXTERNAL, REMOVE, RESET, ROLLOUT, POLICY = "c", "x", "r", "z", "h", "v"
+_KINDS = (CHUNK, EXTERNAL, REMOVE, RESET, ROLLOUT, POLICY)
+
+
+def carried(ev: list) -> int | None:
+    """How many of the message's tokens an event carries (None: it carries none)."""
+    return int(ev[2]) if ev[0] == CHUNK else int(ev[5]) if ev[0] == ROLLOUT else None
 
 
 @dataclass(slots=True)
@@ -26,7 +35,7 @@ class Batch:
     origin: str
     t_ns: int = 0  # when the batch was published (commit-to-visible lag)
     events: list[list] = field(default_factory=list)
-    tokens: list[np.ndarray] = field(default_factory=list)  # one per chunk event, in order
+    tokens: list[np.ndarray] = field(default_factory=list)  # one per chunk or rollout event, in order
 
     def num_tokens(self) -> int:
         return sum(t.size for t in self.tokens)
@@ -54,12 +63,16 @@ def decode(payload: bytes) -> Batch:
     batch = Batch(str(header.get("origin", "")), int(header.get("t", 0)), list(header.get("ev", [])))
     pos = 0
     for ev in batch.events:
-        if not isinstance(ev, list) or not ev or ev[0] not in (CHUNK, EXTERNAL, REMOVE, RESET):
+        if not isinstance(ev, list) or not ev or ev[0] not in _KINDS:
             raise ValueError(f"log message: unknown event {ev!r:.80}")
-        if ev[0] == CHUNK:
-            n = int(ev[2])
+        if ev[0] == ROLLOUT and (len(ev) != 6 or not isinstance(ev[2], str) or not all(isinstance(x, int) for x in ev[3:])):
+            raise ValueError(f"log message: malformed rollout event {ev!r:.80}")
+        if ev[0] == POLICY and (len(ev) != 3 or not isinstance(ev[2], int) or ev[2] < 0):
+            raise ValueError(f"log message: malformed policy version event {ev!r:.80}")
+        n = carried(ev)
+        if n is not None:
             if n < 0 or pos + n > flat.size:
-                raise ValueError(f"log message: chunk of {n} tokens overruns the {flat.size} tokens carried")
+                raise ValueError(f"log message: an event of {n} tokens overruns the {flat.size} tokens carried")
             batch.tokens.append(flat[pos:pos + n])
             pos += n
     if pos != flat.size:

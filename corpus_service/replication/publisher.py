@@ -21,7 +21,7 @@ from collections import deque
 
 import numpy as np
 
-from corpus_service.replication.events import CHUNK, Batch
+from corpus_service.replication.events import CHUNK, ROLLOUT, Batch
 
 log = logging.getLogger("corpus_service.replication")
 # NATS' default max_payload is 1 MiB: a batch stays well under it.
@@ -56,6 +56,15 @@ class Publisher:
 
     def add_chunk(self, namespace: str, tokens: np.ndarray) -> bool:
         """Queues a chunk; False if it was dropped (the buffer is full)."""
+        return self._add_tokens([CHUNK, namespace, int(tokens.size)], tokens)
+
+    def add_rollout(self, namespace: str, key: str, version: int, tokens: np.ndarray, output: int) -> bool:
+        """Queues a finished request's rollout for its prompt key's history (events.py); dropped like
+        a chunk when the buffer is full (False)."""
+        tokens = np.asarray(tokens, np.int32)
+        return self._add_tokens([ROLLOUT, namespace, key, int(version), int(output), int(tokens.size)], tokens)
+
+    def _add_tokens(self, event: list, tokens: np.ndarray) -> bool:
         n = int(tokens.size)
         with self._lock:
             held = self._queued_tokens + (self._unacked[2] if self._unacked else 0)
@@ -68,7 +77,7 @@ class Publisher:
             else:
                 first = None
                 self._added += 1
-                self._queue.append(([CHUNK, namespace, n], tokens, time.time_ns(), self._added))
+                self._queue.append((event, tokens, time.time_ns(), self._added))
                 self._queued_tokens += n
                 wake = len(self._queue) == 1
         if first is not None:

@@ -54,7 +54,7 @@ METHOD_ROLES = {
     "Session": Role.DRAFT, "BatchGet": Role.DRAFT, "BatchPut": Role.DRAFT, "EraseMatchState": Role.DRAFT,
     "ListExternalCorpora": Role.READ, "Stats": Role.READ,
     "LoadExternalCorpus": Role.ADMIN, "CommitExternalCorpus": Role.ADMIN, "RemoveExternalCorpus": Role.ADMIN,
-    "Reset": Role.ADMIN,
+    "Reset": Role.ADMIN, "AnnouncePolicyVersion": Role.ADMIN,
 }
 CORPUS_SERVICE = "/ngram_corpus.v1.Corpus/"
 OPEN_PREFIXES = ("/grpc.health.v1.Health/",)  # probes carry no credentials

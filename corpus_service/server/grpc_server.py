@@ -26,7 +26,8 @@ from corpus_service.security.auth import AuthError, Principal, Role, current_pri
 from corpus_service.security.rate_limit import RateLimited, RateLimiter, peer_host
 from corpus_service.server.handlers import Malformed
 from corpus_service.server.housekeeping import Housekeeping
-from corpus_service.server.session import Session, check_flat_tokens, check_req_ids, check_tokens
+from corpus_service.server.policy_versions import announce, publish_rollout
+from corpus_service.server.session import Session, check_flat_tokens, check_history_fields, check_req_ids, check_tokens
 from corpus_service.server.state import ServiceState
 
 log = logging.getLogger("corpus_service.server")
@@ -204,9 +205,13 @@ class CorpusServicer(pb_grpc.CorpusServicer):
             raise ValueError(f"windows: request '{ids[i]}' needs a non-empty window no longer than its "
                              f"total length, got {int(lens[i])} tokens and total_lens {int(total_lens[i])}")
         windows = arrays.split_flat(lens, flat)
+        keys, versions = check_history_fields(request.prompt_keys, request.policy_versions, len(ids), "BatchGet")
+        # Replicated, a request's rollout goes through the log (EraseMatchState), not into this engine.
+        history = {"prompt_keys": keys, "policy_versions": versions, "keep_rollouts": self.state.chunkers is None} \
+            if keys is not None or versions is not None else {}
 
         def run() -> tuple[np.ndarray, np.ndarray]:
-            return corpus.batch_get([prefix + r for r in ids], windows, total_lens.tolist(), draft_token_num=k)
+            return corpus.batch_get([prefix + r for r in ids], windows, total_lens.tolist(), draft_token_num=k, **history)
 
         drafts, mask = await self._batch_get_bounded(request.namespace, prefix, corpus, ids, lens, total_lens, run)
         return pb.BatchGetResponse(draft_token_num=k, drafts=arrays.pack(drafts), mask=arrays.pack(mask, arrays.U8))
@@ -277,7 +282,15 @@ class CorpusServicer(pb_grpc.CorpusServicer):
         prefix = _check_client_id(request.client_id)
         ids = list(request.req_ids)
         check_req_ids(ids, "req_ids", self.state.config.max_batch)
-        await self.state.run(corpus.erase_match_state, [prefix + r for r in ids])
+
+        def erase() -> None:
+            if self.state.chunkers is not None:  # replicated: keyed requests' rollouts go to the log
+                for rid in ids:
+                    if corpus.has_request(prefix + rid):
+                        publish_rollout(self.state, request.namespace, corpus, prefix + rid)
+            corpus.erase_match_state([prefix + r for r in ids])
+
+        await self.state.run(erase)
         client = self.state.batch_clients.find(request.namespace, prefix)
         if client is not None:  # their budget and the client's room are free again
             self.state.batch_clients.erase(client, ids, self.state.token_bytes[request.namespace])
@@ -373,6 +386,13 @@ class CorpusServicer(pb_grpc.CorpusServicer):
         await self.state.run(corpus.reset)
         self.state.batch_clients.drop_namespace(request.namespace)  # the engine dropped their requests
         return pb.ResetResponse()
+
+    @_unary
+    async def AnnouncePolicyVersion(self, request: pb.AnnouncePolicyVersionRequest,
+                                    context) -> pb.AnnouncePolicyVersionResponse:
+        self._limit(self.state.admin_limit, self._allow(request.namespace, Role.ADMIN), context)
+        version = await announce(self.state, request.namespace, request.version)
+        return pb.AnnouncePolicyVersionResponse(version=version)
 
 
 __all__ = ["CorpusServicer"]

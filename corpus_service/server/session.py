@@ -15,9 +15,11 @@ import numpy as np
 
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
 from corpus_service.engine.corpus import NgramCorpus
+from corpus_service.engine.prompt_keys import MAX_POLICY_VERSION, prompt_key_error
 from corpus_service.protocol import arrays
 from corpus_service.protocol.status import CorpusError
 from corpus_service.server.live_budget import REQUEST_CHARGE_BYTES
+from corpus_service.server.policy_versions import publish_rollout
 from corpus_service.server.state import ServiceState
 
 MAX_REQ_ID_CHARS = 256
@@ -90,6 +92,33 @@ def check_groups(runs: pb.TokenRuns, field: str) -> list[str] | None:
     return groups
 
 
+def check_history_fields(keys_field, versions_field, n: int, field: str) -> tuple[list[str | None] | None,
+                                                                               list[int | None] | None]:
+    """The prompt key (None: the default) and policy version (None: the namespace's) of each of n
+    requests, or None for a field the message does not carry (old clients): ``prompt_keys`` and
+    ``policy_versions`` of a TokenRuns or a BatchGetRequest."""
+    keys = versions = None
+    if len(keys_field):
+        if len(keys_field) != n:
+            raise CorpusError(f"{field}.prompt_keys: expected one key per request id ({n}) or none, got "
+                              f"{len(keys_field)}", grpc.StatusCode.INVALID_ARGUMENT)
+        keys = [k or None for k in keys_field]
+        for k in keys:
+            problem = None if k is None else prompt_key_error(k)
+            if problem is not None:
+                raise CorpusError(f"{field}.prompt_keys: {problem}", grpc.StatusCode.INVALID_ARGUMENT)
+    if len(versions_field):
+        if len(versions_field) != n:
+            raise CorpusError(f"{field}.policy_versions: expected one version per request id ({n}) or none, got "
+                              f"{len(versions_field)}", grpc.StatusCode.INVALID_ARGUMENT)
+        versions = [None if v == -1 else int(v) for v in versions_field]
+        for v in versions:
+            if v is not None and not 0 <= v <= MAX_POLICY_VERSION:
+                raise CorpusError(f"{field}.policy_versions: expected -1 (the namespace's) or an int in [0, 2**62), "
+                                  f"got {v}", grpc.StatusCode.INVALID_ARGUMENT)
+    return keys, versions
+
+
 def _first_unknown(ids: list[str], live: set[str], started: set[str], finished: set[str] = frozenset()) -> str | None:
     """The first id (in message order) that is neither live nor started, or is finished."""
     for rid in ids:
@@ -112,6 +141,10 @@ class Step:
     budget: int
     restore_groups: list[str] | None = None  # group key per restored / started request ("": none)
     start_groups: list[str] | None = None
+    # (prompt keys, policy versions) per restored / started request, each None when not carried
+    restore_history: tuple = (None, None)
+    start_history: tuple = (None, None)
+    abandon: frozenset[str] = frozenset()  # of `finish`: ended without finishing (no rollout)
 
     def num_tokens(self) -> int:
         return self.restore[2].size + self.start[2].size + self.extend[2].size
@@ -144,8 +177,15 @@ class Session:
         start = arrays.unpack_flat_runs(msg.start, "start")
         restore_groups = check_groups(msg.restore, "restore")
         start_groups = check_groups(msg.start, "start")
+        restore_history = check_history_fields(msg.restore.prompt_keys, msg.restore.policy_versions,
+                                               len(msg.restore.req_ids), "restore")
+        start_history = check_history_fields(msg.start.prompt_keys, msg.start.policy_versions,
+                                             len(msg.start.req_ids), "start")
         extend = arrays.unpack_flat_runs(msg.extend, "extend")
         finish = list(msg.finish)
+        abandon = frozenset(msg.abandon)
+        if abandon:  # finished like `finish` (a duplicate across the two is refused with the rest)
+            finish += list(msg.abandon)
         draft = list(msg.draft.req_ids)
         max_batch = cfg.max_batch
         restore_set = _checked_id_set(restore[0], "restore", max_batch)
@@ -203,7 +243,8 @@ class Session:
             credit = self._held_bytes(corpus, finish, tb, live) if finish else 0
             self.state.budget.reserve(charge, "start" if started else "extend", credit)
             self.charged += charge
-        return Step(ns, restore, start, extend, finish, draft, budget, restore_groups, start_groups)
+        return Step(ns, restore, start, extend, finish, draft, budget, restore_groups, start_groups,
+                    restore_history, start_history, abandon)
 
     def _held_bytes(self, corpus: NgramCorpus, rids: list[str], tb: int, live: set[str] | None = None) -> int:
         """Budget bytes the live ones of ``rids`` hold now (a request the engine expired holds none)."""
@@ -227,25 +268,23 @@ class Session:
         # Replicated: the engine's requests do not learn; their commits go to the log as chunks.
         ch = self.state.chunkers[step.namespace] if self.state.chunkers is not None else None
         # Group keys are scoped to the session like request ids: clients cannot join each other's.
-        ids, lens, toks = step.restore
-        if ids:
-            groups = [p + g if g else None for g in step.restore_groups] if step.restore_groups else [None] * len(ids)
-            for rid, context, group in zip(ids, arrays.split_flat(lens, toks), groups):
-                if ch is None:
-                    corpus.start_request(p + rid, context, learn_prompt=False, group=group)  # learned before the restart
+        # Prompt keys are not: they name a prompt across clients, replicas and time (the namespace's).
+        for runs, groups, (keys, versions), restored in ((step.restore, step.restore_groups, step.restore_history, True),
+                                                         (step.start, step.start_groups, step.start_history, False)):
+            ids, lens, toks = runs
+            if not ids:
+                continue
+            n = len(ids)
+            groups = [p + g if g else None for g in groups] if groups else [None] * n
+            keys, versions = keys or [None] * n, versions or [None] * n
+            for rid, prompt, group, key, version in zip(ids, arrays.split_flat(lens, toks), groups, keys, versions):
+                if ch is None:  # a restored request was learned before the restart
+                    corpus.start_request(p + rid, prompt, learn_prompt=False if restored else None, group=group,
+                                         prompt_key=key, policy_version=version)
                 else:
-                    corpus.start_request_unlearned(p + rid, context, group=group)
-                    ch.start(p + rid, context, learn_prompt=False)
-                live.add(rid)
-        ids, lens, toks = step.start
-        if ids:
-            groups = [p + g if g else None for g in step.start_groups] if step.start_groups else [None] * len(ids)
-            for rid, prompt, group in zip(ids, arrays.split_flat(lens, toks), groups):
-                if ch is None:
-                    corpus.start_request(p + rid, prompt, group=group)
-                else:
-                    corpus.start_request_unlearned(p + rid, prompt, group=group)
-                    ch.start(p + rid, prompt)
+                    corpus.start_request_unlearned(p + rid, prompt, group=group, prompt_key=key,
+                                                   policy_version=version)
+                    ch.start(p + rid, prompt, learn_prompt=False if restored else None)
                 live.add(rid)
         ids, lens, toks = step.extend
         if ids:
@@ -256,9 +295,12 @@ class Session:
             self._release(self._held_bytes(corpus, step.finish, self.state.token_bytes[step.namespace]))
         for rid in step.finish:
             live.discard(rid)
+            rollout = rid not in step.abandon
             if ch is not None:
                 ch.finish(p + rid)
-            corpus.finish(p + rid)
+                if rollout:
+                    publish_rollout(self.state, step.namespace, corpus, p + rid)
+            corpus.finish(p + rid, rollout=rollout)
 
     def draft(self, corpus: NgramCorpus, step: Step, out: pb.SessionResponse) -> int:
         """Drafts a step's trees into ``out.drafts``; returns the drafted nodes."""
@@ -275,8 +317,8 @@ class Session:
             for rid in sorted(rids):
                 if ch is not None:
                     ch.finish(self.prefix + rid)
-                try:
-                    corpus.finish(self.prefix + rid)
+                try:  # not finished by its client: its output does not join the prompt history
+                    corpus.finish(self.prefix + rid, rollout=False)
                 except ValueError:
                     pass  # expired by the engine's idle timeout meanwhile
         self.live.clear()

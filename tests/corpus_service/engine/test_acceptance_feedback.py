@@ -63,7 +63,8 @@ def test_feedback_makes_the_accepted_source_rank_first():
 
 def test_probabilities_follow_observed_acceptance():
     # The same draft situation, always rejected: its calibrated probability falls well below q.
-    c = NgramCorpus(CorpusConfig(feedback=True, learn_prompts=False))
+    # (No prompt history: it would learn the repeated prompt's output, the point of it, not this test's.)
+    c = NgramCorpus(CorpusConfig(feedback=True, learn_prompts=False, history_max_bytes=0))
     c.start_request("r", [5, 6, 7, 1, 2, 5, 6])
     first = c.draft(["r"], 1).tree(0)
     assert first[0] == [7]

@@ -7,16 +7,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class TokenRuns(_message.Message):
-    __slots__ = ("req_ids", "lengths", "tokens", "groups")
+    __slots__ = ("req_ids", "lengths", "tokens", "groups", "prompt_keys", "policy_versions")
     REQ_IDS_FIELD_NUMBER: _ClassVar[int]
     LENGTHS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_KEYS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     req_ids: _containers.RepeatedScalarFieldContainer[str]
     lengths: bytes
     tokens: bytes
     groups: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, req_ids: _Optional[_Iterable[str]] = ..., lengths: _Optional[bytes] = ..., tokens: _Optional[bytes] = ..., groups: _Optional[_Iterable[str]] = ...) -> None: ...
+    prompt_keys: _containers.RepeatedScalarFieldContainer[str]
+    policy_versions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, req_ids: _Optional[_Iterable[str]] = ..., lengths: _Optional[bytes] = ..., tokens: _Optional[bytes] = ..., groups: _Optional[_Iterable[str]] = ..., prompt_keys: _Optional[_Iterable[str]] = ..., policy_versions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DraftRequest(_message.Message):
     __slots__ = ("req_ids", "budget")
@@ -27,7 +31,7 @@ class DraftRequest(_message.Message):
     def __init__(self, req_ids: _Optional[_Iterable[str]] = ..., budget: _Optional[int] = ...) -> None: ...
 
 class SessionRequest(_message.Message):
-    __slots__ = ("seq", "namespace", "start", "extend", "finish", "draft", "restore")
+    __slots__ = ("seq", "namespace", "start", "extend", "finish", "draft", "restore", "abandon")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +39,7 @@ class SessionRequest(_message.Message):
     FINISH_FIELD_NUMBER: _ClassVar[int]
     DRAFT_FIELD_NUMBER: _ClassVar[int]
     RESTORE_FIELD_NUMBER: _ClassVar[int]
+    ABANDON_FIELD_NUMBER: _ClassVar[int]
     seq: int
     namespace: str
     start: TokenRuns
@@ -42,7 +47,8 @@ class SessionRequest(_message.Message):
     finish: _containers.RepeatedScalarFieldContainer[str]
     draft: DraftRequest
     restore: TokenRuns
-    def __init__(self, seq: _Optional[int] = ..., namespace: _Optional[str] = ..., start: _Optional[_Union[TokenRuns, _Mapping]] = ..., extend: _Optional[_Union[TokenRuns, _Mapping]] = ..., finish: _Optional[_Iterable[str]] = ..., draft: _Optional[_Union[DraftRequest, _Mapping]] = ..., restore: _Optional[_Union[TokenRuns, _Mapping]] = ...) -> None: ...
+    abandon: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, seq: _Optional[int] = ..., namespace: _Optional[str] = ..., start: _Optional[_Union[TokenRuns, _Mapping]] = ..., extend: _Optional[_Union[TokenRuns, _Mapping]] = ..., finish: _Optional[_Iterable[str]] = ..., draft: _Optional[_Union[DraftRequest, _Mapping]] = ..., restore: _Optional[_Union[TokenRuns, _Mapping]] = ..., abandon: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DraftTrees(_message.Message):
     __slots__ = ("budget", "counts", "tokens", "parents", "probs")
@@ -77,18 +83,22 @@ class SessionResponse(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., drafts: _Optional[_Union[DraftTrees, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
 
 class BatchGetRequest(_message.Message):
-    __slots__ = ("namespace", "client_id", "windows", "total_lens", "draft_token_num")
+    __slots__ = ("namespace", "client_id", "windows", "total_lens", "draft_token_num", "prompt_keys", "policy_versions")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_LENS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKEN_NUM_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_KEYS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     client_id: str
     windows: TokenRuns
     total_lens: bytes
     draft_token_num: int
-    def __init__(self, namespace: _Optional[str] = ..., client_id: _Optional[str] = ..., windows: _Optional[_Union[TokenRuns, _Mapping]] = ..., total_lens: _Optional[bytes] = ..., draft_token_num: _Optional[int] = ...) -> None: ...
+    prompt_keys: _containers.RepeatedScalarFieldContainer[str]
+    policy_versions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, namespace: _Optional[str] = ..., client_id: _Optional[str] = ..., windows: _Optional[_Union[TokenRuns, _Mapping]] = ..., total_lens: _Optional[bytes] = ..., draft_token_num: _Optional[int] = ..., prompt_keys: _Optional[_Iterable[str]] = ..., policy_versions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BatchGetResponse(_message.Message):
     __slots__ = ("draft_token_num", "drafts", "mask")
@@ -266,3 +276,17 @@ class ResetRequest(_message.Message):
 class ResetResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class AnnouncePolicyVersionRequest(_message.Message):
+    __slots__ = ("namespace", "version")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    version: int
+    def __init__(self, namespace: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class AnnouncePolicyVersionResponse(_message.Message):
+    __slots__ = ("version",)
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    def __init__(self, version: _Optional[int] = ...) -> None: ...

@@ -84,6 +84,11 @@ class CorpusStub:
                 request_serializer=ngram__corpus_dot_v1_dot_corpus__pb2.ResetRequest.SerializeToString,
                 response_deserializer=ngram__corpus_dot_v1_dot_corpus__pb2.ResetResponse.FromString,
                 _registered_method=True)
+        self.AnnouncePolicyVersion = channel.unary_unary(
+                '/ngram_corpus.v1.Corpus/AnnouncePolicyVersion',
+                request_serializer=ngram__corpus_dot_v1_dot_corpus__pb2.AnnouncePolicyVersionRequest.SerializeToString,
+                response_deserializer=ngram__corpus_dot_v1_dot_corpus__pb2.AnnouncePolicyVersionResponse.FromString,
+                _registered_method=True)
 
 
 class CorpusServicer:
@@ -155,6 +160,16 @@ class CorpusServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AnnouncePolicyVersion(self, request, context):
+        """The policy's weights changed (an RL step): the namespace's policy version moves forward to
+        `version`. Requests started without a version are sampled by it; prompt history that is the
+        configured number of versions older is dropped. Admin role. An older version than the current
+        one is FAILED_PRECONDITION; the current one again changes nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CorpusServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -207,6 +222,11 @@ def add_CorpusServicer_to_server(servicer, server):
                     servicer.Reset,
                     request_deserializer=ngram__corpus_dot_v1_dot_corpus__pb2.ResetRequest.FromString,
                     response_serializer=ngram__corpus_dot_v1_dot_corpus__pb2.ResetResponse.SerializeToString,
+            ),
+            'AnnouncePolicyVersion': grpc.unary_unary_rpc_method_handler(
+                    servicer.AnnouncePolicyVersion,
+                    request_deserializer=ngram__corpus_dot_v1_dot_corpus__pb2.AnnouncePolicyVersionRequest.FromString,
+                    response_serializer=ngram__corpus_dot_v1_dot_corpus__pb2.AnnouncePolicyVersionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -479,6 +499,33 @@ class Corpus:
             '/ngram_corpus.v1.Corpus/Reset',
             ngram__corpus_dot_v1_dot_corpus__pb2.ResetRequest.SerializeToString,
             ngram__corpus_dot_v1_dot_corpus__pb2.ResetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AnnouncePolicyVersion(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ngram_corpus.v1.Corpus/AnnouncePolicyVersion',
+            ngram__corpus_dot_v1_dot_corpus__pb2.AnnouncePolicyVersionRequest.SerializeToString,
+            ngram__corpus_dot_v1_dot_corpus__pb2.AnnouncePolicyVersionResponse.FromString,
             options,
             channel_credentials,
             insecure,
