@@ -48,6 +48,12 @@ class VerifierConfig:
         (), "a file loaded into the local corpus at start-up",
         "[NAME=]PATH of .jsonl ({\"text\"} or {\"ids\"} lines), .ids (lines of ids) or blank-line-separated text; "
         "--corpus local only")
+    weight_noise_sigma: float = flag(
+        0.0, "RL rollout benchmarks: a seeded policy change, W += sigma * std(W) * N(0, 1) on every decoder linear "
+        "weight (q, k, v, o, gate, up, down) in float32 before the cast (verifier/model/perturb.py); 0.014075 gives "
+        "about 0.01 nats/token KL on SmolLM2", "a number 0..1; 0 = the weights as loaded")
+    weight_noise_seed: int = flag(0, "the seed of --weight-noise-sigma's noise (e.g. the RL epoch)",
+                                  "an int 0..2^63-1")
     device: str = flag("cpu", "where the model runs", ", ".join(DEVICES))
     dtype: str = flag("float32", "the model's weights and activations", ", ".join(DTYPES))
     host: str = flag("127.0.0.1", "HTTP address to bind; off loopback --api-key is required",
@@ -132,6 +138,10 @@ class VerifierConfig:
             raise ValueError("draft_timeout_s and corpus_timeout_s must be > 0")
         if self.corpus_namespace:
             check_namespace_name(self.corpus_namespace)
+        if not 0.0 <= self.weight_noise_sigma <= 1.0:
+            raise ValueError(f"weight_noise_sigma: expected a number in [0, 1], got {self.weight_noise_sigma}")
+        if not 0 <= self.weight_noise_seed < 2**63:
+            raise ValueError(f"weight_noise_seed: expected an int in [0, 2^63), got {self.weight_noise_seed}")
         if self.log_level.upper() not in LOG_LEVELS:
             raise ValueError(f"log_level: expected one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         if not is_loopback(self.host) and not self.api_key:

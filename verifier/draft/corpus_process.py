@@ -14,7 +14,7 @@ when it wants the answer; the child owns an ``AsyncCorpusClient`` on one event l
 retries, circuit breaker and the replay of live requests after a server restart), runs every call
 in order, and sends buffered calls on its own when no draft request has for ``FLUSH_AFTER_S``.
 
-Frames, parent to child: ``("calls", [(method, args), ...])`` (start_request / extend_many / finish;
+Frames, parent to child: ``("calls", [(method, args[, kwargs]), ...])`` (start_request / extend_many / finish;
 errors come back as notes), ``("draft", ticket, req_ids, nodes, budget)`` (``nodes`` > ``budget``:
 a pipelined deep tree, retried at ``budget`` if the corpus refuses trees that large),
 ``("close",)``. Child to parent: ``("ready",)``, ``("result", ticket, arrays, capped)``,
@@ -510,13 +510,13 @@ async def _relay(rfd: int, wfd: int) -> int:
                     return 2
                 send(("ready",))
             elif kind == "calls":
-                for method, args in msg[1]:
+                for method, args, *kwargs in msg[1]:
                     try:
                         if method not in CALL_METHODS:
                             raise ValueError(f"unknown call {method!r}")
                         # Awaited: a buffered call sends the pending step itself when it must (a
                         # restarted id finished in it, too many buffered tokens).
-                        await getattr(client, method)(*args)
+                        await getattr(client, method)(*args, **(kwargs[0] if kwargs else {}))
                     except BrokenPipeError:
                         raise
                     except Exception as e:

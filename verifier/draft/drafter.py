@@ -174,11 +174,11 @@ class Drafter:
         self._proc: ClientProcess | None = None  # process client
         self._inflight: Future | Ticket | None = None
         self.health: CorpusHealth | None = None  # remote only
-        # Remote: every live request's prompt and group: with its committed tokens (the mirror's
+        # Remote: every live request's prompt, group and history keywords: with its committed tokens (the mirror's
         # context after the prompt), what a corpus that has not seen them is given (a replacement
         # client process, whose predecessor's session and server state are gone, or a corpus whose
         # namespace check passed only after requests started).
-        self._live: dict[str, tuple[list[int], str | None]] | None = None
+        self._live: dict[str, tuple[list[int], str | None, dict]] | None = None
         self._check, self._checking = check, None
         self._held = False  # remote drafting waits for the namespace check (the corpus was down)
         self._off = ""  # why remote drafting was turned off for good ("" while it is not)
@@ -230,15 +230,19 @@ class Drafter:
     # Mirror every request operation into the local corpus (the draft source when local, the
     # fallback when remote) and queue it for the remote one.
 
-    def start_request(self, req_id: str, prompt_ids: list[int], group: str | None = None) -> None:
-        """``group``: requests of one key (the samples of one API request) draft from each other."""
-        self.local.start_request(req_id, prompt_ids, group=group)
+    def start_request(self, req_id: str, prompt_ids: list[int], group: str | None = None, *,
+                      prompt_key: str | None = None, policy_version: int | None = None) -> None:
+        """``group``: requests of one key (the samples of one API request) draft from each other.
+        ``prompt_key``/``policy_version``: the prompt history's key and the policy sampling the request
+        (``NgramCorpus.start_request``); passed on to the remote corpus only where set."""
+        self.local.start_request(req_id, prompt_ids, group=group, prompt_key=prompt_key, policy_version=policy_version)
         prompt = list(prompt_ids)
+        history = {k: v for k, v in (("prompt_key", prompt_key), ("policy_version", policy_version)) if v is not None}
         if self._live is not None:
-            self._live[req_id] = (prompt, group)
+            self._live[req_id] = (prompt, group, history)
         if self._gate is not None:
             self._unasked.add(req_id)  # whether the fleet knows its continuation: asked next step
-        self._remote_call("start_request", req_id, prompt, group)
+        self._remote_call("start_request", req_id, prompt, group, kwargs=history)
 
     def extend(self, req_id: str, tokens: list[int]) -> None:
         if tokens:
@@ -257,7 +261,9 @@ class Drafter:
             self._scoring, self._merged = (*self._merged, items), None
         self._remote_call("extend_many", items)
 
-    def finish(self, req_id: str) -> None:
+    def finish(self, req_id: str, rollout: bool = True) -> None:
+        """``rollout=False``: the request did not finish (aborted, failed); its cut output stays out
+        of its prompt key's history, here and on the remote corpus."""
         self._unasked.discard(req_id)
         if req_id in self._hot:
             if self._scoring is not None:  # its last step is scored as a hot request's
@@ -266,8 +272,8 @@ class Drafter:
         if self._live is not None:
             self._live.pop(req_id, None)
         if self.local.has_request(req_id):
-            self.local.finish(req_id)
-        self._remote_call("finish", req_id)
+            self.local.finish(req_id, rollout=rollout)
+        self._remote_call("finish", req_id, kwargs=None if rollout else {"rollout": False})
 
     def draft(self, req_ids: list[str], budget: int) -> DraftBatch:
         if self._checking is not None:
@@ -422,7 +428,7 @@ class Drafter:
     def _replay_calls(self) -> list[tuple[str, tuple]]:
         """The live requests' whole state as calls: the prompt as a start, what was committed since
         (the mirror's context after the prompt) as one extend."""
-        calls = [("start_request", (rid, prompt, group)) for rid, (prompt, group) in self._live.items()]
+        calls = [("start_request", (rid, prompt, group), history) for rid, (prompt, group, history) in self._live.items()]
         outputs = []
         ids = list(self._live)
         for rid, total in zip(ids, self.local.context_lengths(ids).tolist()):
@@ -513,18 +519,20 @@ class Drafter:
         elif self._pool is not None:
             self._pool.submit(self._run_calls, calls)
 
-    def _run_calls(self, calls: list[tuple[str, tuple]]) -> None:
-        for name, args in calls:
-            self._guarded(getattr(self._client, name), *args)
+    def _run_calls(self, calls: list[tuple]) -> None:
+        for name, args, *kwargs in calls:
+            self._guarded(getattr(self._client, name), *args, **(kwargs[0] if kwargs else {}))
 
-    def _remote_call(self, name: str, *args) -> None:
-        """Queues the client method ``name`` (start_request, extend_many, finish) for the remote corpus."""
+    def _remote_call(self, name: str, *args, kwargs: dict | None = None) -> None:
+        """Queues the client method ``name`` (start_request, extend_many, finish) for the remote corpus:
+        ``(name, args)``, or ``(name, args, kwargs)`` where keywords are set."""
         if not self.remote:
             return
+        call = (name, args, kwargs) if kwargs else (name, args)
         if self.pipelined:  # held for dispatch(): one hand-off per step, ordered before the draft request
-            self._deferred.append((name, args))
+            self._deferred.append(call)
         else:
-            self._send_calls([(name, args)])
+            self._send_calls([call])
 
     def _take_child_errors(self) -> None:
         if self._proc is not None and self._proc.errors:
@@ -535,11 +543,11 @@ class Drafter:
                 else:
                     self._note_error_text(text)
 
-    def _guarded(self, fn, *args):
+    def _guarded(self, fn, *args, **kwargs):
         from corpus_service.client import CorpusError
 
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
         except (CorpusError, ValueError) as e:  # never let the corpus fail a request
             self._note_error(e)
             return None

@@ -19,6 +19,8 @@ import numpy as np
 import torch
 
 from .. import kernels
+from corpus_service import check_policy_version, check_prompt_key
+
 from ..budget.cost_probe import measure_cost_model
 from ..budget.policy import BudgetPolicy, BudgetStats, CostModel
 from ..draft.drafter import Drafter
@@ -278,8 +280,15 @@ class Engine:
     # ------------------------------------------------------------------ requests (thread-safe)
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, req_id: str | None = None,
-                    on_update=None, group: str | None = None) -> Request:
-        """Validates and queues a request; ValueError says what is wrong with it."""
+                    on_update=None, group: str | None = None, prompt_key: str | None = None,
+                    policy_version: int | None = None) -> Request:
+        """Validates and queues a request; ValueError says what is wrong with it. ``prompt_key`` and
+        ``policy_version`` go to the corpus with the request (its prompt history)."""
+        try:
+            prompt_key, version = check_prompt_key(prompt_key), check_policy_version(policy_version)
+        except TypeError as e:
+            raise ValueError(str(e)) from None
+        policy_version = None if version < 0 else version
         if not isinstance(prompt_ids, (list, tuple)) or not prompt_ids:
             raise ValueError("prompt: expected a non-empty list of token ids")
         V = self.model.config.vocab_size
@@ -289,7 +298,8 @@ class Engine:
         if need > self.config.max_len:
             raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
                              f"model length of this server ({self.config.max_len - 1} tokens)")
-        req = Request(req_id or f"req-{next(self._ids)}", [int(t) for t in prompt_ids], params, on_update, group=group)
+        req = Request(req_id or f"req-{next(self._ids)}", [int(t) for t in prompt_ids], params, on_update, group=group,
+                      prompt_key=prompt_key, policy_version=policy_version)
         if params.grammar is not None:
             req.grammar = self.grammars.matcher(params.grammar)
         if params.temperature > 0:
@@ -362,8 +372,8 @@ class Engine:
                 updated.extend(running)
                 stepped = True
         for req in self.scheduler.release_finished():
-            if self.drafter is not None:
-                self._corpus_call(self.drafter.finish, req.req_id)
+            if self.drafter is not None:  # an aborted or failed output stays out of the prompt history
+                self._corpus_call(self.drafter.finish, req.req_id, req.finish_reason in ("stop", "length"))
         if not (stepped and self.scheduler.running):
             # This step's commits and finishes reach the corpus now if no verify step follows at
             # once; otherwise the next one hands them over while its GPU work runs, off the host's
@@ -406,7 +416,7 @@ class Engine:
                 req.status, req.finish_reason, req.error = Status.FINISHED, "error", error
         for req in self.scheduler.release_finished():
             if self.drafter is not None:
-                self.drafter.finish(req.req_id)
+                self.drafter.finish(req.req_id, rollout=False)
         self._dispatch()
         with self._lock:
             for req in reqs:
@@ -463,7 +473,8 @@ class Engine:
             # the first read of the logits waits): about 0.1 ms of host work per prompt, 6 ms for
             # the 64 prompts that start a batch-64 run, which would otherwise follow the forward.
             for req in reqs:
-                self._corpus_call(self.drafter.start_request, req.req_id, req.prompt_ids, group=req.group)
+                self._corpus_call(self.drafter.start_request, req.req_id, req.prompt_ids, group=req.group,
+                                  prompt_key=req.prompt_key, policy_version=req.policy_version)
         bad = nonfinite_rows(logits)  # before penalties: min_tokens puts -inf in on purpose
         for i, req in enumerate(reqs):
             if needs_processing(req):
