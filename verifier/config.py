@@ -11,6 +11,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from corpus_service import check_namespace_name
 from ngram_common.net import is_loopback
 
+from .budget.makespan import MakespanConfig
 from .draft.ask_gate import AskGateConfig
 from .draft.drafter import REMOTE_ASKS, REMOTE_CLIENTS, REMOTE_DRAFT_MODES
 from .engine.core import EngineConfig
@@ -109,6 +110,13 @@ class VerifierConfig:
     arm_steps: bool = flag(
         False, "enqueue a speculative engine's next drafting step while the current one runs, behind a gate its "
         "drafts open (cuda graphs; slower on the H200 so far)", "true/false")
+    tail_requests: int = flag(
+        0, "batches that end together (RL rollouts): while no request waits and at most this many run (the batch's "
+        "tail), steps draft --tail-budget nodes (verifier/budget/makespan.py)", "an int 0..4096; 0 = off")
+    tail_budget: int = flag(0, "draft nodes per request in a batch's tail", "0 (= --max-budget) or 1..--max-budget")
+    longest_first: bool = flag(
+        False, "admit waiting requests longest expected first, by their prompt key's history in the corpus "
+        "(a batch's makespan)", "true/false")
     log_level: str = flag("INFO", "logging threshold", ", ".join(LOG_LEVELS) + " (any case)")
 
     def __post_init__(self) -> None:
@@ -179,7 +187,8 @@ class VerifierConfig:
                             compile=self.compile, capture_at_start=self.capture_at_start,
                             native_linear=self.native_linear, refill_group=self.refill_group,
                             overlap_plain=self.overlap_plain, overlap_spec_plain=self.overlap_spec_plain,
-                            arm_steps=self.arm_steps)
+                            arm_steps=self.arm_steps,
+                            makespan=MakespanConfig(self.tail_requests, self.tail_budget, self.longest_first))
 
 
 def parse_bool(v: str | bool) -> bool:

@@ -22,6 +22,7 @@ from .. import kernels
 from corpus_service import check_policy_version, check_prompt_key
 
 from ..budget.cost_probe import measure_cost_model
+from ..budget.makespan import MakespanClock, MakespanConfig, expected_length
 from ..budget.policy import BudgetPolicy, BudgetStats, CostModel
 from ..draft.drafter import Drafter
 from ..model import ForwardBatch, KVCache, TextCodec, Transformer
@@ -86,6 +87,9 @@ class EngineConfig:
     # the step in flight finished later; two graph instances per bucket, used in turn, are the
     # next thing to try.
     arm_steps: bool = False
+    # Batches that end together (RL rollouts): deeper drafts in the batch's tail, longest expected
+    # requests admitted first, from the corpus' prompt history (verifier/budget/makespan.py). Off by default.
+    makespan: MakespanConfig = MakespanConfig()
 
     @property
     def refill_slots(self) -> int:
@@ -104,6 +108,10 @@ class EngineConfig:
             raise ValueError(f"refill_group: expected 0 (auto) or 1..max_batch ({self.max_batch}), got {self.refill_group}")
         if self.native_linear not in ("auto", "on", "off"):
             raise ValueError(f"native_linear: expected 'auto', 'on' or 'off', got {self.native_linear!r}")
+        if not isinstance(self.makespan, MakespanConfig):
+            raise ValueError(f"makespan: expected a MakespanConfig, got {type(self.makespan).__name__}")
+        if self.makespan.tail_budget > self.max_budget:
+            raise ValueError(f"tail_budget: expected 0..max_budget ({self.max_budget}), got {self.makespan.tail_budget}")
         if self.budget is not None and not 0 <= self.budget <= self.max_budget:
             raise ValueError(f"budget: expected 0..max_budget ({self.max_budget}) or None (adaptive), got {self.budget}")
 
@@ -224,7 +232,9 @@ class Engine:
             n = self.graphs.capture_greedy_steps(None if drafter is not None else (1,))
             n += self.graphs.capture_prefills()
             log.info("captured %d greedy-step and prefill graphs in %.1f s", n, time.perf_counter() - t)
-        self.scheduler = Scheduler(config.max_batch, config.refill_slots)
+        self.scheduler = Scheduler(config.max_batch, config.refill_slots,
+                                   longest_first=config.makespan.longest_first and drafter is not None)
+        self.makespan = MakespanClock()
         self.eos_ids = tuple(codec.eos_token_ids or mc.eos_token_ids)
         self._stop_sets: dict[tuple, frozenset[int]] = {}  # (ignore_eos, stop_token_ids) -> stop_tokens
         self.grammars = GrammarCompiler(codec.tokenizer, mc.vocab_size, self.eos_ids)  # lazy: structured output
@@ -300,6 +310,8 @@ class Engine:
                              f"model length of this server ({self.config.max_len - 1} tokens)")
         req = Request(req_id or f"req-{next(self._ids)}", [int(t) for t in prompt_ids], params, on_update, group=group,
                       prompt_key=prompt_key, policy_version=policy_version)
+        if self.scheduler.longest_first:
+            req.expected_len = expected_length(self.drafter.local, req.prompt_ids, prompt_key)
         if params.grammar is not None:
             req.grammar = self.grammars.matcher(params.grammar)
         if params.temperature > 0:
@@ -327,6 +339,8 @@ class Engine:
         Returns the requests that got tokens or finished."""
         t0 = time.perf_counter()
         updated = self._take_inbox()
+        if self.scheduler.num_unfinished:
+            self.makespan.start()
         if self._inflight is not None and updated:
             updated.extend(self._drain())  # aborts: the step ahead's tokens first, none for the aborted
         # (Newcomers prefill while a step is in flight: the stream orders their prefill after it, and
@@ -381,6 +395,7 @@ class Engine:
             self._dispatch(hold=bool(self.scheduler.running))
         self.stats.steps += 1
         self.stats.step_seconds += time.perf_counter() - t0
+        self.makespan.busy(self.scheduler.num_unfinished > 0)
         seen = set()
         out = [r for r in updated if not (r.req_id in seen or seen.add(r.req_id))]
         with self._lock:
@@ -605,7 +620,7 @@ class Engine:
             return True
         if not self.config.overlap_spec_plain:
             return False
-        budget = self.policy.draft_budget(len(running))
+        budget = self._decide_budget(len(running))
         self._budget_now = (len(running), budget)
         # An armed step is already enqueued: a plain step runs as it (root-only trees), not overlapped.
         return budget == 0 and (self.graphs.armed is None)
@@ -615,7 +630,16 @@ class Engine:
         decided, self._budget_now = self._budget_now, None
         if decided is not None and decided[0] == bs:
             return decided[1]
-        return self.policy.draft_budget(bs) if self.drafter is not None else 0
+        return self._decide_budget(bs) if self.drafter is not None else 0
+
+    def _decide_budget(self, bs: int) -> int:
+        """The policy's budget for this step, raised in a batch's tail (EngineConfig.makespan)."""
+        budget = self.policy.draft_budget(bs)
+        tail = self.config.makespan.tail_requests
+        if tail and bs <= tail and not self.scheduler.waiting and self.config.budget != 0:
+            # The batch's tail: a step costs about the same whatever its tree size (verifier/budget/makespan.py).
+            budget = max(budget, self.config.makespan.tail_budget or self.config.max_budget)
+        return budget
 
     def _overlapped_step(self, running: list[Request]) -> list[Request]:
         """Plain decoding one step ahead of the host: launches this step (its input tokens are the

@@ -49,6 +49,7 @@ class Request:
     # namespace's current).
     prompt_key: str | None = None
     policy_version: int | None = None
+    expected_len: float | None = None  # output tokens its key's history leads to expect (verifier/budget/makespan.py)
 
     @property
     def finished(self) -> bool:

@@ -49,16 +49,17 @@ def test_a_corpus_service_gets_key_and_version(corpus_server, client):
         try:
             _run(drafter, client)
             assert drafter.local.prompt_history(f"rollout/{client}") == [(7, 3), (7, 3)]  # the mirror's
+            deadline = time.monotonic() + 20
+            while True:  # engine-like idle steps: the client sends what it holds at least every FLUSH_AFTER_S
+                drafter.dispatch()
+                after = admin.stats()
+                if after["history_rollouts"] - before["history_rollouts"] >= 2:
+                    break
+                assert time.monotonic() < deadline, (before, after)
+                time.sleep(0.05)
+            time.sleep(0.2)  # the aborted one, had it been added, would be in by now
         finally:
-            drafter.close()  # flushes what the client holds
-        deadline = time.monotonic() + 10
-        while True:
-            after = admin.stats()
-            if after["history_rollouts"] - before["history_rollouts"] >= 2:
-                break
-            assert time.monotonic() < deadline, (before, after)
-            time.sleep(0.05)
-        time.sleep(0.2)  # the aborted one, had it been added, would be in by now
+            drafter.close()
         after = admin.stats()
         assert after["history_rollouts"] - before["history_rollouts"] == 2  # not the aborted sample
         assert after["history_keys"] - before["history_keys"] == 1
