@@ -21,10 +21,11 @@ DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
-def flag(default, help: str, allowed: str = "", **kw):
+def flag(default, help: str, allowed: str = "", short: str = "", **kw):
     """A config field and its ``serve`` flag's help: what it does (why, where it is not obvious) and
-    ``allowed``, the values it takes (add_config_flags adds the env var and the default)."""
-    return field(default=default, metadata={"help": help, "allowed": allowed}, **kw)
+    ``allowed``, the values it takes (add_config_flags adds the env var and the default); ``short``:
+    a one-letter alias ("-n")."""
+    return field(default=default, metadata={"help": help, "allowed": allowed, "short": short}, **kw)
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -219,7 +220,8 @@ def add_config_flags(parser: argparse.ArgumentParser, cls=VerifierConfig) -> Non
             continue
         default = os.environ.get(env, f.default if f.default is not MISSING else None)
         kind = parse_bool if hints[f.name] is bool else hints[f.name]
-        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=kind(default),
+        names = ["--" + f.name.replace("_", "-")] + ([f.metadata["short"]] if f.metadata.get("short") else [])
+        parser.add_argument(*names, dest=f.name, type=kind, default=kind(default),
                             help=f"{text} (env {env}; default {f.default!r})".lstrip())
 
 

@@ -20,6 +20,7 @@ from .draft.external_corpora import load_external_corpora
 from .engine.core import Engine
 from .engine.runner import EngineLoop
 from .model import load_model
+from .model.loader import LoadedModel
 
 log = logging.getLogger("verifier")
 
@@ -35,10 +36,13 @@ class Verifier:
     model_name: str
 
 
-def build_verifier(cfg: VerifierConfig) -> Verifier:
+def build_verifier(cfg: VerifierConfig, lm: LoadedModel | None = None) -> Verifier:
+    """``lm``: the model already loaded as ``cfg`` says (the offline generator reads its prompts with
+    the tokenizer first, to size the KV cache)."""
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device: cuda requested but no CUDA device is available")
-    lm = load_model(cfg.model, cfg.device, cfg.dtype, cfg.weight_noise_sigma, cfg.weight_noise_seed)
+    if lm is None:
+        lm = load_model(cfg.model, cfg.device, cfg.dtype, cfg.weight_noise_sigma, cfg.weight_noise_seed)
     log.info("model %s: %d layers, %.0fM parameters, %s on %s%s", lm.name, lm.model.config.num_layers,
              lm.model.config.num_params / 1e6, cfg.dtype, cfg.device,
              f", linear weights perturbed (sigma {cfg.weight_noise_sigma:g}, seed {cfg.weight_noise_seed})"

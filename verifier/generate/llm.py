@@ -32,6 +32,7 @@ from corpus_service import check_prompt_key, default_prompt_key
 
 from ..config import VerifierConfig
 from ..engine.request import Request
+from ..model.loader import LoadedModel
 from ..step import sampling
 from .prompts import encode_prompt
 
@@ -114,14 +115,16 @@ class LLM:
     fields are unused. Defaults here suit a batch: ``max_batch`` 32, the tail and longest-first rules
     on (verifier/budget/makespan.py)."""
 
-    def __init__(self, model: str = "smollm2", corpus: str = "local", **config: Any) -> None:
+    def __init__(self, model: str = "smollm2", corpus: str = "local", *, loaded: LoadedModel | None = None,
+                 **config: Any) -> None:
+        """``loaded``: the model already loaded (``verifier.model.load_model``) as the config says."""
         from ..service import build_verifier
 
         config.setdefault("max_batch", 32)
         config.setdefault("tail_requests", max(1, config["max_batch"] // 8))
         config.setdefault("longest_first", True)
         self.config = VerifierConfig(model=model, corpus=corpus, **config)
-        self.verifier = build_verifier(self.config)
+        self.verifier = build_verifier(self.config, loaded)
         self.engine = self.verifier.engine
         self.last_run = RunSummary()
 
