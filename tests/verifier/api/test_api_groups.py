@@ -90,6 +90,7 @@ def test_prompt_key_and_policy_version_reach_the_corpus_history(served):
     api, drafter = served
     drafter.started.clear()
     drafter.history.clear()
+    drafter.groups_seen = 0
     body = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0.8, "seed": 3, "n": 3, "prompt_key": "gsm8k:train:17",
             "policy_version": 4}
     r = api.post("/v1/completions", json=body)
@@ -97,6 +98,7 @@ def test_prompt_key_and_policy_version_reach_the_corpus_history(served):
     # An explicit key groups the key's live requests corpus-wide (siblings on any replica): no group of its own.
     assert [g for _, g in drafter.started] == [None] * 3
     assert drafter.history == [("gsm8k:train:17", 4)] * 3
+    assert drafter.groups_seen == 1  # the key's implied group: the siblings drafted from each other
     assert len(r.json()["choices"]) == 3
     history = drafter.local.prompt_history("gsm8k:train:17")
     assert [v for v, _ in history] == [4, 4, 4] and all(n >= 1 for _, n in history)
