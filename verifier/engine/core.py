@@ -17,10 +17,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-
-from .. import kernels
 from corpus_service import check_policy_version, check_prompt_key
 
+from .. import kernels
 from ..budget.cost_probe import measure_cost_model
 from ..budget.makespan import MakespanClock, MakespanConfig, expected_length
 from ..budget.policy import BudgetPolicy, BudgetStats, CostModel

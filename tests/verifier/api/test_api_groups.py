@@ -143,3 +143,5 @@ def test_policy_version_route_moves_forward_only(served):
     r = api.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, "temperature": 0, "prompt_key": "v-test"})
     assert r.status_code == 200 and drafter.history == [("v-test", None)]
     assert [v for v, _ in drafter.local.prompt_history("v-test")] == [current + 2]
+    metrics = api.get("/metrics").text  # the engine's busy periods: the last one is a batch's makespan
+    assert "ngram_verifier_last_makespan_seconds" in metrics and "ngram_verifier_busy_periods_total" in metrics
