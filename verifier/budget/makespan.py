@@ -14,7 +14,9 @@ do not end together):
   makespan rule), the expectation being the mean output length of the request's prompt key's
   rollouts in the corpus' prompt history (``NgramCorpus.prompt_history``; requests without history
   keep their order, after those with it). With a corpus service, the history read is the verifier's
-  in-process mirror's: this replica's own rollouts of the key.
+  in-process mirror's: this replica's own rollouts of the key. On the dev rollout traces it does not
+  pay (docs/rollout_frontend.md: a sample's length varies too much within its prompt), so it is
+  off everywhere by default.
 
 ``MakespanClock`` measures busy periods: from the first request of an idle engine until no request
 is left; the last one is the batch's makespan (``/metrics``: ngram_verifier_last_makespan_seconds).

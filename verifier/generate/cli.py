@@ -52,7 +52,8 @@ class GenerateConfig:
     tail_requests: int = flag(-1, "a batch's tail: steps with no sample waiting and at most this many running "
                               "draft --tail-budget nodes", "-1 = max_batch // 8 (at least 1), 0 = off, or an int")
     tail_budget: int = flag(0, "draft nodes per sample in the tail", "0 (= --max-budget) or 1..--max-budget")
-    longest_first: bool = flag(True, "start the samples whose prompt history is longest first", "true/false")
+    longest_first: bool = flag(False, "start the samples whose prompt history is longest first (no gain measured "
+                               "on the dev rollout traces: docs/rollout_frontend.md)", "true/false")
     weight_noise_sigma: float = flag(0.0, "perturb the decoder's linear weights (an RL policy change; as serve)",
                                      "a number 0..1")
     weight_noise_seed: int = flag(0, "the perturbation's seed", "an int 0..2^63-1")

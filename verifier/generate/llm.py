@@ -112,8 +112,8 @@ class LLM:
     """A verifier engine in this process. ``model``, ``corpus`` and every other keyword are
     ``VerifierConfig`` fields (``device``, ``dtype``, ``max_batch``, ``max_len``, ``budget``,
     ``max_budget``, ``weight_noise_sigma``, ``weight_noise_seed``, ``tail_requests``, ...); the HTTP
-    fields are unused. Defaults here suit a batch: ``max_batch`` 32, the tail and longest-first rules
-    on (verifier/budget/makespan.py)."""
+    fields are unused. Defaults here suit a batch: ``max_batch`` 32, the tail rule on
+    (verifier/budget/makespan.py)."""
 
     def __init__(self, model: str = "smollm2", corpus: str = "local", *, loaded: LoadedModel | None = None,
                  **config: Any) -> None:
@@ -122,7 +122,6 @@ class LLM:
 
         config.setdefault("max_batch", 32)
         config.setdefault("tail_requests", max(1, config["max_batch"] // 8))
-        config.setdefault("longest_first", True)
         self.config = VerifierConfig(model=model, corpus=corpus, **config)
         self.verifier = build_verifier(self.config, loaded)
         self.engine = self.verifier.engine
