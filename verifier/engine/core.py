@@ -79,7 +79,7 @@ class EngineConfig:
     # ARM_WIDE_COST), so that the armed step has room for any draft. Greedy steps replayed as
     # graphs (on the CPU, emulate_graphs runs an armed step when it is released). Off by default:
     # on the H200 an armed batch-1 SmolLM2 drafting step took 1.38 ms against 1.18 ms launched as
-    # usual (docs/benchmarks.md, thirteenth session). Arming, which replays the step's graph while
+    # usual (docs/history/2026-12.md, commit 7a9354e). Arming, which replays the step's graph while
     # its previous launch still runs, took ~0.29 ms of host time against ~0.15 ms for a launch, and
     # the step in flight finished later; two graph instances per bucket, used in turn, are the
     # next thing to try.
