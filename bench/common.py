@@ -149,7 +149,7 @@ class CorpusServer:
                 raise TimeoutError(f"the corpus server did not start within {timeout}s:\n{self.log()}")
             time.sleep(0.02)
         p = json.loads(ports.read_text())
-        self.grpc_port, self.admin_port = p["grpc_port"], p.get("admin_port", 0)
+        self.grpc_port, self.admin_port = p["grpc_port"], p.get("admin_port") or 0  # 0: no admin API
         return self
 
     @property

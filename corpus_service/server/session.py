@@ -160,7 +160,7 @@ class Session:
         self.id = state.next_session_id()
         self.prefix = f"s{self.id}:"
         self.live: dict[str, set[str]] = {}  # namespace -> live request ids
-        # Bytes this session's live requests hold in the server-wide budget (live_budget.py): charged
+        # Bytes the live requests of this stream hold in the server-wide budget (live_budget.py): charged
         # when a step is admitted, released by its finishes and, for whatever is left, at close. A
         # step the engine refuses midway keeps its charge until close: an over-count, never an under-count.
         self.charged = 0
