@@ -211,7 +211,7 @@ def run_spec(mode: str, lm, B: int, prompts: list[list[int]], base: dict, target
                                arm_steps=args.arm_steps,
                                cost_probe_s=args.cost_probe_s, cuda_graphs=not args.eager, compile=not args.eager))
     # The CPU the run got: the cgroup's throttling, and what the engine's process, the corpus
-    # server and the client child used (docs/benchmarks.md: remote runs vary more than local ones).
+    # server and the client child used (docs/history/2026-12.md: remote runs vary more than local ones).
     pids = {"engine": os.getpid()}
     if server_pid is not None and remote:
         pids["server"] = server_pid
@@ -343,7 +343,7 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
                         pairs = [ratio(a["tok_s"], b["tok_s"]) for a, b in zip(runs[m], runs["local"])]
                         row[f"{m}_vs_local_rounds"] = pairs
                         # The paired statistic: the host's slow and fast spells fall on both runs
-                        # of a pair, where the ratio of median runs mixes spells (docs/benchmarks.md).
+                        # of a pair, where the ratio of median runs mixes spells (docs/history/2026-12.md).
                         row[f"{m}_vs_local_median_round"] = round(statistics.median(pairs), 3)
                         # All rounds pooled (tokens over seconds of each mode): the expected ratio,
                         # where each round is one draw of an engine instance's speed.
