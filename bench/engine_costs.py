@@ -27,6 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.acceptance import prompt_lookup_chain  # noqa: E402
+from bench.common import write_report  # noqa: E402
 from bench.traces import REPO, default_trace_files, load_traces  # noqa: E402
 from corpus_service import CorpusConfig, NgramCorpus  # noqa: E402
 
@@ -156,22 +157,14 @@ def main(argv: list[str] | None = None) -> dict:
     if overrides:  # last: its extends make a request's context repetitive (slower drafts)
         res.update(versus_default(corpus, build(CorpusConfig(request_ttl_s=0), traces, live), live))
 
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1))
-    if overrides:
-        print(f"same run, alternating with the default config: draft B=15 {res['ab_draft_b15_set']:.2f} vs "
-              f"{res['ab_draft_b15_default']:.2f} us/request ({res['ab_draft_b15_set'] / res['ab_draft_b15_default']:.2f}x), "
-              f"extend {res['ab_extend_set']:.2f} vs {res['ab_extend_default']:.2f} us "
-              f"({res['ab_extend_set'] / res['ab_extend_default']:.2f}x)")
-    print(
-        f"SUMMARY engine_costs: draft B=15 {res['draft_b15_batched']:.2f} us/request batched "
-        f"({res['draft_b15_engine']:.2f} in engine, {res['draft_b15_single']:.2f} single call; "
-        f"{res['ratio_draft_single_vs_prompt_lookup']:.2f}x python prompt lookup; a 30k-token loop "
-        f"{res['draft_loop_30k']:.1f} us, {res['ratio_draft_loop_vs_single']:.1f}x), extend {res['extend']:.2f} us, "
-        f"start 2000 tokens {res['start_2000']:.1f} us, bulk load {res['bulk_load_mtok_s']:.2f} M tok/s, "
-        f"{res['bytes_per_learned_token']:.1f} B/learned token -> {out}"
-    )
+    keys = ("draft_b15_batched", "draft_b15_engine", "draft_b15_single", "ratio_draft_single_vs_prompt_lookup",
+            "draft_loop_30k", "ratio_draft_loop_vs_single", "extend", "start_2000", "bulk_load_mtok_s",
+            "bytes_per_learned_token")
+    summary = {k: round(res[k], 3) for k in keys}
+    if overrides:  # the same run, alternating with the default config
+        summary["ab_draft_b15_set_over_default"] = round(res["ab_draft_b15_set"] / res["ab_draft_b15_default"], 3)
+        summary["ab_extend_set_over_default"] = round(res["ab_extend_set"] / res["ab_extend_default"], 3)
+    write_report(args.out, res, summary)
     return res
 
 

@@ -94,7 +94,7 @@ class CorpusConfig:
     # True builds the grown copy beside the live one while drafts go on, then swaps it in, so no
     # draft waits for it, but the process briefly holds about twice the store's bytes. False grows
     # in place under the lock: no extra memory, drafts wait (a compaction at the default bound
-    # moves about 2 GB). docs/benchmarks.md, "Draft stalls while the learned corpus grows".
+    # moves about 2 GB). docs/history/2026-12.md, "Draft stalls while the learned corpus grows".
     learned_copy_growth: bool = True
     flush_tokens: int = 128  # committed tokens per learned-corpus chunk
     overlap: int = 16  # left context carried into a continuing chunk

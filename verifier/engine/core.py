@@ -65,13 +65,13 @@ class EngineConfig:
     # the next step's input tokens come from the previous step's predictions on the device, so the
     # host's per-step work (commits, stops, streaming) overlaps the GPU's instead of adding to it.
     # Applies to greedy steps replayed as graphs (no penalties, grammars or logprobs). Measured on
-    # the H200 (SmolLM2, docs/benchmarks.md): plain decoding 895 -> 1,024 tok/s at batch 1, 8% faster
+    # the H200 (SmolLM2, docs/history/2026-12.md): plain decoding 895 -> 1,024 tok/s at batch 1, 8% faster
     # at batch 8 and 64; outputs are identical (tests/verifier/engine/test_overlap_plain.py).
     overlap_plain: bool = True
     # The same for a speculative engine's plain steps (the budget policy drafts nothing that step:
     # large batches, or drafting that does not pay); a drafting step first commits the step in
     # flight, and its tokens count as plain decoding's in the policy. Measured on the H200
-    # (docs/benchmarks.md): plain steps of a speculative engine at batch 1 delivered 943 tok/s
+    # (docs/history/2026-12.md): plain steps of a speculative engine at batch 1 delivered 943 tok/s
     # instead of 858, speculation at batch 8 with 64 new tokens 1.04x -> 1.15x plain.
     overlap_spec_plain: bool = True
     # A speculative engine's next drafting step is enqueued on the GPU while the current one runs,
@@ -81,7 +81,7 @@ class EngineConfig:
     # ARM_WIDE_COST), so that the armed step has room for any draft. Greedy steps replayed as
     # graphs (on the CPU, emulate_graphs runs an armed step when it is released). Off by default:
     # on the H200 an armed batch-1 SmolLM2 drafting step took 1.38 ms against 1.18 ms launched as
-    # usual (docs/benchmarks.md, thirteenth session). Arming, which replays the step's graph while
+    # usual (docs/history/2026-12.md, commit 7a9354e). Arming, which replays the step's graph while
     # its previous launch still runs, took ~0.29 ms of host time against ~0.15 ms for a launch, and
     # the step in flight finished later; two graph instances per bucket, used in turn, are the
     # next thing to try.
