@@ -1165,6 +1165,7 @@ void Corpus::load(const std::string& path) {
   }
   policy_version_.store(policy, std::memory_order_release);
   history_.install(std::move(history));
+  history_.announce(policy);  // late rollouts older than the snapshot's version are dropped, as before it
 }
 
 std::map<std::string, double> Corpus::stats() {

@@ -93,6 +93,14 @@ bool PromptHistory::add(const std::string& key, int64_t version, const int32_t* 
   if (!enabled() || output == 0 || output > n || key.empty()) return false;
   std::lock_guard<std::mutex> g(mu_);
   auto it = keys_.find(key);
+  // A rollout max_age versions older than its key's newest, or than the announced version, arrives
+  // late (a slow replica, a reordered log): kept, it would be dropped at once; it is counted instead,
+  // and neither creates its key nor makes it the most recently written.
+  const int64_t newest = std::max(announced_, it == keys_.end() ? int64_t{-1} : it->second.h->newest);
+  if (cfg_.max_age > 0 && newest - version >= cfg_.max_age) {
+    ++dropped_rollouts_;
+    return false;
+  }
   if (it == keys_.end()) {
     Entry e;
     e.h = std::make_shared<KeyHistory>(orders_);
@@ -121,20 +129,14 @@ bool PromptHistory::add(const std::string& key, int64_t version, const int32_t* 
             (cfg_.max_age > 0 && h.newest - h.rollouts[drop].version >= cfg_.max_age)))
       ++drop;
     drop_front(h, drop);
-    if (cfg_.max_age == 0 || h.newest - version < cfg_.max_age) {
-      const uint64_t first = h.index.live() > 0 ? h.index.end() + 1 : h.index.end();  // after the separator
-      h.index.append_document(tokens, n);
-      h.rollouts.push_back(HistoryRollout{first, static_cast<uint32_t>(n), static_cast<uint32_t>(output), version});
-      ++added_;
-    }
+    const uint64_t first = h.index.live() > 0 ? h.index.end() + 1 : h.index.end();  // after the separator
+    h.index.append_document(tokens, n);
+    h.rollouts.push_back(HistoryRollout{first, static_cast<uint32_t>(n), static_cast<uint32_t>(output), version});
+    ++added_;
   }
   recharge(it->second);
-  if (h.rollouts.empty()) {
-    erase(it);
-    return false;
-  }
   enforce_total(key);
-  return true;
+  return keys_.count(key) != 0;  // a rollout larger than the whole bound did not stay
 }
 
 std::shared_ptr<const KeyHistory> PromptHistory::find(const std::string& key) const {
@@ -144,8 +146,9 @@ std::shared_ptr<const KeyHistory> PromptHistory::find(const std::string& key) co
 }
 
 void PromptHistory::announce(int64_t current) {
-  if (cfg_.max_age == 0) return;
   std::lock_guard<std::mutex> g(mu_);
+  announced_ = std::max(announced_, current);
+  if (cfg_.max_age == 0) return;
   for (auto it = keys_.begin(); it != keys_.end();) {
     KeyHistory& h = *it->second.h;
     {

@@ -86,7 +86,8 @@ class PromptHistory {
   const HistoryConfig& config() const { return cfg_; }
 
   // Adds a rollout: tokens[0..n) are the prompt tail (n - output tokens) then the output. Returns
-  // false when nothing was stored (history off, or no output).
+  // false when nothing was stored (history off, no output, or max_age versions older than the key's
+  // newest rollout or the announced version: counted as dropped).
   bool add(const std::string& key, int64_t version, const int32_t* tokens, size_t n, size_t output);
   // The key's history (null if it has none); `created` receives the count of keys ever created, so a
   // request without one looks again only when a key was created since.
@@ -143,6 +144,7 @@ class PromptHistory {
   size_t charged_ = 0;
   std::atomic<uint64_t> created_{0};
   uint64_t added_ = 0, truncated_ = 0, evicted_keys_ = 0, dropped_rollouts_ = 0;
+  int64_t announced_ = -1;  // the newest announced version (kept by clear: the namespace keeps its version)
 };
 
 // Source classes of draft candidates (DraftTree::add), for SourceWeights: what each node's heaviest
