@@ -369,3 +369,27 @@ def test_a_snapshot_loads_under_smaller_history_bounds(tmp_path):
     e.load(tmp_path / "snap.ngc")
     assert e.stats()["history_rollouts"] == 0
     e.check_integrity()
+
+
+# ------------------------------------------------------------------ SGLang's window path
+
+
+def test_window_path_rollout_is_the_output_after_the_first_window():
+    """batch_get's extension: a request first seen with a prompt key holds its prompt then; its output
+    (what later windows add) joins the key's history when its match state is erased."""
+    c = NgramCorpus(HISTORY_ONLY)
+    c.batch_get(["w0"], [PROMPT], [len(PROMPT)], prompt_keys=["s"], policy_versions=[2])
+    full = PROMPT + OUTPUT
+    c.batch_get(["w0"], [full[-8:]], [len(full)])
+    c.erase_match_state(["w0"])
+    (r,) = c.history_rollouts()
+    assert (r.prompt_key, r.policy_version, r.output, r.tokens.tolist()) == ("s", 2, len(OUTPUT), full)
+    drafts, _ = c.batch_get(["w1"], [PROMPT], [len(PROMPT)], len(OUTPUT) + 1, prompt_keys=["s"], policy_versions=[2])
+    assert drafts[:len(OUTPUT) + 1].tolist() == [PROMPT[-1]] + OUTPUT
+    c.erase_match_state(["w1"])  # no output: nothing to add
+    assert len(c.history_rollouts()) == 1
+    c.batch_get(["w2"], [PROMPT], [len(PROMPT)], prompt_keys=["s"], keep_rollouts=False)
+    c.batch_get(["w2"], [full[-8:]], [len(full)])
+    c.erase_match_state(["w2"])  # a replica's: its rollout goes through the commit log instead
+    assert len(c.history_rollouts()) == 1
+    c.check_integrity()
