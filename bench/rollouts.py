@@ -437,14 +437,13 @@ def start_corpus(work: Path, token: str, namespace: str) -> tuple[Proc, str]:
 def verifier_cmd(args: argparse.Namespace, corpus: str, ports_file: Path, epoch: int, token: str) -> list[str]:
     cmd = [sys.executable, "-m", "verifier", "serve", "--model", args.model, "--device", args.device,
            "--dtype", args.dtype, "--port", "0", "--ports-file", str(ports_file), "--corpus", corpus,
-           "--max-batch", str(args.max_batch), "--max-len", str(args.max_len), "--max-budget", str(args.budget),
-           *args.verifier_arg]
+           "--max-batch", str(args.max_batch), "--max-len", str(args.max_len), "--max-budget", str(args.budget)]
     if corpus not in ("local", "none"):
         cmd += ["--corpus-token", token]
     if args.noise_sigma > 0:
         cmd += ["--weight-noise-sigma", repr(args.noise_sigma),
                 "--weight-noise-seed", str(args.noise_seed_base + args.noise_seed_stride * epoch)]
-    return cmd
+    return cmd + list(args.verifier_arg)  # last: they override the above
 
 
 async def run_epoch_requests(urls: list[str], prompts: list[Sample], args: argparse.Namespace, epoch: int,
