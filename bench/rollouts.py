@@ -44,6 +44,7 @@ eviction, and the process RSS growth.
     python bench/rollouts.py replay --prompts 3          # smoke scale (the shipped slices fit)
     python bench/rollouts.py memory                      # 10k x 8 x 300 history: bytes/token, RSS
     python bench/rollouts.py fleet --replicas 4 --samples 8 --epochs 3 --temperature 0.7   # on a GPU
+    python bench/rollouts.py fleet --arms shared --out s.json; ... ; python bench/rollouts.py fleet-merge s.json l.json n.json
 
 Summary lines start with ``SUMMARY rollouts``; the full results go to ``--out`` as JSON.
 """
@@ -554,20 +555,48 @@ def run_fleet(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="rollouts-fleet-") as tmp:
         for arm in args.arms or ["shared", "local", "none"]:
             results["arms"][arm] = fleet_arm(arm, prompts, args, Path(tmp))
+    return fleet_summary(results, args.out)
+
+
+def fleet_summary(results: dict, out: str) -> dict:
+    """Epoch-last makespan ratios of the arms present; writes ``out`` and prints the summary line."""
     a = results["arms"]
-    last = str(args.epochs - 1)
+    last = str(results["epochs"] - 1)
     ratios = {}
     if "shared" in a and "none" in a:
         ratios["makespan_none_over_shared"] = a["none"]["epochs"][last]["makespan_s"] / a["shared"]["epochs"][last]["makespan_s"]
     if "shared" in a and "local" in a:
         ratios["makespan_local_over_shared"] = a["local"]["epochs"][last]["makespan_s"] / a["shared"]["epochs"][last]["makespan_s"]
     results["ratios"] = ratios
-    write_out(args.out, results)
-    print(f"SUMMARY rollouts fleet: R={args.replicas} G={args.samples} T={args.temperature} {len(prompts)} prompts, "
-          f"epoch {last}: " + " ".join(f"{arm} makespan {a[arm]['epochs'][last]['makespan_s']:.2f} s MAT "
-                                       f"{a[arm]['epochs'][last]['mat']:.3f}" for arm in a)
-          + " | " + " ".join(f"{k} {v:.2f}x" for k, v in ratios.items()) + f" -> {args.out}")
+    write_out(out, results)
+    print(f"SUMMARY rollouts fleet: R={results['replicas']} G={results['samples']} T={results['temperature']} "
+          f"{results['prompts']} prompts, epoch {last}: "
+          + " ".join(f"{arm} makespan {a[arm]['epochs'][last]['makespan_s']:.2f} s MAT "
+                     f"{a[arm]['epochs'][last]['mat']:.3f}" for arm in a)
+          + " | " + " ".join(f"{k} {v:.2f}x" for k, v in ratios.items()) + f" -> {out}")
     return results
+
+
+def run_fleet_merge(args: argparse.Namespace) -> dict:
+    """Fleet runs of one schedule made arm by arm (a machine's per-command time limit), merged into one
+    result: the settings must agree, each arm may appear once."""
+    parts = [json.loads(Path(p).read_text()) for p in args.inputs]
+    same = ("trace", "prompts", "samples", "replicas", "epochs", "temperature", "max_tokens", "noise_sigma", "device",
+            "dtype")
+    merged = {k: v for k, v in parts[0].items() if k not in ("arms", "ratios")}
+    merged["arms"] = {}
+    for p, part in zip(args.inputs, parts):
+        if part.get("mode") != "fleet":
+            raise SystemExit(f"{p}: not a fleet result")
+        diff = [k for k in same if part.get(k) != merged.get(k)]
+        if diff:
+            raise SystemExit(f"{p}: another schedule than {args.inputs[0]} ({', '.join(diff)} differ)")
+        for arm, res in part["arms"].items():
+            if arm in merged["arms"]:
+                raise SystemExit(f"{p}: arm '{arm}' appears twice")
+            merged["arms"][arm] = res
+    merged["merged_from"] = list(args.inputs)
+    return fleet_summary(merged, args.out)
 
 
 def check_verifier_contract(args: argparse.Namespace) -> None:
@@ -652,7 +681,12 @@ def main(argv: list[str] | None = None) -> dict:
     fp.add_argument("--start-timeout-s", type=float, default=600.0)
     fp.add_argument("--request-timeout-s", type=float, default=1800.0)
     fp.add_argument("--out", default=str(REPO / "bench" / "results" / "rollouts_fleet.json"))
+    mg = sub.add_parser("fleet-merge", help="merge fleet results run arm by arm into one (same schedule)")
+    mg.add_argument("inputs", nargs="+", help="fleet JSON results")
+    mg.add_argument("--out", default=str(REPO / "bench" / "results" / "rollouts_fleet.json"))
     args = ap.parse_args(argv)
+    if args.mode == "fleet-merge":
+        return run_fleet_merge(args)
     if args.mode == "replay":
         return run_replay(args)
     if args.mode == "memory":

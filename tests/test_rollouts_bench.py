@@ -84,3 +84,27 @@ def test_fleet_replica_commands_follow_the_verifier_contract():
     assert "--log-level=WARNING" in cmd
     local = rollouts.verifier_cmd(Namespace(**{**vars(args), "noise_sigma": 0.0}), "local", REPO / "p.json", 0, "tok")
     assert "--corpus-token" not in local and "--weight-noise-sigma" not in local
+
+
+def _fleet_part(arm: str, makespans: list[float], **over) -> dict:
+    res = {"mode": "fleet", "trace": "t.jsonl", "prompts": 2, "samples": 2, "replicas": 2, "epochs": len(makespans),
+           "temperature": 0.7, "max_tokens": 8, "noise_sigma": 0.0, "device": "cpu", "dtype": "float32"}
+    res.update(over)
+    res["arms"] = {arm: {"epochs": {str(e): {"makespan_s": m, "mat": 1.5} for e, m in enumerate(makespans)}}}
+    return res
+
+
+def test_fleet_merge_joins_arms_of_one_schedule(tmp_path):
+    paths = []
+    for arm, spans in (("shared", [4.0, 2.0]), ("local", [4.0, 3.0]), ("none", [5.0, 5.0])):
+        paths.append(tmp_path / f"{arm}.json")
+        paths[-1].write_text(json.dumps(_fleet_part(arm, spans)))
+    res = rollouts.main(["fleet-merge", *map(str, paths), "--out", str(tmp_path / "all.json")])
+    assert set(res["arms"]) == {"shared", "local", "none"}
+    assert res["ratios"] == {"makespan_none_over_shared": 2.5, "makespan_local_over_shared": 1.5}  # the last epoch
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(_fleet_part("none", [5.0, 5.0], temperature=1.0)))
+    with pytest.raises(SystemExit, match="temperature"):
+        rollouts.main(["fleet-merge", str(paths[0]), str(other), "--out", str(tmp_path / "x.json")])
+    with pytest.raises(SystemExit, match="appears twice"):
+        rollouts.main(["fleet-merge", str(paths[0]), str(paths[0]), "--out", str(tmp_path / "x.json")])
