@@ -21,8 +21,9 @@ same run, same traces:
   - ``--bound``: the perfect-ranking bound of the shared and local corpora (``bench/acceptance.py``):
     every candidate the engine finds kept to depth B at any width, so no ordering of the engine's
     evidence accepts more with B nodes.
-  Per arm and epoch: MAT (output tokens / verify rounds summed over requests) and the rounds the
-  epoch's longest request needs, against its output length (rounds without speculation).
+  Per arm and epoch: MAT (output tokens / verify rounds summed over requests) and the epoch's
+  makespan in rounds: the longest output (rounds without speculation) over the rounds until the
+  epoch's last request ends.
 
 ``fleet`` (GPU): one corpus service and R ``ngram-verifier serve`` replicas on one GPU, a GRPO
 schedule: each epoch every prompt x G samples over ``/v1/completions`` (one request per sample,
