@@ -16,7 +16,7 @@ same run, same traces:
   - ``local``: R corpora, one per replica, each with the same prompt keys and versions (so each keeps
     the history of what its own replica served: one engine's view, as in-engine rollout caches have);
   - ``no_history``: ``shared`` with the prompt history off (``history_max_bytes=0``): groups and the
-    learned corpus only;
+    learned corpus only; ``local_no_history`` (on request): ``local`` without it;
   - ``prompt_lookup``: each request drafts from its own context alone (n-gram suffix match, a chain);
   - ``--bound``: the perfect-ranking bound of the shared and local corpora (``bench/acceptance.py``):
     every candidate the engine finds kept to depth B at any width, so no ordering of the engine's
@@ -273,13 +273,17 @@ def run_replay(args: argparse.Namespace) -> dict:
             "shared": (lambda: [NgramCorpus(config)], True),
             "local": (lambda: [NgramCorpus(config) for _ in range(args.replicas)], True),
             "no_history": (lambda: [NgramCorpus(config.replace(history_max_bytes=0))], True),
+            # The "4 local corpora, groups" column: per-replica corpora before prompt history.
+            "local_no_history": (lambda: [NgramCorpus(config.replace(history_max_bytes=0))
+                                          for _ in range(args.replicas)], True),
         }
+        default_arms = ("shared", "local", "no_history", "prompt_lookup")
         if args.bound:
             bc = bound_config(config, args.budget)
             arms["bound_shared"] = (lambda: [NgramCorpus(bc)], True)
             arms["bound_local"] = (lambda: [NgramCorpus(bc) for _ in range(args.replicas)], True)
         for arm, (make, keys) in arms.items():
-            if args.arms and arm not in args.arms:
+            if arm not in (args.arms or default_arms + (("bound_shared", "bound_local") if args.bound else ())):
                 continue
             t0 = time.perf_counter()
             engines = make()
@@ -306,7 +310,7 @@ def run_replay(args: argparse.Namespace) -> dict:
         run["ratios"] = ratios
         results["runs"].append(run)
         line = f"{path.stem} R={args.replicas} B={args.budget} epochs {','.join(map(str, score))}:"
-        for arm in ("shared", "local", "no_history", "prompt_lookup", "bound_shared", "bound_local"):
+        for arm in ("shared", "local", "no_history", "local_no_history", "prompt_lookup", "bound_shared", "bound_local"):
             if arm in a:
                 rounds = ", ".join(f"{a[arm]['epochs'][str(e)]['makespan_rounds_vs_no_speculation']:.2f}x" for e in score)
                 line += f" {arm} {a[arm]['mat']:.3f} (rounds {rounds})"
@@ -642,7 +646,8 @@ def main(argv: list[str] | None = None) -> dict:
     rp.add_argument("--prompts", type=int, default=None, help="the first N prompt keys of each trace")
     rp.add_argument("--epochs", type=int, default=None, help="the first N epochs")
     rp.add_argument("--arms", nargs="*", default=None,
-                    help="shared local no_history prompt_lookup bound_shared bound_local (default: all but the bound)")
+                    help="shared local no_history local_no_history prompt_lookup bound_shared bound_local (default: "
+                         "shared local no_history prompt_lookup, and the bound's two with --bound)")
     rp.add_argument("--bound", action="store_true", help="also the perfect-ranking bound of shared and local")
     rp.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="CorpusConfig override")
     rp.add_argument("--out", default=str(REPO / "bench" / "results" / "rollouts_replay.json"))
