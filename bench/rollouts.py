@@ -525,6 +525,10 @@ def fleet_arm(arm: str, prompts: list[Sample], args: argparse.Namespace, work: P
             res["epochs"][str(epoch)] = r
             print(f"  fleet {arm} epoch {epoch}: makespan {r['makespan_s']:.2f} s, {r['tokens_per_s']:.0f} tok/s, "
                   f"MAT {r['mat']:.3f} ({r['requests']} requests, {r['tokens']} tokens)", flush=True)
+        if arm == "shared":  # what the fleet left in the corpus: its history, the learned source weights
+            with CorpusClient(target, args.namespace.split(":")[0]) as c:
+                st = c.stats()
+            res["corpus"] = {k: st[k] for k in st if k.startswith(("history_", "source_", "policy_version"))}
     finally:
         if corpus_proc is not None:
             corpus_proc.stop()

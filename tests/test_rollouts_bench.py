@@ -108,3 +108,32 @@ def test_fleet_merge_joins_arms_of_one_schedule(tmp_path):
         rollouts.main(["fleet-merge", str(paths[0]), str(other), "--out", str(tmp_path / "x.json")])
     with pytest.raises(SystemExit, match="appears twice"):
         rollouts.main(["fleet-merge", str(paths[0]), str(paths[0]), "--out", str(tmp_path / "x.json")])
+
+
+@pytest.mark.slow
+def test_fleet_runs_real_replicas_on_the_cpu(tmp_path):
+    """The fleet orchestration end to end at toy scale: a real corpus service, a real verifier replica
+    (SmolLM2 on the CPU) restarted for each of 2 epochs, the policy version announced, answers' usage
+    read back. With a verifier that has the perturbation flags (and the prompt_key / policy_version
+    fields that come with them) they are used too; the rollouts then reach the corpus' history."""
+    contract = "--weight-noise-sigma" in rollouts.subprocess.run(
+        [rollouts.sys.executable, "-m", "verifier", "serve", "--help"], cwd=REPO, capture_output=True, text=True,
+        timeout=120).stdout
+    extra = [] if contract else ["--noise-sigma", "0", "--no-history-fields"]
+    out = tmp_path / "fleet.json"
+    res = rollouts.main(["fleet", "--device", "cpu", "--dtype", "float32", "--replicas", "1", "--samples", "2",
+                         "--prompts", "1", "--epochs", "2", "--max-tokens", "6", "--max-batch", "2", "--max-len", "512",
+                         "--budget", "4", "--verifier-arg=--budget=4", "--arms", "shared", "none",
+                         "--start-timeout-s", "300", "--out", str(out), *extra])
+    assert json.loads(out.read_text())["ratios"] == res["ratios"]
+    for arm in ("shared", "none"):
+        for epoch in ("0", "1"):
+            e = res["arms"][arm]["epochs"][epoch]
+            assert e["requests"] == 2 and 0 < e["tokens"] <= 12 and e["makespan_s"] > 0
+    assert res["arms"]["none"]["epochs"]["1"]["mat"] == 1.0  # no speculation
+    assert res["arms"]["shared"]["epochs"]["1"]["mat"] >= 1.0
+    assert res["ratios"]["makespan_none_over_shared"] > 0
+    corpus = res["arms"]["shared"]["corpus"]
+    assert corpus["policy_version"] == 1  # announced before epoch 1
+    if contract:  # every keyed sample's rollout, of both epochs, is in its key's history
+        assert corpus["history_keys"] == 1 and corpus["history_rollouts"] == 4
