@@ -54,6 +54,34 @@ void PromptHistory::drop_front(KeyHistory& h, size_t n) {
   }
 }
 
+void PromptHistory::drop_old(KeyHistory& h, int64_t newest) {
+  if (cfg_.max_age == 0) return;
+  auto old = [&](const HistoryRollout& r) { return newest - r.version >= cfg_.max_age; };
+  size_t front = 0;
+  while (front < h.rollouts.size() && old(h.rollouts[front])) ++front;
+  drop_front(h, front);
+  // Rollouts are kept in arrival order, and an older version may arrive after a newer one (a slow
+  // replica): one that is now too old behind a younger one cannot be evicted as a prefix, so the
+  // key's index is rebuilt without it (rare: only out-of-order versions need it).
+  if (std::none_of(h.rollouts.begin(), h.rollouts.end(), old)) return;
+  TokenIndex fresh(h.index.orders());
+  std::deque<HistoryRollout> kept;
+  std::vector<int32_t> t;
+  for (HistoryRollout r : h.rollouts) {
+    if (old(r)) {
+      ++dropped_rollouts_;
+      continue;
+    }
+    t.resize(r.tokens);
+    h.index.read(r.first, r.tokens, t.data());
+    r.first = fresh.live() > 0 ? fresh.end() + 1 : fresh.end();
+    fresh.append_document(t.data(), t.size());
+    kept.push_back(r);
+  }
+  h.index = std::move(fresh);
+  h.rollouts = std::move(kept);
+}
+
 void PromptHistory::recharge(Entry& e) {
   charged_ -= e.charged;
   e.charged = charge_of(*e.h);
@@ -121,12 +149,12 @@ bool PromptHistory::add(const std::string& key, int64_t version, const int32_t* 
       ++truncated_;
     }
     h.newest = std::max(h.newest, version);
+    drop_old(h, h.newest);  // nothing max_age old
     size_t drop = 0;
-    // Room for it: at most max_rollouts, max_key_tokens (with the separator), nothing max_age old.
+    // Room for it: at most max_rollouts, max_key_tokens (with the separator).
     while (drop < h.rollouts.size() &&
            (h.rollouts.size() - drop + 1 > cfg_.max_rollouts ||
-            h.index.end() - h.rollouts[drop].first + n + 1 > cfg_.max_key_tokens ||
-            (cfg_.max_age > 0 && h.newest - h.rollouts[drop].version >= cfg_.max_age)))
+            h.index.end() - h.rollouts[drop].first + n + 1 > cfg_.max_key_tokens))
       ++drop;
     drop_front(h, drop);
     const uint64_t first = h.index.live() > 0 ? h.index.end() + 1 : h.index.end();  // after the separator
@@ -153,9 +181,7 @@ void PromptHistory::announce(int64_t current) {
     KeyHistory& h = *it->second.h;
     {
       std::unique_lock<std::shared_mutex> wl(h.mu);
-      size_t drop = 0;
-      while (drop < h.rollouts.size() && current - h.rollouts[drop].version >= cfg_.max_age) ++drop;
-      drop_front(h, drop);
+      drop_old(h, current);
     }
     recharge(it->second);
     auto next = std::next(it);

@@ -132,6 +132,7 @@ class PromptHistory {
   static size_t charge_of(const KeyHistory& h);
   static void check_key(const std::string& key, const KeyHistory& h);  // std::logic_error on a violation
   void drop_front(KeyHistory& h, size_t n);      // the n oldest rollouts (h.mu held)
+  void drop_old(KeyHistory& h, int64_t newest);  // every rollout max_age versions older than newest (h.mu held)
   void recharge(Entry& e);                       // after h changed (mu_ held)
   void erase(std::unordered_map<std::string, Entry>::iterator it);
   void enforce_total(const std::string& keep);   // evicts least recently written keys

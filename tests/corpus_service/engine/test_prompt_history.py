@@ -212,6 +212,24 @@ def test_a_late_rollout_older_than_the_announced_version_is_counted_not_kept(tmp
     d.check_integrity()
 
 
+def test_an_old_version_behind_a_newer_one_is_dropped_too():
+    # Arrival order is not version order: version 0 arrives after version 2 (a slow replica) and is
+    # behind it in the key's index; when it becomes max_age old it goes all the same.
+    c = NgramCorpus(HISTORY_ONLY.replace(history_max_age=3))
+    run(c, "a", OUTPUT, prompt_key="k", policy_version=2)
+    run(c, "b", [70, 71, 72], prompt_key="k", policy_version=0)
+    assert [v for v, _ in c.prompt_history("k")] == [2, 0]
+    c.announce_policy_version(3)
+    assert [v for v, _ in c.prompt_history("k")] == [2]
+    c.check_integrity()
+    c.start_request("z", PROMPT, prompt_key="k")
+    assert chain(c, "z") == OUTPUT
+    run(c, "c", [80], prompt_key="k", policy_version=1)
+    run(c, "d", [81], prompt_key="k", policy_version=4)  # the key's newest is now 4: version 1 goes
+    assert [v for v, _ in c.prompt_history("k")] == [2, 4]
+    c.check_integrity()
+
+
 def test_max_age_zero_keeps_every_version():
     c = NgramCorpus(HISTORY_ONLY.replace(history_max_age=0))
     for v in range(6):
@@ -393,3 +411,58 @@ def test_window_path_rollout_is_the_output_after_the_first_window():
     c.erase_match_state(["w2"])  # a replica's: its rollout goes through the commit log instead
     assert len(c.history_rollouts()) == 1
     c.check_integrity()
+
+
+# ------------------------------------------------------------------ random operations against the invariants
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_rollouts_announcements_and_snapshots_keep_every_bound(seed, tmp_path):
+    """Random adds (many keys, versions around the announced one and out of order, lengths up to past
+    the per-key bound), announcements, drafts and snapshot round trips under small bounds: after every
+    step the engine's own integrity check passes and each bound holds, the age bound included for a
+    rollout that arrived after a newer one (it is not at its key's front)."""
+    rng = np.random.default_rng(seed)
+    cfg = HISTORY_ONLY.replace(history_max_bytes=48 * 8192, history_max_rollouts=5, history_max_key_tokens=1024,
+                               history_max_age=3)
+    c = NgramCorpus(cfg)
+    announced = 0
+    seen = {"history_keys_evicted": 0, "history_rollouts_truncated": 0}  # counters survive no reload
+    for step in range(300):
+        op = rng.random()
+        if op < 0.75:
+            key = f"k{int(rng.integers(0, 40))}"
+            version = max(0, announced + int(rng.integers(-4, 3)))
+            out = int(rng.integers(1, 1400))
+            ctx = int(rng.integers(0, 17))
+            stored = c.add_rollout(key, version, rng.integers(3, 300, ctx + out, dtype=np.int32), out)
+            if announced - version >= 3:
+                assert not stored  # too old when it arrives
+        elif op < 0.85:
+            announced += int(rng.integers(0, 2))
+            c.announce_policy_version(announced)
+        elif op < 0.95:
+            rid = f"q{step}"
+            c.start_request(rid, rng.integers(3, 300, 8).tolist(), prompt_key=f"k{int(rng.integers(0, 40))}")
+            c.draft([rid], 15)
+            c.extend(rid, rng.integers(3, 300, 5).tolist())
+            c.finish(rid, rollout=bool(rng.integers(0, 2)))
+        else:
+            c.save(tmp_path / "s.ngc")
+            before = [(r.prompt_key, r.policy_version, r.tokens.tolist()) for r in c.history_rollouts()]
+            seen = {k: v + c.stats()[k] for k, v in seen.items()}
+            c = NgramCorpus(cfg)
+            c.load(tmp_path / "s.ngc")
+            assert [(r.prompt_key, r.policy_version, r.tokens.tolist()) for r in c.history_rollouts()] == before
+        c.check_integrity()
+        s = c.stats()
+        assert s["history_charged_tokens"] <= s["history_max_charged_tokens"] == 8192
+        assert s["history_bytes"] <= 48 * s["history_charged_tokens"]
+        per_key: dict[str, list] = {}
+        for r in c.history_rollouts():
+            per_key.setdefault(r.prompt_key, []).append(r)
+            assert announced - r.policy_version < 3
+        for rs in per_key.values():
+            assert len(rs) <= 5 and sum(len(r.tokens) for r in rs) + len(rs) - 1 <= 1024
+            assert max(r.policy_version for r in rs) - min(r.policy_version for r in rs) < 3
+    assert all(v + c.stats()[k] > 0 for k, v in seen.items())  # the bounds were exercised
