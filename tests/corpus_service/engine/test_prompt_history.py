@@ -466,3 +466,61 @@ def test_random_rollouts_announcements_and_snapshots_keep_every_bound(seed, tmp_
             assert len(rs) <= 5 and sum(len(r.tokens) for r in rs) + len(rs) - 1 <= 1024
             assert max(r.policy_version for r in rs) - min(r.policy_version for r in rs) < 3
     assert all(v + c.stats()[k] > 0 for k, v in seen.items())  # the bounds were exercised
+
+
+# ------------------------------------------------------------------ threads
+
+
+def test_drafts_stay_safe_while_other_threads_add_announce_and_evict():
+    """Keyed requests draft from their keys' histories on several threads while another adds rollouts
+    under a small total bound (keys evicted under the drafters, indexes rebuilt by out-of-order
+    versions) and announces versions: no crash, every draft well formed, integrity intact."""
+    import threading
+
+    cfg = HISTORY_ONLY.replace(history_max_bytes=48 * 4096, history_max_age=2, history_max_rollouts=4)
+    c = NgramCorpus(cfg)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def writer():
+        rng = np.random.default_rng(7)
+        v = 0
+        try:
+            for i in range(3000):
+                if i % 100 == 99:
+                    v += 1
+                    c.announce_policy_version(v)
+                out = int(rng.integers(1, 200))
+                c.add_rollout(f"k{int(rng.integers(0, 24))}", max(0, v - int(rng.integers(0, 2))),
+                              np.concatenate([np.array(PROMPT, np.int32), rng.integers(3, 60, out, dtype=np.int32)]), out)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+        finally:
+            stop.set()
+
+    def drafter(t: int):
+        rng = np.random.default_rng(t)
+        n = 0
+        try:
+            while not stop.is_set():
+                rid = f"t{t}r{n}"
+                c.start_request(rid, PROMPT, prompt_key=f"k{int(rng.integers(0, 24))}")
+                for _ in range(3):
+                    toks, parents, probs = c.draft([rid], 15).tree(0)
+                    assert len(toks) == len(parents) <= 15 and all(-1 <= p < i for i, p in enumerate(parents))
+                    c.extend(rid, rng.integers(3, 60, 2).tolist())
+                c.finish(rid, rollout=bool(n % 2))
+                n += 1
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer)] + [threading.Thread(target=drafter, args=(t,)) for t in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not errors, errors[0]
+    c.check_integrity()
+    s = c.stats()
+    assert s["history_keys_evicted"] > 0 and s["history_rollouts_dropped"] > 0
+    assert s["history_charged_tokens"] <= 4096
