@@ -1148,6 +1148,7 @@ void Corpus::load(const std::string& path) {
     policy = r.get<int64_t>();
     if (policy < 0) throw CorruptSnapshot("corrupt snapshot: negative policy version: '" + path + "'");
     history = history_.parse(r);
+    history.announced = policy;  // late rollouts older than the snapshot's version are dropped, as before it
   }
   if (!r.done()) throw CorruptSnapshot("corrupt snapshot: trailing bytes: '" + path + "'");
   learned.check_integrity();
@@ -1168,7 +1169,6 @@ void Corpus::load(const std::string& path) {
   }
   policy_version_.store(policy, std::memory_order_release);
   history_.install(std::move(history));
-  history_.announce(policy);  // late rollouts older than the snapshot's version are dropped, as before it
 }
 
 std::map<std::string, double> Corpus::stats() {

@@ -332,7 +332,18 @@ void PromptHistory::install(Loaded&& l) {
   keys_ = std::move(l.keys);
   lru_ = std::move(l.lru);  // a list's nodes move with it: the entries' iterators stay valid
   charged_ = l.charged;
+  announced_ = l.announced;  // as the corpus takes the snapshot's policy version
   created_.fetch_add(1, std::memory_order_acq_rel);
+  // What a smaller max_age than the snapshot's drops (as an announcement of its version would).
+  if (cfg_.max_age > 0) {
+    for (auto it = keys_.begin(); it != keys_.end();) {
+      auto next = std::next(it);
+      drop_old(*it->second.h, std::max(it->second.h->newest, announced_));
+      recharge(it->second);
+      if (it->second.h->rollouts.empty()) erase(it);
+      it = next;
+    }
+  }
   // Smaller bounds than the snapshot's: what does not fit goes, oldest rollouts and least recently
   // written keys first.
   for (auto& [k, e] : keys_) {

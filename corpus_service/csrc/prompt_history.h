@@ -122,6 +122,7 @@ class PromptHistory {
     std::unordered_map<std::string, Entry> keys;
     std::list<std::string> lru;
     size_t charged = 0;
+    int64_t announced = -1;  // the namespace's version when it was saved (set by the corpus)
   };
   Loaded parse(ByteReader& r) const;
   void install(Loaded&& l);

@@ -387,6 +387,18 @@ def test_a_snapshot_loads_under_smaller_history_bounds(tmp_path):
     e.load(tmp_path / "snap.ngc")
     assert e.stats()["history_rollouts"] == 0
     e.check_integrity()
+    # Saved keeping every version, loaded with max_age 2 at the saved version 6: only version 5 stays,
+    # as an announcement of 6 would have left it.
+    f = NgramCorpus(HISTORY_ONLY.replace(history_max_age=0))
+    for i in range(6):
+        run(f, f"r{i}", OUTPUT + [i], prompt_key="k", policy_version=i)
+    f.announce_policy_version(6)
+    f.save(tmp_path / "all.ngc")
+    g = NgramCorpus(HISTORY_ONLY.replace(history_max_age=2))
+    g.load(tmp_path / "all.ngc")
+    assert [v for v, _ in g.prompt_history("k")] == [5] and g.policy_version() == 6
+    assert g.add_rollout("k", 4, PROMPT + OUTPUT, len(OUTPUT)) is False  # 2 versions old
+    g.check_integrity()
 
 
 # ------------------------------------------------------------------ SGLang's window path
