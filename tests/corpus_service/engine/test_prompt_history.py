@@ -27,11 +27,6 @@ def run(c: NgramCorpus, rid: str, output: list[int], prompt=PROMPT, **kw) -> Non
     c.synchronize()
 
 
-def first_draft(c: NgramCorpus, rid: str, budget: int = 8) -> list[int]:
-    toks, parents, _ = c.draft([rid], budget).tree(0)
-    return [t for t, p in zip(toks, parents)][: budget]
-
-
 def chain(c: NgramCorpus, rid: str, budget: int = 8) -> list[int]:
     """The tree's first root path (the heaviest chain)."""
     toks, parents, _ = c.draft([rid], budget).tree(0)

@@ -13,7 +13,6 @@ import subprocess
 import sys
 
 import grpc
-import httpx
 import numpy as np
 import pytest
 
