@@ -208,6 +208,9 @@ void Corpus::set_prompt_key(const std::string& id, const std::string& key, int64
   rs->history_key = key;
   rs->policy_version = version >= 0 ? version : policy_version();
   rs->keep_rollout = keep_rollout && !key.empty();
+  // SGLang's window path: what the request held when it was first seen is its prompt; its output is
+  // what follows (a rollout of the whole window would store the prompt as output).
+  rs->prompt_len = rs->total_len;
   rs->history.reset();
   rs->history_seen = UINT64_MAX;
 }
@@ -1145,6 +1148,7 @@ void Corpus::load(const std::string& path) {
     policy = r.get<int64_t>();
     if (policy < 0) throw CorruptSnapshot("corrupt snapshot: negative policy version: '" + path + "'");
     history = history_.parse(r);
+    history.announced = policy;  // late rollouts older than the snapshot's version are dropped, as before it
   }
   if (!r.done()) throw CorruptSnapshot("corrupt snapshot: trailing bytes: '" + path + "'");
   learned.check_integrity();
@@ -1215,6 +1219,8 @@ std::map<std::string, double> Corpus::stats() {
   s["history_max_charged_tokens"] = static_cast<double>(cfg_.history.max_charged_tokens);
   s["history_bytes"] = static_cast<double>(h.bytes);
   s["history_bytes_per_token"] = h.stored ? static_cast<double>(h.bytes) / static_cast<double>(h.stored) : 0.0;
+  // What the bound covers (a small key is charged at least kMinKeyCharge tokens for its fixed tables).
+  s["history_bytes_per_charged_token"] = h.charged ? static_cast<double>(h.bytes) / static_cast<double>(h.charged) : 0.0;
   s["history_rollouts_added"] = static_cast<double>(h.added);
   s["history_rollouts_truncated"] = static_cast<double>(h.truncated);
   s["history_rollouts_dropped"] = static_cast<double>(h.dropped_rollouts);
