@@ -51,7 +51,7 @@ struct DraftRecord {
   // With a RankModel (rank_model.h): each node's features and cells, and the request's decayed sums
   // of accepted and expected tested nodes (kept across drafts; reset() clears them).
   std::vector<float> feats;              // RankModel::kFeatures per node
-  std::vector<uint32_t> rank_cells;      // 3 per node
+  std::vector<uint32_t> rank_cells;      // RankModel::kNodeCells per node
   bool ranked = false;                   // feats/rank_cells were filled (rank model on)
   float req_accepted = 0.0f, req_expected = 0.0f;
 

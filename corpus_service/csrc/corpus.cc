@@ -502,6 +502,7 @@ void Corpus::draft_one(RequestState& rs, int budget, const std::vector<std::shar
     rank.model = &rank_;
     rank.params = &cfg_.rank;
     rank.root_token = ctx_len > 0 ? ctx[ctx_len - 1] : -1;
+    rank.root_prev = ctx_len > 1 ? ctx[ctx_len - 2] : -1;
     rank.request = RankModel::request_feature(rs.last_draft);
     rs.last_draft.start_draft();
     tree.select(budget, cfg_.min_prob, cfg_.mode, cfg_.score, tokens, parents, probs, nullptr, nullptr,

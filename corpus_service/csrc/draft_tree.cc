@@ -10,7 +10,7 @@ namespace ngc {
 
 void DraftTree::reset() {
   nodes_.clear();
-  nodes_.push_back(Node{-1, -1, -1, 0, 0.f, 0.f, 0, 0.f, 0, 0.f, 0.f});
+  nodes_.push_back(Node{-1, -1, -1, -1, 0, 0.f, 0.f, 0, 0.f, 0, 0.f, 0.f});
 }
 
 int32_t DraftTree::child(int32_t parent, int32_t token) {
@@ -20,7 +20,7 @@ int32_t DraftTree::child(int32_t parent, int32_t token) {
     prev = c;
   }
   int32_t id = static_cast<int32_t>(nodes_.size());
-  nodes_.push_back(Node{token, -1, -1, nodes_[parent].depth + 1, 0.f, 0.f, 0, 0.f, 0, 0.f, 0.f});
+  nodes_.push_back(Node{token, parent, -1, -1, nodes_[parent].depth + 1, 0.f, 0.f, 0, 0.f, 0, 0.f, 0.f});
   if (prev == -1)
     nodes_[parent].first_child = id;
   else
@@ -84,7 +84,8 @@ int DraftTree::select(int budget, float min_prob, DraftMode mode, const ScorePar
   if (rank) model = nullptr;
   if (model) cells_.resize(nodes_.size());
   constexpr int kF = RankModel::kFeatures;
-  if (rank) rank_feats_.resize(nodes_.size() * kF), rank_cells_.resize(nodes_.size() * 3);
+  constexpr int kC = RankModel::kNodeCells;
+  if (rank) rank_feats_.resize(nodes_.size() * kF), rank_cells_.resize(nodes_.size() * kC);
   const float lambda = mode == DraftMode::kScore ? sp.lambda : 0.f;
   size_t out_base = tokens.size();
   // Heap entries: (priority, node, output index of the parent, path probability).
@@ -101,15 +102,23 @@ int DraftTree::select(int budget, float min_prob, DraftMode mode, const ScorePar
     if (denom <= 0.f) return;
     const float own_denom = nodes_[u].own_mass + lambda;
     const float shared_denom = nodes_[u].mass - nodes_[u].own_mass + lambda;
+    int siblings = 0;
+    int32_t parent_token = -1, grand_token = -1;
+    if (rank) {
+      for (int32_t c = nodes_[u].first_child; c != -1; c = nodes_[c].next_sibling) ++siblings;
+      parent_token = u == 0 ? rank->root_token : nodes_[u].token;
+      const int32_t g = nodes_[u].parent;
+      grand_token = u == 0 ? rank->root_prev : g == 0 ? rank->root_token : nodes_[g].token;
+    }
     for (int32_t c = nodes_[u].first_child; c != -1; c = nodes_[c].next_sibling) {
       float q = std::min(1.0f, nodes_[c].vote / denom);
       if (rank) {
         const Node& n = nodes_[c];
         const RankInputs in{q, own_denom > 0.f ? n.own_vote / own_denom : 0.f,
-                            shared_denom > 0.f ? (n.vote - n.own_vote) / shared_denom : 0.f, n.depth,
-                            u == 0 ? rank->root_token : nodes_[u].token, n.token};
+                            shared_denom > 0.f ? (n.vote - n.own_vote) / shared_denom : 0.f, n.depth, parent_token,
+                            grand_token, n.token, n.vote > 0.f ? n.top / n.vote : 0.f, siblings};
         q = rank->model->predict(in, rank->request, *rank->params, &rank_feats_[static_cast<size_t>(c) * kF],
-                                 &rank_cells_[static_cast<size_t>(c) * 3]);
+                                 &rank_cells_[static_cast<size_t>(c) * kC]);
       } else if (model)
         q = model->conditional(q, nodes_[c].depth, nodes_[c].token, *fp, &cells_[c].depth_cell, &cells_[c].token_cell);
       float p = u_prob * q;
@@ -141,7 +150,7 @@ int DraftTree::select(int budget, float min_prob, DraftMode mode, const ScorePar
       if (rank) {
         const size_t c = static_cast<size_t>(e.node);
         record->feats.insert(record->feats.end(), &rank_feats_[c * kF], &rank_feats_[c * kF] + kF);
-        record->rank_cells.insert(record->rank_cells.end(), &rank_cells_[c * 3], &rank_cells_[c * 3] + 3);
+        record->rank_cells.insert(record->rank_cells.end(), &rank_cells_[c * kC], &rank_cells_[c * kC] + kC);
         record->ranked = true;
       }
       if (model) {

@@ -30,7 +30,7 @@ namespace ngc {
 struct RankContext {
   const RankModel* model = nullptr;
   const RankParams* params = nullptr;
-  int32_t root_token = -1;
+  int32_t root_token = -1, root_prev = -1;  // the context's last two tokens (-1: none)
   float request = 0.0f;
 };
 
@@ -70,6 +70,7 @@ class DraftTree {
  private:
   struct Node {
     int32_t token;
+    int32_t parent;
     int32_t first_child;
     int32_t next_sibling;
     int32_t depth;

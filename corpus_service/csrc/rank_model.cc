@@ -30,6 +30,7 @@ float logit(float p) {
 float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
 constexpr uint32_t kTokenBase = RankModel::kDepthCells;
 constexpr uint32_t kPairBase = kTokenBase + (1u << RankModel::kTokenBits);
+constexpr uint32_t kTripleBase = kPairBase + (1u << RankModel::kPairBits);
 }  // namespace
 
 constexpr float RankModel::kInitialWeights[RankModel::kFeatures];
@@ -39,7 +40,7 @@ RankModel::RankModel() : cells_(new std::atomic<uint32_t>[kCells]) { clear(); }
 void RankModel::clear() {
   std::lock_guard<std::mutex> g(mu_);
   for (int i = 0; i < kCells; ++i) cells_[i].store(0, std::memory_order_relaxed);
-  for (int i = 0; i < kFeatures; ++i) w_[i].store(kInitialWeights[i], std::memory_order_relaxed);
+  for (int i = 0; i < kFeatures; ++i) w_[i].store(kInitialWeights[i], std::memory_order_relaxed), g2_[i] = 0.0;
   tested_ = 0, accepted_ = 0;
   queue_.clear();
 }
@@ -51,12 +52,18 @@ float RankModel::request_feature(const DraftRecord& rec) {
 float RankModel::predict(const RankInputs& in, float request, const RankParams& p, float* f,
                          uint32_t* cells) const {
   const float q = std::clamp(in.q, 0.0f, 1.0f);
-  const uint32_t dc = static_cast<uint32_t>(q_bin(q) * kDepthBins + std::clamp(in.depth, 1, kDepthBins) - 1);
+  const int qb = q_bin(q);
+  const uint32_t dc = static_cast<uint32_t>(qb * kDepthBins + std::clamp(in.depth, 1, kDepthBins) - 1);
   // Fibonacci hashing of the token and of the (parent, token) pair.
-  const uint32_t tc = kTokenBase + ((static_cast<uint32_t>(in.token) * 2654435761u) >> (32 - kTokenBits));
+  // The token cell in 4 coarse q bins: a token's rate is not one number for its confident and its
+  // doubtful drafts.
+  const uint32_t tc = kTokenBase + (static_cast<uint32_t>(qb * 4 / kQBins) << (kTokenBits - 2) |
+                                    (static_cast<uint32_t>(in.token) * 2654435761u) >> (32 - kTokenBits + 2));
   const uint64_t pair = (static_cast<uint64_t>(static_cast<uint32_t>(in.parent_token)) << 32) | static_cast<uint32_t>(in.token);
   const uint32_t pc = kPairBase + static_cast<uint32_t>((pair * 0x9E3779B97F4A7C15ull) >> (64 - kPairBits));
-  cells[0] = dc, cells[1] = tc, cells[2] = pc;
+  const uint64_t triple = pair * 0x9E3779B97F4A7C15ull ^ static_cast<uint32_t>(in.grand_token) * 0xC2B2AE3D27D4EB4Full;
+  const uint32_t gc = kTripleBase + static_cast<uint32_t>((triple * 0xD6E8FEB86659FD93ull) >> (64 - kTripleBits));
+  cells[0] = dc, cells[1] = tc, cells[2] = pc, cells[3] = gc;
   const uint32_t vd = cells_[dc].load(std::memory_order_relaxed);
   const float c = (static_cast<float>(accepted_of(vd)) + p.prior * q) / (static_cast<float>(tested_of(vd)) + p.prior);
   const float lc = logit(c);
@@ -70,17 +77,20 @@ float RankModel::predict(const RankInputs& in, float request, const RankParams& 
   f[2] = lc;
   f[3] = shrunk(tc, p.token_prior);
   f[4] = in.parent_token < 0 ? 0.0f : shrunk(pc, p.pair_prior);
-  f[5] = request;
-  f[6] = std::min(in.q_own, 1.0f);
-  f[7] = std::min(in.q_shared, 1.0f);
-  f[8] = static_cast<float>(std::min(in.depth, 16)) / 8.0f;
+  f[5] = in.parent_token < 0 || in.grand_token < 0 ? 0.0f : shrunk(gc, p.pair_prior);
+  f[6] = request;
+  f[7] = std::min(in.q_own, 1.0f);
+  f[8] = std::min(in.q_shared, 1.0f);
+  f[9] = static_cast<float>(std::min(in.depth, 16)) / 8.0f;
+  f[10] = std::min(in.dominance, 1.0f);
+  f[11] = std::log2(1.0f + static_cast<float>(std::min(in.siblings, 256))) / 4.0f;
   float z = 0.0f;
   for (int i = 0; i < kFeatures; ++i) z += w_[i].load(std::memory_order_relaxed) * f[i];
   return sigmoid(z);
 }
 
 void RankModel::learn_one(const uint32_t* cells, bool ok, const float* f, const RankParams& p) {
-  for (int k = 0; k < 3; ++k) {
+  for (int k = 0; k < kNodeCells; ++k) {
     std::atomic<uint32_t>& cell = cells_[cells[k]];
     const uint32_t v = cell.load(std::memory_order_relaxed);
     uint32_t t = tested_of(v) + 1, a = accepted_of(v) + (ok ? 1 : 0);
@@ -90,8 +100,15 @@ void RankModel::learn_one(const uint32_t* cells, bool ok, const float* f, const 
   // One step of the log loss' gradient at the current weights: w += lr (y - sigmoid(w . f)) f.
   float z = 0.0f;
   for (int i = 0; i < kFeatures; ++i) z += w_[i].load(std::memory_order_relaxed) * f[i];
-  const float g = p.learning_rate * ((ok ? 1.0f : 0.0f) - sigmoid(z));
-  for (int i = 0; i < kFeatures; ++i) w_[i].store(w_[i].load(std::memory_order_relaxed) + g * f[i], std::memory_order_relaxed);
+  // AdaGrad: each weight's step shrinks with its gradients' summed squares (features differ in scale
+  // and frequency; one rate for all of them either crawls or oscillates).
+  const float err = (ok ? 1.0f : 0.0f) - sigmoid(z);
+  for (int i = 0; i < kFeatures; ++i) {
+    const float g = err * f[i];
+    g2_[i] += static_cast<double>(g) * g;
+    const float step = p.learning_rate * g / static_cast<float>(std::sqrt(g2_[i] + 1.0));
+    w_[i].store(w_[i].load(std::memory_order_relaxed) + step, std::memory_order_relaxed);
+  }
   tested_.fetch_add(1, std::memory_order_relaxed);
   if (ok) accepted_.fetch_add(1, std::memory_order_relaxed);
 }
@@ -114,7 +131,7 @@ void RankModel::observe(DraftRecord& rec, const int32_t* committed, size_t n, co
     if (!((par < 0 || ok[par]) && static_cast<size_t>(depth[i]) <= n)) continue;
     ok[i] = rec.tokens[i] == committed[depth[i] - 1];
     acc += ok[i], expected += rec.q[i];
-    const uint32_t* cells = &rec.rank_cells[3 * i];
+    const uint32_t* cells = &rec.rank_cells[kNodeCells * i];
     const float* f = &rec.feats[kFeatures * i];
     if (p.learn) {
       learn_one(cells, ok[i], f, p);
@@ -124,7 +141,7 @@ void RankModel::observe(DraftRecord& rec, const int32_t* committed, size_t n, co
       queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(queue_.size() / 2));
       dropped_.fetch_add(kMaxDelta / 2, std::memory_order_relaxed);
     }
-    for (int k = 0; k < 3; ++k) queue_.push_back(static_cast<int32_t>(cells[k]));
+    for (int k = 0; k < kNodeCells; ++k) queue_.push_back(static_cast<int32_t>(cells[k]));
     queue_.push_back(ok[i]);
     for (int k = 0; k < kFeatures; ++k) {
       int32_t word;
@@ -154,23 +171,24 @@ void RankModel::apply_delta(const int32_t* words, size_t n, const RankParams& p)
                                 std::to_string(kDeltaWords));
   // Everything is checked before anything is applied: a refused delta changes nothing.
   for (size_t i = 0; i < n; i += kDeltaWords) {
-    for (int k = 0; k < 3; ++k)
+    for (int k = 0; k < kNodeCells; ++k)
       if (words[i + k] < 0 || words[i + k] >= kCells)
         throw std::invalid_argument("rank delta: cell " + std::to_string(words[i + k]) + " out of range");
-    if (words[i + 3] != 0 && words[i + 3] != 1) throw std::invalid_argument("rank delta: accepted flag not 0 or 1");
+    if (words[i + kNodeCells] != 0 && words[i + kNodeCells] != 1)
+      throw std::invalid_argument("rank delta: accepted flag not 0 or 1");
     for (int k = 0; k < kFeatures; ++k) {
       float v;
-      std::memcpy(&v, &words[i + 4 + k], 4);
+      std::memcpy(&v, &words[i + kNodeCells + 1 + k], 4);
       if (!std::isfinite(v) || std::fabs(v) > 1e3f) throw std::invalid_argument("rank delta: feature not finite");
     }
   }
   std::lock_guard<std::mutex> g(mu_);
   for (size_t i = 0; i < n; i += kDeltaWords) {
-    uint32_t cells[3];
-    for (int k = 0; k < 3; ++k) cells[k] = static_cast<uint32_t>(words[i + k]);
+    uint32_t cells[kNodeCells];
+    for (int k = 0; k < kNodeCells; ++k) cells[k] = static_cast<uint32_t>(words[i + k]);
     float f[kFeatures];
-    std::memcpy(f, &words[i + 4], sizeof(f));
-    learn_one(cells, words[i + 3] != 0, f, p);
+    std::memcpy(f, &words[i + kNodeCells + 1], sizeof(f));
+    learn_one(cells, words[i + kNodeCells] != 0, f, p);
   }
 }
 

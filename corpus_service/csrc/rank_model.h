@@ -6,19 +6,22 @@
 // accepted when drafted before, how this request's drafts fared lately, and which source votes for it.
 // The model combines them in a logistic regression learned online from every commit:
 //     P(child accepted | parent accepted) = sigmoid(w . f)
-//     f = [1, logit q, logit c, logit t - logit c, logit p - logit c, request, q_own, q_shared, depth / 8]
+//     f = [1, logit q, logit c, logit t - logit c, logit p - logit c, logit g - logit c, request,
+//          q_own, q_shared, depth / 8, dominance, log2(1 + siblings) / 4]
 //   c = (A + k q) / (T + k)          the (q bin, depth) cell's calibrated rate
 //   t = (A + k_t c) / (T + k_t)      the hashed token cell, shrunk towards c (so 0 without evidence)
 //   p = (A + k_p c) / (T + k_p)      the hashed (parent token, token) cell, likewise
+//   g = (A + k_p c) / (T + k_p)      the hashed (grandparent, parent, token) cell, likewise
 //   request = log((a + 1) / (e + 1)) the request's recent accepted over expected tested nodes (decayed)
 //   q_own, q_shared                  the estimate from the request's own context and from the others
+//   dominance                        the heaviest single vote for the child over all its votes
 // (A accepted, T tested in the cell). w starts at [0, 0, 1, 1, 1, 0, ...]: the calibrated estimate
 // with its token and pair levels; each tested node then takes one gradient step of the log loss.
 // The tree takes nodes best-first by the product of these along the path (a product of numbers <= 1:
 // the path probability never grows with depth, so best-first yields the top connected tree), over
 // every node its candidates hold, a far wider pool than the budget it keeps.
 //
-// State: fixed tables (96 + 2^14 + 2^16 cells of 4 bytes) and 9 weights per corpus; per request one
+// State: fixed tables (96 + 2^14 + 2 x 2^16 cells of 4 bytes, 590 KB) and 12 weights per corpus; per request one
 // draft's nodes (DraftRecord) and two decayed sums. Threads: drafts read cells and weights with
 // relaxed atomic loads; commits update them under one mutex. Determinism: the same sequence of calls
 // gives the same drafts (the updates are a function of the calls alone). Replicas: export_delta()
@@ -46,7 +49,7 @@ struct RankParams {
   float prior = 32.0f;           // pseudo-observations of q per (q, depth) cell
   float token_prior = 16.0f;     // pseudo-observations of the cell estimate per token cell
   float pair_prior = 8.0f;       // ... per (parent token, token) cell
-  float learning_rate = 0.01f;   // of the weights' online gradient steps
+  float learning_rate = 0.1f;    // of the weights' AdaGrad steps
   float request_decay = 0.9f;    // per step, of the request's accepted and expected sums
   uint32_t window = 1u << 15;    // a cell's counts are halved when its tests reach this (<= 2^15)
   bool learn = true;             // learn from this engine's commits (false: only from apply_delta)
@@ -58,19 +61,23 @@ struct RankInputs {
   float q_own, q_shared;  // ... from the request's own context alone, and from the other sources
   int depth;              // 1 = a child of the root
   int32_t parent_token;   // the parent's token (the context's last token for depth 1; -1 none)
+  int32_t grand_token;    // the grandparent's token, likewise (-1 none)
   int32_t token;
+  float dominance;        // the heaviest single vote for the child over all its votes
+  int siblings;           // children of the parent, the child included
 };
 
 class RankModel {
  public:
-  static constexpr int kFeatures = 9;
+  static constexpr int kFeatures = 12;
+  static constexpr int kNodeCells = 4;  // (q, depth), token, pair, triple
   static constexpr int kQBins = 12, kDepthBins = 8, kDepthCells = kQBins * kDepthBins;
-  static constexpr int kTokenBits = 14, kPairBits = 16;
-  static constexpr int kCells = kDepthCells + (1 << kTokenBits) + (1 << kPairBits);
-  static constexpr float kInitialWeights[kFeatures] = {0, 0, 1, 1, 1, 0, 0, 0, 0};
+  static constexpr int kTokenBits = 16, kPairBits = 16, kTripleBits = 16;
+  static constexpr int kCells = kDepthCells + (1 << kTokenBits) + (1 << kPairBits) + (1 << kTripleBits);
+  static constexpr float kInitialWeights[kFeatures] = {0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0};
 
   RankModel();
-  // P(child accepted | parent accepted); writes its features (kFeatures) and its three cells.
+  // P(child accepted | parent accepted); writes its features (kFeatures) and its kNodeCells cells.
   float predict(const RankInputs& in, float request_feature, const RankParams& p, float* feats, uint32_t* cells) const;
   // The request feature from a record's decayed sums.
   static float request_feature(const DraftRecord& rec);
@@ -78,7 +85,7 @@ class RankModel {
   // followed it: updates the record's request sums and, with p.learn, the cells and the weights, and
   // queues the same updates for export_delta(). Does not disarm the record.
   void observe(DraftRecord& rec, const int32_t* committed, size_t n, const RankParams& p);
-  // Observations since the last call: per tested node its three cells, whether it was accepted and its
+  // Observations since the last call: per tested node its cells, whether it was accepted and its
   // features (kFeatures floats), flattened as int32 words (floats bit-cast). At most kMaxDelta nodes
   // are queued; beyond that the oldest are dropped (counted in dropped()).
   std::vector<int32_t> export_delta();
@@ -95,13 +102,14 @@ class RankModel {
   uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
   size_t queued() const;
 
-  static constexpr size_t kDeltaWords = 4 + kFeatures;  // cells x3, accepted, features
+  static constexpr size_t kDeltaWords = kNodeCells + 1 + kFeatures;  // cells, accepted, features
   static constexpr size_t kMaxDelta = 1 << 16;          // queued nodes at most (3.4 MB)
 
  private:
   // One word per cell: tested in the high 16 bits, accepted in the low 16 (window <= 2^15).
   std::unique_ptr<std::atomic<uint32_t>[]> cells_;
   std::atomic<float> w_[kFeatures];
+  double g2_[kFeatures];  // AdaGrad: summed squared gradients per weight (under mu_)
   std::atomic<uint64_t> tested_{0}, accepted_{0}, dropped_{0};
   mutable std::mutex mu_;
   std::vector<int32_t> queue_;  // export_delta's pending words (under mu_)

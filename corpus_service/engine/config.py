@@ -86,7 +86,7 @@ class CorpusConfig:
     rank_prior: float = 32.0  # pseudo-observations of q per (q, depth) cell
     rank_token_prior: float = 16.0  # ... of the cell estimate per token cell
     rank_pair_prior: float = 8.0  # ... per (parent token, token) cell
-    rank_learning_rate: float = 0.01  # of the weights' online gradient steps
+    rank_learning_rate: float = 0.1  # of the weights' AdaGrad steps
     rank_request_decay: float = 0.9  # per step, of the request's recent accepted / expected sums
     rank_window: int = 1 << 15  # a cell's counts halve when its tests reach this (<= 2**15)
     # False: this engine does not learn from its own commits, it queues them for export_rank_delta()
