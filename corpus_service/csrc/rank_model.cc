@@ -84,6 +84,8 @@ float RankModel::predict(const RankInputs& in, float request, const RankParams& 
   f[9] = static_cast<float>(std::min(in.depth, 16)) / 8.0f;
   f[10] = std::min(in.dominance, 1.0f);
   f[11] = std::log2(1.0f + static_cast<float>(std::min(in.siblings, 256))) / 4.0f;
+  f[12] = in.latest ? 1.0f : 0.0f;
+  f[13] = in.latest_own ? 1.0f : 0.0f;
   float z = 0.0f;
   for (int i = 0; i < kFeatures; ++i) z += w_[i].load(std::memory_order_relaxed) * f[i];
   return sigmoid(z);

@@ -65,16 +65,18 @@ struct RankInputs {
   int32_t token;
   float dominance;        // the heaviest single vote for the child over all its votes
   int siblings;           // children of the parent, the child included
+  bool latest;            // the child continues the most recent candidate among its siblings' ...
+  bool latest_own;        // ... the most recent own-context occurrence (prompt lookup's pick)
 };
 
 class RankModel {
  public:
-  static constexpr int kFeatures = 12;
+  static constexpr int kFeatures = 14;
   static constexpr int kNodeCells = 4;  // (q, depth), token, pair, triple
   static constexpr int kQBins = 12, kDepthBins = 8, kDepthCells = kQBins * kDepthBins;
   static constexpr int kTokenBits = 16, kPairBits = 16, kTripleBits = 16;
   static constexpr int kCells = kDepthCells + (1 << kTokenBits) + (1 << kPairBits) + (1 << kTripleBits);
-  static constexpr float kInitialWeights[kFeatures] = {0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0};
+  static constexpr float kInitialWeights[kFeatures] = {0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0};
 
   RankModel();
   // P(child accepted | parent accepted); writes its features (kFeatures) and its kNodeCells cells.
