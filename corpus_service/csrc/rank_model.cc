@@ -22,10 +22,24 @@ int q_bin(float q) {
 }
 uint32_t tested_of(uint32_t v) { return v >> 16; }
 uint32_t accepted_of(uint32_t v) { return v & 0xffffu; }
+// ln(x) for x > 0 from the float's exponent and a quartic in its mantissa (|error| < 1e-4): the model
+// takes several logarithms per ranked node, and std::log was most of its draft cost. Deterministic
+// (plain float arithmetic), so the same calls still give the same drafts.
+float fast_log(float x) {
+  int32_t i;
+  std::memcpy(&i, &x, 4);
+  const float e = static_cast<float>(((i >> 23) & 255) - 127);
+  i = (i & 0x007FFFFF) | 0x3f800000;
+  float m;
+  std::memcpy(&m, &i, 4);  // in [1, 2)
+  const float log2m = -1.7417939f + (2.8212026f + (-1.4699568f + (0.44717955f - 0.056570851f * m) * m) * m) * m;
+  return (e + log2m) * 0.69314718f;
+}
 // Probabilities are kept in [1e-4, 1 - 1e-4] so logits stay finite (|logit| <= 9.2).
+float clamp_p(float p) { return std::clamp(p, 1e-4f, 1.0f - 1e-4f); }
 float logit(float p) {
-  p = std::clamp(p, 1e-4f, 1.0f - 1e-4f);
-  return std::log(p / (1.0f - p));
+  p = clamp_p(p);
+  return fast_log(p / (1.0f - p));
 }
 float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
 constexpr uint32_t kTokenBase = RankModel::kDepthCells;
@@ -46,7 +60,7 @@ void RankModel::clear() {
 }
 
 float RankModel::request_feature(const DraftRecord& rec) {
-  return std::log((rec.req_accepted + 1.0f) / (rec.req_expected + 1.0f));
+  return fast_log((rec.req_accepted + 1.0f) / (rec.req_expected + 1.0f));
 }
 
 float RankModel::predict(const RankInputs& in, float request, const RankParams& p, float* f,
@@ -66,11 +80,14 @@ float RankModel::predict(const RankInputs& in, float request, const RankParams& 
   cells[0] = dc, cells[1] = tc, cells[2] = pc, cells[3] = gc;
   const uint32_t vd = cells_[dc].load(std::memory_order_relaxed);
   const float c = (static_cast<float>(accepted_of(vd)) + p.prior * q) / (static_cast<float>(tested_of(vd)) + p.prior);
-  const float lc = logit(c);
+  const float cc = clamp_p(c);
+  const float lc = fast_log(cc / (1.0f - cc));
+  // logit r - logit c as one logarithm: ln(r (1 - c) / ((1 - r) c)).
   auto shrunk = [&](uint32_t cell, float k) {
     const uint32_t v = cells_[cell].load(std::memory_order_relaxed);
     if (tested_of(v) == 0) return 0.0f;  // no evidence: exactly the cell estimate
-    return logit((static_cast<float>(accepted_of(v)) + k * c) / (static_cast<float>(tested_of(v)) + k)) - lc;
+    const float r = clamp_p((static_cast<float>(accepted_of(v)) + k * c) / (static_cast<float>(tested_of(v)) + k));
+    return fast_log(r * (1.0f - cc) / ((1.0f - r) * cc));
   };
   f[0] = 1.0f;
   f[1] = logit(q);
@@ -83,7 +100,7 @@ float RankModel::predict(const RankInputs& in, float request, const RankParams& 
   f[8] = std::min(in.q_shared, 1.0f);
   f[9] = static_cast<float>(std::min(in.depth, 16)) / 8.0f;
   f[10] = std::min(in.dominance, 1.0f);
-  f[11] = std::log2(1.0f + static_cast<float>(std::min(in.siblings, 256))) / 4.0f;
+  f[11] = fast_log(1.0f + static_cast<float>(std::min(in.siblings, 256))) * (1.4426950f / 4.0f);
   f[12] = in.latest ? 1.0f : 0.0f;
   f[13] = in.latest_own ? 1.0f : 0.0f;
   float z = 0.0f;
