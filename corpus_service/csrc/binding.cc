@@ -162,6 +162,7 @@ PYBIND11_MODULE(_native, m) {
       .def_readwrite("token_prior", &FeedbackParams::token_prior)
       .def_readwrite("window", &FeedbackParams::window);
 
+  m.attr("RANK_DELTA_WORDS") = py::int_(RankModel::kDeltaWords);
   py::class_<RankParams>(m, "RankParams")
       .def(py::init<>())
       .def_readwrite("enabled", &RankParams::enabled)

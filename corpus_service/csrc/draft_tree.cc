@@ -10,7 +10,7 @@ namespace ngc {
 
 void DraftTree::reset() {
   nodes_.clear();
-  nodes_.push_back(Node{-1, -1, -1, -1, 0, 0.f, 0.f, 0, 0.f, 0, 0.f, 0.f, 0});
+  nodes_.push_back(Node{-1, -1, -1, -1, 0, 0.f, 0.f, 0, 0.f, 0, 0.f, 0.f, 0, 0});
 }
 
 int32_t DraftTree::child(int32_t parent, int32_t token) {
@@ -20,7 +20,7 @@ int32_t DraftTree::child(int32_t parent, int32_t token) {
     prev = c;
   }
   int32_t id = static_cast<int32_t>(nodes_.size());
-  nodes_.push_back(Node{token, parent, -1, -1, nodes_[parent].depth + 1, 0.f, 0.f, 0, 0.f, 0, 0.f, 0.f, 0});
+  nodes_.push_back(Node{token, parent, -1, -1, nodes_[parent].depth + 1, 0.f, 0.f, 0, 0.f, 0, 0.f, 0.f, 0, 0});
   if (prev == -1)
     nodes_[parent].first_child = id;
   else
@@ -71,6 +71,7 @@ void DraftTree::add(const int32_t* tokens, int n, int match_len, float scale, ui
     node.own_mass += own * w;
     node.recency = std::max(node.recency, recency);
     if (cls == kSrcOwn) node.own_recency = std::max(node.own_recency, recency + 1);
+    if (cls == kSrcLearned) node.learned_recency = std::max(node.learned_recency, recency + 1);
     u = c;
   }
 }
@@ -108,7 +109,8 @@ int DraftTree::select(int budget, float min_prob, DraftMode mode, const ScorePar
     uint64_t latest = 0, latest_own = 0;
     if (rank) {
       for (int32_t c = nodes_[u].first_child; c != -1; c = nodes_[c].next_sibling)
-        ++siblings, latest = std::max(latest, nodes_[c].recency), latest_own = std::max(latest_own, nodes_[c].own_recency);
+        ++siblings, latest = std::max(latest, nodes_[c].learned_recency),
+                    latest_own = std::max(latest_own, nodes_[c].own_recency);
       parent_token = u == 0 ? rank->root_token : nodes_[u].token;
       const int32_t g = nodes_[u].parent;
       grand_token = u == 0 ? rank->root_prev : g == 0 ? rank->root_token : nodes_[g].token;
@@ -120,7 +122,7 @@ int DraftTree::select(int budget, float min_prob, DraftMode mode, const ScorePar
         const RankInputs in{q, own_denom > 0.f ? n.own_vote / own_denom : 0.f,
                             shared_denom > 0.f ? (n.vote - n.own_vote) / shared_denom : 0.f, n.depth, parent_token,
                             grand_token, n.token, n.vote > 0.f ? n.top / n.vote : 0.f, siblings,
-                            siblings > 1 && n.recency == latest,
+                            siblings > 1 && latest > 0 && n.learned_recency == latest,
                             siblings > 1 && latest_own > 0 && n.own_recency == latest_own};
         q = rank->model->predict(in, rank->request, *rank->params, &rank_feats_[static_cast<size_t>(c) * kF],
                                  &rank_cells_[static_cast<size_t>(c) * kC]);

@@ -81,7 +81,10 @@ class DraftTree {
     uint8_t cls;        // ... and its source class
     float own_vote;     // vote and mass from the request's own context alone (the rank model's
     float own_mass;     // own-context vs shared estimates)
-    uint64_t own_recency;  // the most recent own-context candidate through this node (0: none)
+    // The most recent own-context and learned-corpus candidates through this node (position + 1; 0:
+    // none): positions are comparable within one index only.
+    uint64_t own_recency;
+    uint64_t learned_recency;
   };
   int32_t child(int32_t parent, int32_t token);
   std::vector<Node> nodes_;

@@ -216,8 +216,10 @@ void RankModel::save(ByteWriter& w) const {
   for (int i = 0; i < kCells; ++i) cells[i] = cells_[i].load(std::memory_order_relaxed);
   std::vector<float> weights(kFeatures);
   for (int i = 0; i < kFeatures; ++i) weights[i] = w_[i].load(std::memory_order_relaxed);
+  std::vector<double> g2(g2_, g2_ + kFeatures);  // AdaGrad's sums: a loaded model takes the same steps
   w.put_vec(cells);
   w.put_vec(weights);
+  w.put_vec(g2);
   w.put<uint64_t>(tested_.load());
   w.put<uint64_t>(accepted_.load());
 }
@@ -225,16 +227,20 @@ void RankModel::save(ByteWriter& w) const {
 void RankModel::load(ByteReader& r) {
   auto cells = r.get_vec<uint32_t>();
   auto weights = r.get_vec<float>();
+  auto g2 = r.get_vec<double>();
   const uint64_t tested = r.get<uint64_t>(), accepted = r.get<uint64_t>();
-  if (cells.size() != static_cast<size_t>(kCells) || weights.size() != static_cast<size_t>(kFeatures))
+  if (cells.size() != static_cast<size_t>(kCells) || weights.size() != static_cast<size_t>(kFeatures) ||
+      g2.size() != static_cast<size_t>(kFeatures))
     throw CorruptSnapshot("corrupt snapshot: rank model tables of another shape");
   for (float v : weights)
     if (!std::isfinite(v)) throw CorruptSnapshot("corrupt snapshot: rank model weight not finite");
+  for (double v : g2)
+    if (!(v >= 0.0) || !std::isfinite(v)) throw CorruptSnapshot("corrupt snapshot: rank model step sums not finite");
   for (uint32_t v : cells)
     if (accepted_of(v) > tested_of(v)) throw CorruptSnapshot("corrupt snapshot: rank model cell accepts more than it tested");
   std::lock_guard<std::mutex> g(mu_);
   for (int i = 0; i < kCells; ++i) cells_[i].store(cells[i], std::memory_order_relaxed);
-  for (int i = 0; i < kFeatures; ++i) w_[i].store(weights[i], std::memory_order_relaxed);
+  for (int i = 0; i < kFeatures; ++i) w_[i].store(weights[i], std::memory_order_relaxed), g2_[i] = g2[i];
   tested_ = tested, accepted_ = accepted;
   queue_.clear();
 }
@@ -242,7 +248,8 @@ void RankModel::load(ByteReader& r) {
 void RankModel::copy_from(RankModel& other) {
   std::scoped_lock g(mu_, other.mu_);
   for (int i = 0; i < kCells; ++i) cells_[i].store(other.cells_[i].load(std::memory_order_relaxed), std::memory_order_relaxed);
-  for (int i = 0; i < kFeatures; ++i) w_[i].store(other.w_[i].load(std::memory_order_relaxed), std::memory_order_relaxed);
+  for (int i = 0; i < kFeatures; ++i)
+    w_[i].store(other.w_[i].load(std::memory_order_relaxed), std::memory_order_relaxed), g2_[i] = other.g2_[i];
   tested_ = other.tested_.load(), accepted_ = other.accepted_.load();
   queue_.clear();
 }

@@ -7,7 +7,7 @@
 // The model combines them in a logistic regression learned online from every commit:
 //     P(child accepted | parent accepted) = sigmoid(w . f)
 //     f = [1, logit q, logit c, logit t - logit c, logit p - logit c, logit g - logit c, request,
-//          q_own, q_shared, depth / 8, dominance, log2(1 + siblings) / 4]
+//          q_own, q_shared, depth / 8, dominance, log2(1 + siblings) / 4, latest learned, latest own]
 //   c = (A + k q) / (T + k)          the (q bin, depth) cell's calibrated rate
 //   t = (A + k_t c) / (T + k_t)      the hashed token cell, shrunk towards c (so 0 without evidence)
 //   p = (A + k_p c) / (T + k_p)      the hashed (parent token, token) cell, likewise
@@ -15,6 +15,8 @@
 //   request = log((a + 1) / (e + 1)) the request's recent accepted over expected tested nodes (decayed)
 //   q_own, q_shared                  the estimate from the request's own context and from the others
 //   dominance                        the heaviest single vote for the child over all its votes
+//   latest learned, latest own       1 if the child continues the most recent learned-corpus (own-context)
+//                                    occurrence among its siblings' (prompt lookup drafts the latest)
 // (A accepted, T tested in the cell). w starts at [0, 0, 1, 1, 1, 0, ...]: the calibrated estimate
 // with its token and pair levels; each tested node then takes one gradient step of the log loss.
 // The tree takes nodes best-first by the product of these along the path (a product of numbers <= 1:
@@ -65,7 +67,7 @@ struct RankInputs {
   int32_t token;
   float dominance;        // the heaviest single vote for the child over all its votes
   int siblings;           // children of the parent, the child included
-  bool latest;            // the child continues the most recent candidate among its siblings' ...
+  bool latest;            // the child continues the most recent learned-corpus occurrence among its siblings' ...
   bool latest_own;        // ... the most recent own-context occurrence (prompt lookup's pick)
 };
 

@@ -587,7 +587,7 @@ class NgramCorpus:
         return np.asarray(self._native.rank_weights(), np.float32)
 
     def export_rank_delta(self) -> np.ndarray:
-        """What the rank model observed since the last call, as int32 words (17 per tested node), when
+        """What the rank model observed since the last call, as int32 words (``RANK_DELTA_WORDS`` per tested node), when
         ``rank_learn_local`` is off: a replica publishes it so that every replica applies it."""
         return self._native.export_rank_delta()
 
