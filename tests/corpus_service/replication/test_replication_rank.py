@@ -5,7 +5,10 @@ the log is a list of decoded batches)."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
+import pytest
 
 from corpus_service._native import RANK_DELTA_WORDS
 from corpus_service.replication.applier import Applier, digest
@@ -15,7 +18,9 @@ from corpus_service.replication.publisher import Publisher
 from corpus_service.replication.replica import Replica
 from corpus_service.replication.snapshots import Snapshots
 from corpus_service.server.config import ServiceConfig
+from corpus_service.client import CorpusClient
 from corpus_service.server.state import ServiceState
+from tests.corpus_service.replication_fixtures import NATS_SERVER, NatsServer, converged, replica, wait_ready
 
 NOOP = lambda ev: None  # noqa: E731 - no external corpora in these logs
 
@@ -105,3 +110,44 @@ def test_rank_events_round_trip_through_the_wire_format():
     np.testing.assert_array_equal(batch.tokens[0], words)
     assert not p.add_rank_delta("default", np.zeros(2000, np.int32))  # beyond the buffer: dropped, counted
     assert p.dropped_tokens == 2000
+
+
+def test_two_replica_processes_converge_on_one_rank_model(tmp_path):
+    """Two real replicas on a real nats-server: requests decoded on each feed one model, that both hold."""
+    if NATS_SERVER is None:
+        pytest.skip("nats-server is not installed (.ci/run installs it: apt-get install -y nats-server)")
+    nats = NatsServer(tmp_path / "nats").start()
+    servers = [replica(tmp_path / n, nats, n, tmp_path / "blobs", "--namespace", "code:flush_tokens=16,rank_model=true")
+               for n in ("a", "b")]
+    try:
+        for s in servers:
+            s.start()
+        for s in servers:
+            wait_ready(s)
+        for i, s in enumerate(servers):
+            rng = np.random.default_rng(i)
+            with CorpusClient(s.target, "code", timeout=10) as c:
+                c.start_request("q", rng.integers(0, 20, 60).tolist())
+                for _ in range(30):
+                    c.draft(["q"], 7)
+                    c.extend("q", rng.integers(0, 20, 2).tolist())
+                c.finish("q")
+                c.flush()
+
+        def learned_alike():
+            st = converged(servers)
+            stats = []
+            for s in servers:
+                with CorpusClient(s.target, "code", timeout=10) as c:
+                    stats.append(c.stats())
+            return st if st[0]["digest"] == st[1]["digest"] and stats[0]["rank_tested_nodes"] > 0 else None
+
+        deadline = time.monotonic() + 60
+        while not learned_alike():  # each replica publishes its observations every RANK_DELTA_INTERVAL_S
+            assert time.monotonic() < deadline, "the replicas never held one trained rank model"
+            time.sleep(0.2)
+    finally:
+        for s in servers:
+            if s.alive():
+                s.kill()
+        nats.kill()
