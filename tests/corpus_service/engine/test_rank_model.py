@@ -141,10 +141,10 @@ def test_state_is_bounded(tmp_path):
         c.save(tmp_path / f"s{steps}.ngc")
         sizes.append((tmp_path / f"s{steps}.ngc").stat().st_size)
     assert sizes[0] == sizes[1]
-    # A request keeps one draft's nodes, whatever its length: its per-step cost does not grow.
-    c = NgramCorpus(CorpusConfig(rank_model=True, rank_window=4))
+    # The smallest window halves the counts at every few tests: the model keeps learning, finitely.
+    c = NgramCorpus(CorpusConfig(rank_model=True, rank_window=2))
     train(c, 300)
-    assert np.all(np.isfinite(c.rank_weights()))
+    assert np.all(np.isfinite(c.rank_weights())) and c.stats()["rank_tested_nodes"] > 0
 
 
 def test_snapshot_round_trip(tmp_path):
