@@ -10,7 +10,9 @@ prompt lookup in pure Python (the cheapest drafting a verifier could do without 
 
 With --set, the engine runs the overridden CorpusConfig, and drafting and extending are also timed
 against the default config in the same run, alternating between the two engines (this machine's
-noise moves both alike), e.g. the cost of acceptance feedback: --set feedback=true.
+noise moves both alike), e.g. the cost of acceptance feedback: --set feedback=true, of the rank model:
+--set rank_model=true. The learned half of the traces is decoded step by step (draft, accept, commit),
+so the acceptance models are trained when the timed drafts run.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.acceptance import prompt_lookup_chain  # noqa: E402
+from bench.acceptance import accept_path, prompt_lookup_chain  # noqa: E402
 from bench.common import write_report  # noqa: E402
 from bench.traces import REPO, default_trace_files, load_traces  # noqa: E402
 from corpus_service import CorpusConfig, NgramCorpus  # noqa: E402
@@ -49,7 +51,14 @@ def build(config: CorpusConfig, traces: list, live: list[str]) -> NgramCorpus:
     half = len(traces) // 2
     for k, t in enumerate(traces[:half]):  # the learned corpus holds half of the traces
         corpus.start_request(f"w{k}", t.prompt_ids)
-        corpus.extend(f"w{k}", t.output_ids)
+        # Decoded as a verifier would (draft, accept, commit): the acceptance models learn from these
+        # steps, so drafts below are timed against trained tables, as in a running service.
+        out, i = t.output_ids, 0
+        while i < len(out):
+            toks, parents, _ = corpus.draft([f"w{k}"], 15).tree(0)
+            a = accept_path(toks, parents, out[i:])
+            corpus.extend(f"w{k}", out[i:i + a + 1])
+            i += a + 1
         corpus.finish(f"w{k}")
     corpus.synchronize()
     for rid, t in zip(live, traces[half:]):
