@@ -182,3 +182,23 @@ def delete_stream(nats: NatsServer, stream: str = "ngram-corpus") -> None:
 
 __all__ = ["NATS_SERVER", "NatsServer", "TOKEN", "commit", "converged", "delete_stream", "drafts",
            "drafts_continuation", "metrics", "replica", "status", "stream_config", "wait_for", "wait_ready"]
+
+
+def replica_cluster(tmp_path: Path, *common: str):
+    """Body of a ``cluster`` fixture: a nats-server and ``start(name, *extra)`` for replicas on it
+    (``common`` flags first); everything started is killed at teardown. Use with ``yield from``."""
+    nats = NatsServer(tmp_path / "nats").start()
+    started: list[ServerProcess] = []
+
+    def start(name: str, *extra: str) -> ServerProcess:
+        srv = replica(tmp_path / name, nats, name, tmp_path / "blobs", *common, *extra).start()
+        started.append(srv)
+        return srv
+
+    try:
+        yield nats, start
+    finally:
+        for srv in started:
+            if srv.alive():
+                srv.kill()
+        nats.kill()

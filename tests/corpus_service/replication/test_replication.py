@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from corpus_service.client import CorpusClient, CorpusUnavailable
-from tests.corpus_service.replication_fixtures import (NATS_SERVER, TOKEN, NatsServer, converged, replica, status,
+from tests.corpus_service.replication_fixtures import (NATS_SERVER, TOKEN, NatsServer, converged, replica, replica_cluster, status,
                                                        wait_for, wait_ready)
 from tests.corpus_service.service_fixtures import wait_job
 
@@ -35,19 +35,7 @@ def _runs(seed: int, n: int = 12) -> list[list[int]]:
 
 @pytest.fixture()
 def cluster(tmp_path):
-    nats = NatsServer(tmp_path / "nats").start()
-    started = []
-
-    def start(name: str, *extra: str):
-        srv = replica(tmp_path / name, nats, name, tmp_path / "blobs", *extra).start()
-        started.append(srv)
-        return srv
-
-    yield nats, start
-    for srv in started:
-        if srv.alive():
-            srv.kill()
-    nats.kill()
+    yield from replica_cluster(tmp_path)
 
 
 def test_two_replicas_converge_and_draft_from_each_others_commits(cluster):

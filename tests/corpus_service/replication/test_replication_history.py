@@ -10,7 +10,7 @@ import pytest
 
 from corpus_service.client import CorpusClient
 from corpus_service.protocol.status import CorpusFailedPrecondition
-from tests.corpus_service.replication_fixtures import (NATS_SERVER, TOKEN, NatsServer, converged, replica, status,
+from tests.corpus_service.replication_fixtures import (NATS_SERVER, TOKEN, converged, replica_cluster, status,
                                                        wait_for, wait_ready)
 
 pytestmark = pytest.mark.skipif(NATS_SERVER is None, reason="nats-server is not installed (.ci/run installs it: "
@@ -25,19 +25,7 @@ NAMESPACE = "hist:learned_weight=0,min_prob=0.01,history_max_age=2,flush_tokens=
 
 @pytest.fixture()
 def cluster(tmp_path):
-    nats = NatsServer(tmp_path / "nats").start()
-    started = []
-
-    def start(name: str, *extra: str):
-        srv = replica(tmp_path / name, nats, name, tmp_path / "blobs", "--namespace", NAMESPACE, *extra).start()
-        started.append(srv)
-        return srv
-
-    yield nats, start
-    for srv in started:
-        if srv.alive():
-            srv.kill()
-    nats.kill()
+    yield from replica_cluster(tmp_path, "--namespace", NAMESPACE)
 
 
 def rollout(target: str, rid: str, key: str, version: int | None = None, output=OUTPUT) -> None:

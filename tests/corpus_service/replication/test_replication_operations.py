@@ -15,7 +15,7 @@ from corpus_service.client import CorpusClient, CorpusUnavailable
 from corpus_service.client.sglang import RemoteNgramCorpus
 from corpus_service.protocol.status import CorpusResourceExhausted
 from tests.corpus_service.replication_fixtures import (NATS_SERVER, NatsServer, commit, converged, drafts_continuation,
-                                                       metrics, replica, status, stream_config, wait_for, wait_ready)
+                                                       metrics, replica_cluster, status, stream_config, wait_for, wait_ready)
 from tests.corpus_service.service_fixtures import ServerProcess
 
 pytestmark = pytest.mark.skipif(NATS_SERVER is None, reason="nats-server is not installed (.ci/run installs it: "
@@ -24,19 +24,7 @@ pytestmark = pytest.mark.skipif(NATS_SERVER is None, reason="nats-server is not 
 
 @pytest.fixture()
 def cluster(tmp_path):
-    nats = NatsServer(tmp_path / "nats").start()
-    started = []
-
-    def start(name: str, *extra: str):
-        srv = replica(tmp_path / name, nats, name, tmp_path / "blobs", *extra).start()
-        started.append(srv)
-        return srv
-
-    yield nats, start
-    for srv in started:
-        if srv.alive():
-            srv.kill()
-    nats.kill()
+    yield from replica_cluster(tmp_path)
 
 
 def test_retention_limits_apply_to_an_existing_stream(cluster):

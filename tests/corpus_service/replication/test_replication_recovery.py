@@ -9,8 +9,8 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.corpus_service.replication_fixtures import (NATS_SERVER, NatsServer, commit, converged, delete_stream,
-                                                       drafts_continuation, metrics, replica, status, wait_for,
+from tests.corpus_service.replication_fixtures import (NATS_SERVER, commit, converged, delete_stream,
+                                                       drafts_continuation, metrics, replica_cluster, status, wait_for,
                                                        wait_ready)
 
 pytestmark = pytest.mark.skipif(NATS_SERVER is None, reason="nats-server is not installed (.ci/run installs it: "
@@ -19,19 +19,7 @@ pytestmark = pytest.mark.skipif(NATS_SERVER is None, reason="nats-server is not 
 
 @pytest.fixture()
 def cluster(tmp_path):
-    nats = NatsServer(tmp_path / "nats").start()
-    started = []
-
-    def start(name: str, *extra: str):
-        srv = replica(tmp_path / name, nats, name, tmp_path / "blobs", "--snapshot-interval-s", "0", *extra).start()
-        started.append(srv)
-        return srv
-
-    yield nats, start
-    for srv in started:
-        if srv.alive():
-            srv.kill()
-    nats.kill()
+    yield from replica_cluster(tmp_path, "--snapshot-interval-s", "0")
 
 
 def _docs(seed: int, n: int) -> list[list[int]]:
