@@ -48,7 +48,7 @@ def median_us(fn, repeats: int) -> float:
 
 
 def run(traces, B: int, repeats: int) -> dict[str, float]:
-    drafter = Drafter("local")
+    drafter = Drafter()
     ids = [f"r{i}" for i in range(B)]
     for rid, t in zip(ids, traces):
         drafter.start_request(rid, t.prompt_ids + t.output_ids[: len(t.output_ids) // 2])

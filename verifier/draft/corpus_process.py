@@ -43,10 +43,13 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 from corpus_service import DraftBatch
+
+from .calls import Call, apply
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +64,26 @@ MAX_FRAME_BYTES = 1 << 30
 # it) learns this verifier's outputs anyway.
 FLUSH_AFTER_S = 0.1
 _READ_BYTES = 1 << 16
-CALL_METHODS = ("start_request", "extend_many", "finish")
 # While the corpus is down the child asks it for its Stats this often (a flush with nothing pending
 # sends nothing, so it cannot tell that the corpus is back).
 PROBE_S = 0.5
-REACHABLE_NOTE = "(the corpus answers again)"  # an error frame's text that ends an outage
+
+
+class Note(NamedTuple):
+    """A failed corpus call (or the end of an outage), as the drafter's health takes it: ``code``
+    is the gRPC status code's name (``UNAVAILABLE``; "" for an error of no call: a bug, a dead
+    child), ``text`` says it as ``Type: message``."""
+
+    code: str
+    text: str
+
+
+REACHABLE_NOTE = Note("OK", "(the corpus answers again)")  # the note that ends an outage
+
+
+def note_of(e: BaseException) -> Note:
+    code = getattr(e, "code", None)
+    return Note(code.name if hasattr(code, "name") else "", f"{type(e).__name__}: {e}")
 
 
 @dataclass
@@ -137,7 +155,7 @@ class Ticket:
     id: int
     done_: bool = False
     batch: DraftBatch | None = None
-    error: str = ""
+    error: Note | None = None
     capped: bool = False  # the corpus refused the deep tree; this one has ``budget`` nodes
     asked_at: float = 0.0  # time.monotonic() when it was asked
 
@@ -164,7 +182,7 @@ class ClientProcess:
 
     settings: ClientSettings
     start_timeout_s: float = 60.0
-    errors: list[str] = field(default_factory=list)  # notes from the child, taken by the drafter
+    errors: list[Note] = field(default_factory=list)  # notes from the child, taken by the drafter
     dead: str = ""
 
     def __post_init__(self) -> None:
@@ -183,7 +201,7 @@ class ClientProcess:
             select.select([self._rfd], [], [], max(0.0, deadline - time.monotonic()))
             self.poll()
         if not self._ready:
-            why = self.errors[0] if self.errors else f"no answer within {self.start_timeout_s} s"
+            why = self.errors[0].text if self.errors else f"no answer within {self.start_timeout_s} s"
             self.close()
             raise ValueError(f"corpus client for {self.settings.target}: {why}")
 
@@ -194,7 +212,7 @@ class ClientProcess:
         """The child's process id (benchmarks read its CPU time)."""
         return self._proc.pid
 
-    def calls(self, calls: list[tuple[str, tuple]]) -> None:
+    def calls(self, calls: list[Call]) -> None:
         """Runs the client's methods in the child, in order, without waiting."""
         if calls:
             self._send(("calls", calls))
@@ -203,7 +221,7 @@ class ClientProcess:
         self._next += 1
         t = self._tickets[self._next] = Ticket(self, self._next, asked_at=time.monotonic())
         if self.dead:
-            self._finish(t, None, self.dead)
+            self._finish(t, None, Note("UNAVAILABLE", self.dead))
         else:
             self._send(("draft", t.id, req_ids, nodes, budget))
         return t
@@ -297,25 +315,26 @@ class ClientProcess:
             t = self._tickets.get(tid)
             if t is not None:
                 t.capped = capped
-                self._finish(t, DraftBatch(*arrays), "")
+                self._finish(t, DraftBatch(*arrays), None)
         elif kind == "error":
-            _, tid, text = msg
+            _, tid, note = msg
             t = self._tickets.get(tid) if tid is not None else None
             if t is not None:
-                self._finish(t, None, text)
+                self._finish(t, None, note)
             else:
-                self.errors.append(text)
+                self.errors.append(note)
 
-    def _finish(self, t: Ticket, batch: DraftBatch | None, error: str) -> None:
+    def _finish(self, t: Ticket, batch: DraftBatch | None, error: Note | None) -> None:
         t.batch, t.error, t.done_ = batch, error, True
         self._tickets.pop(t.id, None)
 
     def _died(self, why: str) -> None:
         code = self._proc.poll()
         self.dead = f"CorpusUnavailable: the corpus client process stopped ({why}; exit code {code})"
+        note = Note("UNAVAILABLE", self.dead)
         for t in list(self._tickets.values()):
-            self._finish(t, None, self.dead)
-        self.errors.append(self.dead)
+            self._finish(t, None, note)
+        self.errors.append(note)
 
 
 # The child's first statement: the parent's module search path in place of its own. ``python -m``
@@ -422,12 +441,12 @@ async def _relay(rfd: int, wfd: int) -> int:
         nonlocal down
         if not isinstance(e, (CorpusError, ValueError)):  # a bug here must not stop the child
             log.exception("corpus client process: %s", what)
-        text = f"{type(e).__name__}: {e}"
-        if unreachable(text):
+        note = note_of(e)
+        if unreachable(note.text):
             if down and ticket is None:
                 return  # said once per outage
             down = True
-        send(("error", ticket, text))
+        send(("error", ticket, note))
 
     def answered() -> None:
         nonlocal down
@@ -506,21 +525,19 @@ async def _relay(rfd: int, wfd: int) -> int:
                                                tls=s.tls, breaker=CircuitBreaker(failure_threshold=2,
                                                                                  cooldown_s=s.breaker_cooldown_s))
                 except Exception as e:  # reported to the constructor, which raises it
-                    send(("error", None, f"{type(e).__name__}: {e}"))
+                    send(("error", None, note_of(e)))
                     return 2
                 send(("ready",))
             elif kind == "calls":
-                for method, args in msg[1]:
+                for call in msg[1]:
                     try:
-                        if method not in CALL_METHODS:
-                            raise ValueError(f"unknown call {method!r}")
                         # Awaited: a buffered call sends the pending step itself when it must (a
                         # restarted id finished in it, too many buffered tokens).
-                        await getattr(client, method)(*args)
+                        await apply(client, call)
                     except BrokenPipeError:
                         raise
                     except Exception as e:
-                        report(None, e, method)
+                        report(None, e, type(call).__name__)
             elif kind == "draft":
                 _, tid, ids, nodes, budget = msg
                 try:

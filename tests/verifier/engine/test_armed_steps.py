@@ -33,7 +33,7 @@ STEEP = CostModel([1, 64], [1e-3, 64e-3])
 
 
 def _run(lm, arm: bool, pattern=None, cost=FLAT, **config):
-    eng = Engine(lm.model, lm.codec, Drafter("local", vocab_size=lm.model.config.vocab_size),
+    eng = Engine(lm.model, lm.codec, Drafter(vocab_size=lm.model.config.vocab_size),
                  EngineConfig(max_batch=3, max_len=128, max_budget=4, arm_steps=arm, **config), cost=cost)
     if pattern is not None:  # the policy's decisions, scripted: drafting and plain steps in turn
         decisions = itertools.cycle(pattern)
