@@ -3,31 +3,11 @@ through a real server on 127.0.0.1, errors reported back, and a child that dies.
 
 import time
 
-import numpy as np
 import pytest
 
-from corpus_service.engine.corpus import DraftBatch
 from verifier.draft.calls import Extend, Finish, StartRequest
-from verifier.draft.corpus_process import ClientProcess, ClientSettings, _Frames, _frame, _trees_frame
+from verifier.draft.corpus_process import ClientProcess, ClientSettings
 from verifier.draft.drafter import CorpusEndpoint, DraftConfig, Drafter
-
-
-def test_frames_round_trip_split_anywhere():
-    b = DraftBatch(np.arange(6, dtype=np.int32).reshape(2, 3), np.array([[-1, 0, 1], [-1, -1, -1]], np.int32),
-                   np.array([[0.9, 0.5, 0.25], [0.5, 0, 0]], np.float32), np.array([3, 1], np.int32))
-    data = _frame(("calls", [("finish", ("r",))])) + _trees_frame(7, b, True) + _frame(("error", None, "x"))
-    frames = _Frames()
-    got = []
-    for i in range(0, len(data), 5):  # a pipe delivers arbitrary pieces
-        got += frames.feed(data[i:i + 5])
-    assert got[0] == ("calls", [("finish", ("r",))]) and got[2] == ("error", None, "x")
-    kind, ticket, arrays, capped = got[1]
-    assert (kind, ticket, capped) == ("result", 7, True)
-    for want, have in zip((b.tokens, b.parents, b.probs, b.counts), arrays):
-        assert have.dtype == want.dtype and np.array_equal(have, want)
-    arrays[0][0, 0] = 5  # the decoded arrays are the caller's to change
-    with pytest.raises(ValueError, match="frame kind"):
-        _Frames().feed(b"\x01\x00\x00\x00\x09x")
 
 
 def test_answers_through_a_real_server(corpus_server):
