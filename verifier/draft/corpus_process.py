@@ -283,8 +283,12 @@ def draft_capped(client, req_ids: list[str], nodes: int, budget: int) -> tuple[D
 
 def _refused_depth(e: Exception, nodes: int, budget: int) -> bool:
     """Whether a draft of ``nodes`` > ``budget`` nodes failed because the corpus refuses trees that
-    large (then a step's ``budget`` is asked instead)."""
-    return nodes > budget and "budget" in str(e)
+    large (then a step's ``budget`` is asked instead): by the error's class, which a remote corpus'
+    OUT_OF_RANGE status code maps to, never by its text."""
+    from corpus_service.client import CorpusOutOfRange
+    from corpus_service.exceptions import BudgetTooLargeError
+
+    return nodes > budget and isinstance(e, (CorpusOutOfRange, BudgetTooLargeError))
 
 
 # ---------------------------------------------------------------------- child side
@@ -357,7 +361,7 @@ async def _relay(rfd: int, wfd: int) -> int:
         if not isinstance(e, (CorpusError, ValueError)):  # a bug here must not stop the child
             log.exception("corpus client process: %s", what)
         note = note_of(e)
-        if unreachable(note.text):
+        if unreachable(note):
             if down and ticket is None:
                 return  # said once per outage
             down = True

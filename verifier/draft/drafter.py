@@ -57,7 +57,7 @@ from .ask_gate import AskGate
 from .calls import Call, Extend, Finish, StartRequest
 from .config import REMOTE_ASKS, REMOTE_CLIENTS, REMOTE_DRAFT_MODES, CorpusEndpoint, DraftConfig, auto_draft_threads
 from .corpus_health import BackgroundCheck, CorpusHealth, NamespaceMismatch, unreachable
-from .corpus_process import REACHABLE_NOTE, Note
+from .messages import REACHABLE_NOTE, Note, note_of
 from .sources import AWAIT_AHEAD_S, GIL_SWITCH_INTERVAL_S, InProcessSource, Pending, remote_source
 
 __all__ = ["Drafter", "DraftStats", "DraftConfig", "CorpusEndpoint", "auto_draft_threads", "AWAIT_AHEAD_S",
@@ -330,11 +330,11 @@ class Drafter:
             self.close()
             raise
         except (CorpusError, OSError) as e:
-            text = f"{type(e).__name__}: {e}"
-            if not unreachable(text):
+            note = note_of(e)
+            if not unreachable(note):
                 self.close()  # a token or TLS setting the corpus refuses: a configuration error
-                raise ValueError(f"corpus {self.target}: the namespace check failed: {text}") from None
-            self.health.failure(text)
+                raise ValueError(f"corpus {self.target}: the namespace check failed: {note.text}") from None
+            self.health.failure(note)
             self._held, self.health.remote_drafting = True, False
             log.warning("corpus %s: namespace %r is checked once the corpus answers (every %.0f s); until then "
                         "this verifier drafts in process and sends the corpus nothing", self.target,
@@ -406,7 +406,7 @@ class Drafter:
         """A failed call, counted; logged once per outage (or per kind of refusal) by the health."""
         self.stats.remote_errors += 1
         self.stats.last_error = note.text
-        self.health.failure(note.text, asked_at)
+        self.health.failure(note, asked_at)
 
     def _ask_ahead(self, req_ids: list[str], budget: int) -> bool:
         """Queues the remote draft of the next step's trees (after every queued extend, so it sees

@@ -10,7 +10,7 @@ from engine_fixtures import serve_api
 
 from tests.corpus_service.service_fixtures import ServerProcess
 from verifier.draft.calls import Extend, StartRequest
-from verifier.draft.corpus_process import REACHABLE_NOTE, ClientProcess, ClientSettings
+from verifier.draft.corpus_process import REACHABLE_NOTE, Note, ClientProcess, ClientSettings
 from verifier.draft.drafter import DraftConfig, Drafter
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add("
@@ -102,7 +102,7 @@ def test_a_flapping_corpus_is_counted_not_logged_per_flap(caplog, monkeypatch):
     now = [1000.0]
     monkeypatch.setattr(ch.time, "monotonic", lambda: now[0])
     h = ch.CorpusHealth("127.0.0.1:1", "smollm2")
-    down = "CorpusUnavailable: circuit open for another 0.12s"
+    down = Note("UNAVAILABLE", "CorpusUnavailable: circuit open for another 0.12s")
     with caplog.at_level(logging.WARNING, logger="verifier.corpus"):
         for _ in range(50):  # 50 flaps of 20 ms each, 20 ms apart
             h.failure(down)
@@ -120,8 +120,8 @@ def test_a_flapping_corpus_is_counted_not_logged_per_flap(caplog, monkeypatch):
         assert h.unreachable
         h.success()
         assert len(caplog.records) == 4 and "reachable again" in caplog.records[-1].getMessage()
-        h.failure("CorpusUnavailable: x", asked_at=now[0] - 1)  # asked before it ended: that outage's
+        h.failure(Note("UNAVAILABLE", "CorpusUnavailable: x"), asked_at=now[0] - 1)  # asked before it ended: that outage's
         assert not h.unreachable and h.outages == 51
         for i in range(20):  # a refused call (not an outage) is logged once per kind
-            h.failure(f"CorpusNotFound: unknown request 'r{i}'")
+            h.failure(Note("NOT_FOUND", f"CorpusNotFound: unknown request 'r{i}'"))
         assert len(caplog.records) == 5 and not h.unreachable

@@ -260,3 +260,18 @@ def test_a_plain_install_started_from_the_checkout_root(corpus_server, tmp_path)
                          timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.startswith(str(purelib / "corpus_service")) and out.stdout.strip().endswith("[3]"), out.stdout
+
+
+def test_a_refused_depth_is_known_by_its_code_not_its_text():
+    """Only OUT_OF_RANGE (the corpus' --max-budget) or the engine's BudgetTooLargeError asks again
+    at a step's budget; another refusal that happens to say "budget" is an error."""
+    from corpus_service.client import CorpusOutOfRange
+    from corpus_service.exceptions import BudgetTooLargeError
+    from corpus_service.protocol.status import CorpusInvalidArgument
+    from verifier.draft.corpus_process import _refused_depth
+
+    assert _refused_depth(CorpusOutOfRange("too deep"), 8, 4)
+    assert _refused_depth(BudgetTooLargeError("too deep"), 8, 4)
+    assert not _refused_depth(CorpusOutOfRange("too deep"), 4, 4)  # nothing smaller to ask for
+    assert not _refused_depth(CorpusInvalidArgument("draft.budget: expected an int >= 1"), 8, 4)
+    assert not _refused_depth(ValueError("budget"), 8, 4)
