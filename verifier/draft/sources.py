@@ -16,8 +16,8 @@ answer is done at once, a remote one arrives later), ``close`` and ``stats``.
   batch 1: remote drafting went from 1,280 to 1,424 tok/s with it).
 
 Remote sources hold the request operations (``held``) until ``send`` hands them to the client in
-one piece: the drafter decides when (``Drafter.dispatch``), and a draft request always follows every
-operation before it. Their failures come back as ``Note``s (``take_notes``): the drafter counts them
+one piece: the drafter decides when (``Drafter.dispatch``), and ``draft`` sends them first, so a
+draft request always follows every operation before it. Their failures come back as ``Note``s (``take_notes``): the drafter counts them
 and its ``CorpusHealth`` says an outage once.
 """
 
@@ -110,7 +110,8 @@ class Answered:
 
 
 class InProcessSource:
-    """An ``NgramCorpus`` in this process: every operation runs now, natively."""
+    """An ``NgramCorpus`` in this process: every operation runs now, natively; a bad call (an
+    unknown request) raises at once, as the corpus does: it is the caller's mistake, not an outage."""
 
     target = "local"
 
@@ -197,6 +198,7 @@ class ChildProcessSource(_RemoteSource):
         self.proc.calls(calls)  # the child sends them on at least every FLUSH_AFTER_S
 
     def draft(self, req_ids: list[str], nodes: int, budget: int) -> Ticket:
+        self.send()  # a draft follows every operation before it
         return self.proc.draft(req_ids, nodes, budget)
 
     def take_notes(self) -> list[Note]:
@@ -321,6 +323,7 @@ class ThreadSource(_RemoteSource):
                 self._notes.append(note_of(e))
 
     def draft(self, req_ids: list[str], nodes: int, budget: int) -> FutureTicket:
+        self.send()  # a draft follows every operation before it
         self._sent_at = asked_at = time.monotonic()
         return FutureTicket(self._pool.submit(self._draft, list(req_ids), nodes, budget), asked_at)
 
