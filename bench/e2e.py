@@ -214,7 +214,6 @@ def run_spec(mode: str, lm, B: int, prompts: list[list[int]], base: dict, target
                   EngineConfig(max_batch=B, max_len=max_len, budget=budget, max_budget=args.max_budget,
                                refill_group=min(args.refill_group, B),
                                overlap_spec_plain=args.overlap_spec_plain,
-                               arm_steps=args.arm_steps,
                                cost_probe_s=args.cost_probe_s, cuda_graphs=not args.eager, compile=not args.eager))
     # The CPU the run got: the cgroup's throttling, and what the engine's process, the corpus
     # server and the client child used (docs/benchmarks.md: remote runs vary more than local ones).
@@ -273,7 +272,7 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
                  "model": lm.name, "params_M": round(lm.model.config.num_params / 1e6, 1), "dtype": str(dtype),
                  "load_s": round(time.perf_counter() - t0, 2), "max_new": args.max_new, "budget": args.budget,
                  "refill_group": args.refill_group, "overlap_plain": args.overlap_plain,
-                 "overlap_spec_plain": args.overlap_spec_plain, "arm_steps": args.arm_steps,
+                 "overlap_spec_plain": args.overlap_spec_plain,
                  "draft_threads": args.draft_threads,
                  "max_budget": args.max_budget, "batches": {}}
     trace = data_dir(args.data_dir) / "traces" / TRACE
@@ -584,9 +583,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="plain decoding one step ahead of the host (EngineConfig.overlap_plain, the default)")
     p.add_argument("--overlap-spec-plain", action=argparse.BooleanOptionalAction, default=True,
                    help="speculative engines overlap their plain steps too (EngineConfig.overlap_spec_plain, the default)")
-    p.add_argument("--arm-steps", action=argparse.BooleanOptionalAction, default=False,
-                   help="speculative engines enqueue each drafting step behind a gate while the previous one runs "
-                        "(EngineConfig.arm_steps; off by default)")
     p.add_argument("--refill-group", type=int, default=0,
                    help="EngineConfig.refill_group of the SmolLM2 engines (0 = max_batch // 8; 1 = refill at once)")
     p.add_argument("--step-log", action="store_true",

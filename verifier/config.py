@@ -78,9 +78,6 @@ class VerifierConfig:
     overlap_plain: bool = flag(True, "plain decoding runs each step one ahead of the host's commits (greedy, "
                                      "CUDA graphs)", "true/false")
     overlap_spec_plain: bool = flag(True, "the same for the plain steps of a speculative engine", "true/false")
-    arm_steps: bool = flag(
-        False, "enqueue a speculative engine's next drafting step while the current one runs, behind a gate its "
-        "drafts open (cuda graphs; slower on the H200 so far)", "true/false")
     log_level: str = flag("INFO", "logging threshold", ", ".join(LOG_LEVELS) + " (any case)")
 
     def __post_init__(self) -> None:
@@ -142,8 +139,7 @@ class VerifierConfig:
                             max_budget=self.max_budget, cost_probe_s=self.cost_probe_s, cuda_graphs=self.cuda_graphs,
                             compile=self.compile, capture_at_start=self.capture_at_start,
                             native_linear=self.native_linear, refill_group=self.refill_group,
-                            overlap_plain=self.overlap_plain, overlap_spec_plain=self.overlap_spec_plain,
-                            arm_steps=self.arm_steps)
+                            overlap_plain=self.overlap_plain, overlap_spec_plain=self.overlap_spec_plain)
 
 
 def parse_bool(v: str | bool) -> bool:
