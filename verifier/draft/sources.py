@@ -46,7 +46,7 @@ GIL_SWITCH_INTERVAL_S = 2e-4  # see the module docstring
 # child process' answer is a non-blocking read instead, so the engine polls the GPU between reads as
 # tightly as a local step's event wait spins: a 10 us select() slept ~60 us (the kernel's default
 # 50 us timer slack), and the H200's batch-1 remote drafting step spent 23 us more in its forward
-# phase than a local one (0.995 vs 0.972 ms, measured 2026-11).
+# phase than a local one (0.995 vs 0.972 ms; docs/benchmarks.md).
 AWAIT_AHEAD_S = 1e-5
 # A dead client process is replaced at once if it had run for STABLE_CHILD_S; otherwise (a crash
 # loop, or a replacement that does not start) after a delay that doubles each time, up to the maximum.
