@@ -10,6 +10,7 @@ baselines: prompt lookup (longest suffix n = 3..1 in the context, a chain) and t
   python bench/acceptance.py --budget 15 --mode prob --replicas 4 --trace humaneval164_greedy.jsonl
   python bench/acceptance.py --concurrent-samples    # n samples of a prompt at once, without and with groups
   python bench/acceptance.py --bound                 # also the perfect-ranking bound of the engine's candidates
+  python bench/acceptance.py --ranking today,feedback,model   # the rankings side by side (docs/ranking.md)
 
 The bound (``--bound``) replays the same trace with every candidate the engine can find (up to
 1,024 occurrences per source, long chain walks, full continuations) kept in the tree to depth B,
@@ -235,6 +236,56 @@ def captured(run: dict, bound: dict) -> float:
     return (run["mat"] - 1) / max(bound["mat"] - 1, 1e-9)
 
 
+# The rankings --ranking compares, as CorpusConfig changes of the run's config.
+RANKINGS = {
+    "today": {"feedback": False, "rank_model": False},
+    "feedback": {"feedback": True, "rank_model": False},
+    "model": {"feedback": False, "rank_model": True},
+}
+
+
+def main_ranking(args: argparse.Namespace, config: CorpusConfig, budgets: list[int]) -> dict:
+    """Same-run comparison of rankings: each trace and budget replayed once per ranking, in turn, so
+    the machine's load falls on all of them alike; MAT, accepted tokens per drafted node, drafted nodes
+    per step and the draft and extend costs, each ranking's MAT as a ratio of the first one's."""
+    names = [n.strip() for n in args.ranking.split(",") if n.strip()]
+    unknown = [n for n in names if n not in RANKINGS]
+    if unknown or not names:
+        raise SystemExit(f"--ranking: expected names from {sorted(RANKINGS)}, got {args.ranking!r}")
+    files = args.trace or [str(p) for p in default_trace_files()]
+    out = Path(args.out if args.out != str(REPO / "bench" / "results" / "acceptance.json")
+               else REPO / "bench" / "results" / "acceptance_ranking.json")
+    results = {"config": {k: getattr(config, k) for k in config.__slots__}, "mode": "ranking", "rankings": names,
+               "runs": []}
+    for f in files:
+        traces = load_traces(f, args.limit)
+        for b in budgets:
+            run = {"trace": Path(f).name, "budget": b, "requests": len(traces)}
+            for name in names:
+                run[name] = replay_engine(traces, b, config.replace(**RANKINGS[name]), args.replicas)
+            if args.bound:
+                run["bound"] = replay_engine(traces, BOUND_WIDTH, bound_config(config, b), args.replicas)
+            base = run[names[0]]
+            results["runs"].append(run)
+            parts = []
+            for name in names:
+                r = run[name]
+                parts.append(f"{name} MAT {r['mat']:.3f} ({r['mat'] / base['mat']:.3f}x, {r['accepted_per_drafted_node']:.3f} "
+                             f"acc/node, {r['drafted_nodes_per_step']:.2f} nodes/step, draft {r['us_per_draft_engine']:.2f} us, "
+                             f"extend {r['us_per_extend']:.2f} us)")
+            line = f"{Path(f).stem} B={b}: " + " | ".join(parts)
+            if "bound" in run:
+                line += f" | bound {run['bound']['mat']:.3f}"
+            print(line, flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1, default=str))
+    last = names[-1]
+    print(f"SUMMARY acceptance ranking {last} vs {names[0]}: MAT "
+          + " ".join(f"{r[last]['mat']:.3f} ({r[last]['mat'] / r[names[0]]['mat']:.3f}x)" for r in results["runs"])
+          + f" -> {out}")
+    return results
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", action="append", help="trace file (repeatable); default: the shipped dev traces")
@@ -249,6 +300,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--bound", action="store_true",
                     help="also replay the perfect-ranking bound: every candidate's path to depth B at any width "
                          "(at every step, what no ordering of the engine's candidates can beat with B nodes)")
+    ap.add_argument("--ranking", default=None, metavar="NAMES",
+                    help=f"compare rankings in the same run, comma-separated from {sorted(RANKINGS)} "
+                         "(e.g. today,feedback,model); with --bound also the perfect-ranking bound")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="CorpusConfig override")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "acceptance.json"))
     args = ap.parse_args(argv)
@@ -263,6 +317,8 @@ def main(argv: list[str] | None = None) -> dict:
     budgets = args.budget or [7, 15]
     if args.concurrent_samples:
         return main_concurrent(args, config, budgets)
+    if args.ranking:
+        return main_ranking(args, config, budgets)
     files = args.trace or [str(p) for p in default_trace_files()]
     results = {"config": {k: getattr(config, k) for k in config.__slots__}, "replicas": args.replicas, "runs": []}
     lines = []

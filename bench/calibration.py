@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.acceptance import accept_path  # noqa: E402
+from bench.common import write_report  # noqa: E402
 from bench.traces import REPO, default_trace_files, load_traces  # noqa: E402
 from corpus_service import CorpusConfig, NgramCorpus  # noqa: E402
 
@@ -90,11 +91,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"  {name:>7}: " + "  ".join(f"{r['predicted']:.2f}->{r['observed']:.2f} ({r['tested']})" for r in rows))
     res = {"trace": Path(args.trace).name, "budget": args.budget, "feedback": config.feedback,
            "mat": tokens_out / max(steps, 1), "tested_nodes": tested, "ece": ece, "table": table}
-    out_path = Path(args.out)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(res, indent=1))
-    print(f"SUMMARY calibration {res['trace']} B={args.budget} feedback={config.feedback}: ECE {ece:.3f} over "
-          f"{tested} tested nodes, MAT {res['mat']:.3f} -> {out_path}")
+    write_report(args.out, res, {"trace": res["trace"], "budget": args.budget, "feedback": config.feedback,
+                                 "ece": round(ece, 4), "tested_nodes": tested, "mat": round(res["mat"], 4)})
     return res
 
 

@@ -32,8 +32,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.common import ADMIN_TOKEN as TOKEN, CorpusServer, persistent_server, write_report  # noqa: E402
 from corpus_service.client import CorpusClient, RemoteNgramCorpus  # noqa: E402
-from tests.corpus_service.service_fixtures import TOKEN, ServerProcess  # noqa: E402
 
 NS = "default"
 PROBE = 8  # context tokens of a draft probe
@@ -70,7 +70,7 @@ def _ids(rng: random.Random, n: int) -> list[int]:
 class Workload(threading.Thread):
     """Acknowledged operations in a loop until the server dies (or ``stop`` is set)."""
 
-    def __init__(self, srv: ServerProcess, exp: Expected, rng: random.Random, trial: int) -> None:
+    def __init__(self, srv: CorpusServer, exp: Expected, rng: random.Random, trial: int) -> None:
         super().__init__(daemon=True)
         self.srv, self.exp, self.rng, self.trial = srv, exp, rng, trial
         self.stop = threading.Event()
@@ -165,7 +165,7 @@ def continues(client: CorpusClient, rid: str, seq: list[int]) -> bool:
     return has_path(list(tokens), list(parents), seq[PROBE:PROBE + CHECK])
 
 
-def wait_uploads_ready(srv: ServerProcess, must: set[str], may: set[str] = frozenset(), timeout: float = 120.0) -> dict[str, dict]:
+def wait_uploads_ready(srv: CorpusServer, must: set[str], may: set[str] = frozenset(), timeout: float = 120.0) -> dict[str, dict]:
     """The corpus list once every name in ``must`` is built and every listed name in ``may`` too
     (restarts rebuild acknowledged uploads in the background)."""
     deadline = time.monotonic() + timeout
@@ -179,7 +179,7 @@ def wait_uploads_ready(srv: ServerProcess, must: set[str], may: set[str] = froze
             time.sleep(0.05)
 
 
-def verify(srv: ServerProcess, exp: Expected, data_dir: Path, expect_snapshot_error: bool = False,
+def verify(srv: CorpusServer, exp: Expected, data_dir: Path, expect_snapshot_error: bool = False,
            timeout: float = 120.0) -> tuple[list[str], int, int]:
     """Checks every acknowledgement against the restarted server; returns (failures, uploads, durable)."""
     failures = []
@@ -229,9 +229,9 @@ def corrupt_snapshot(path: Path, rng: random.Random) -> str:
     return f"flipped a bit of byte {i} of {len(data)}"
 
 
-def _server(data_dir: Path, snapshot_interval_s: float) -> ServerProcess:
+def _server(data_dir: Path, snapshot_interval_s: float) -> CorpusServer:
     # No admin rate limit: the workload's uploads, deletes and snapshots come as fast as the server acknowledges them.
-    return ServerProcess(data_dir, "--snapshot-interval-s", str(snapshot_interval_s), "--max-upload-bytes", "10000000",
+    return persistent_server(data_dir, "--snapshot-interval-s", str(snapshot_interval_s), "--max-upload-bytes", "10000000",
                          "--admin-rate-per-s", "0")
 
 
@@ -317,12 +317,7 @@ def main() -> None:
         "wall_s": round(time.monotonic() - t0, 1),
         "results": [r.__dict__ for r in results],
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(summary, indent=1))
-    print(f"crash_soak: {len(results)} kill -9 trials, {len(failed)} failed; "
-          f"{summary['acknowledged_uploads_checked']} acknowledged-upload and {summary['durable_commits_checked']} "
-          f"snapshotted-commit checks, {summary['corrupted_snapshots']} corrupt snapshots refused; ops {ops}; "
-          f"restart <= {summary['restart_s_max']:.2f}s; {summary['wall_s']}s")
+    write_report(args.out, summary, {k: v for k, v in summary.items() if k != "results"})
     sys.exit(1 if failed else 0)
 
 

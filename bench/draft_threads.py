@@ -27,6 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import write_report  # noqa: E402
 from bench.traces import default_trace_files, load_traces  # noqa: E402
 from corpus_service import NgramCorpus  # noqa: E402
 
@@ -96,8 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         summary[f"b{B}_compact_ratio"] = row["draft_compact"]["ratio"]
         print(f"B={B}: " + json.dumps(row), flush=True)
     res["summary"] = summary
-    Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
-    print("SUMMARY " + json.dumps(summary), flush=True)
+    write_report(args.out, res, summary)
     ok = all(r[k]["identical"] for r in res["batches"].values() for k in r)
     return 0 if ok else 1
 

@@ -51,6 +51,7 @@ from verifier.step.sampling import SamplingParams  # noqa: E402
 from verifier.step.structured_spec import GrammarSpec  # noqa: E402
 
 from bench import penalty_workload, structured_workload  # noqa: E402
+from bench.common import CorpusServer, median_run, write_report  # noqa: E402
 from bench.host_cpu import CpuWatch, cpu_limit  # noqa: E402
 
 TRACE = "specbench_dev120_greedy.jsonl"
@@ -183,12 +184,6 @@ def step_summary(log: list[list[float]]) -> dict:
     return out
 
 
-def start_server(tmp: str):
-    from verifier.demo import _start_server
-
-    return _start_server(tmp)
-
-
 # ---------------------------------------------------------------------------- part 1: SmolLM2
 
 def run_spec(mode: str, lm, B: int, prompts: list[list[int]], base: dict, target: str | None, max_len: int,
@@ -216,7 +211,7 @@ def run_spec(mode: str, lm, B: int, prompts: list[list[int]], base: dict, target
                                overlap_spec_plain=args.overlap_spec_plain,
                                cost_probe_s=args.cost_probe_s, cuda_graphs=not args.eager, compile=not args.eager))
     # The CPU the run got: the cgroup's throttling, and what the engine's process, the corpus
-    # server and the client child used (docs/benchmarks.md: remote runs vary more than local ones).
+    # server and the client child used (docs/history/2026-12.md: remote runs vary more than local ones).
     pids = {"engine": os.getpid()}
     if server_pid is not None and remote:
         pids["server"] = server_pid
@@ -294,7 +289,8 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
     tmp = tempfile.TemporaryDirectory()
     if any(m.startswith("remote") for m in args.corpus):
         try:
-            server, target = start_server(tmp.name)
+            server = CorpusServer(tmp.name).start()
+            target = server.target
             res["remote_server"] = target
         except Exception as e:  # report, don't crash: the rest of the benchmark still runs
             res["remote_error"] = f"{type(e).__name__}: {e}"[-600:]  # the tail names the cause
@@ -322,12 +318,11 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
             for _ in range(args.rounds):
                 for mode in args.corpus:
                     r = run_spec(mode, lm, B, prompts, base, target, max_len, budget, args,
-                                 server_pid=server.pid if server is not None else None)
+                                 server_pid=server.proc.pid if server is not None else None)
                     if r is not None:
                         runs.setdefault(mode, []).append(r)
             for mode, rs in runs.items():
-                rs_sorted = sorted(rs, key=lambda r: r["tok_s"])
-                row[mode] = rs_sorted[(len(rs) - 1) // 2]  # the median run (the lower one of two)
+                row[mode] = median_run(rs, "tok_s")
                 if len(rs) > 1:
                     # What each round's speed went with (the rounds of one mode vary by up to 20% on
                     # the H200 while plain decoding varies by 1%): its acceptance, its step time, and
@@ -348,7 +343,7 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
                         pairs = [ratio(a["tok_s"], b["tok_s"]) for a, b in zip(runs[m], runs["local"])]
                         row[f"{m}_vs_local_rounds"] = pairs
                         # The paired statistic: the host's slow and fast spells fall on both runs
-                        # of a pair, where the ratio of median runs mixes spells (docs/benchmarks.md).
+                        # of a pair, where the ratio of median runs mixes spells (docs/history/2026-12.md).
                         row[f"{m}_vs_local_median_round"] = round(statistics.median(pairs), 3)
                         # All rounds pooled (tokens over seconds of each mode): the expected ratio,
                         # where each round is one draw of an engine instance's speed.
@@ -362,8 +357,7 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
                 "min_mat_vs_median") if k in row[m]} for m in row if isinstance(row[m], dict)}), flush=True)
     finally:
         if server is not None:
-            server.terminate()
-            server.wait(30)
+            server.stop()
         tmp.cleanup()
     return res
 
@@ -629,11 +623,13 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     parts: dict = {"smollm2": None, "llama3_8b_shape": None, "structured": None, "penalties": None}
 
-    def write() -> dict:  # after every part: a later part that fails or times out keeps the earlier ones
+    def report() -> tuple[dict, dict]:
         summary = {**summarize(parts["smollm2"], parts["llama3_8b_shape"], parts["structured"]),
                    **penalty_workload.summarize(parts["penalties"])}
-        out.write_text(json.dumps({"env": env, "summary": summary, **parts}, indent=1) + "\n")
-        return summary
+        return {"env": env, "summary": summary, **parts}, summary
+
+    def write() -> None:  # after every part: a later part that fails or times out keeps the earlier ones
+        out.write_text(json.dumps(report()[0], indent=1) + "\n")
 
     if not args.skip_smol:
         parts["smollm2"] = bench_smollm2(args, device, dtype)
@@ -649,8 +645,7 @@ def main(argv: list[str] | None = None) -> int:
         prompts = load_prompts(data_dir(args.data_dir) / "traces" / TRACE, max(max(args.penalty_batches), args.min_prompts))
         part_args = argparse.Namespace(**{**vars(args), "max_new": args.penalty_max_new})
         parts["penalties"] = penalty_workload.bench(part_args, lm, prompts, run_engine, mismatches, ratio)
-    summary = write()
-    print("SUMMARY " + json.dumps(summary), flush=True)
+    write_report(out, *report())
     return 0
 
 

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.host_phases import TraceDevice  # noqa: E402
-from bench.report import write_report  # noqa: E402
+from bench.common import CorpusServer, write_report  # noqa: E402
 from bench.traces import default_trace_files, load_traces  # noqa: E402
 from verifier.draft.drafter import AWAIT_AHEAD_S, DraftConfig, Drafter  # noqa: E402
 from verifier.engine.core import Engine, EngineConfig  # noqa: E402
@@ -154,10 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     model = build_model(ModelConfig.from_name("smollm2-135m", num_layers=1, vocab_size=cfg.vocab_size), None,
                         "cpu", torch.float32)
     traces = load_traces(default_trace_files()[0])[:args.prompts]
-    from verifier.demo import _start_server
-
     tmp = tempfile.TemporaryDirectory()
-    server, target = _start_server(tmp.name)
+    server = CorpusServer(tmp.name).start()
+    target = server.target
     res: dict = {"prompts": len(traces), "batch": args.batch, "max_new": args.max_new, "budget": args.budget,
                  "scenarios": {}}
     try:
@@ -169,8 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             res["scenarios"][s] = row
             print(f"{s}: " + json.dumps(row), flush=True)
     finally:
-        server.terminate()
-        server.wait(30)
+        server.stop()
         tmp.cleanup()
     res["summary"] = {}
     for s, row in res["scenarios"].items():

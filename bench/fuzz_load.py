@@ -21,7 +21,6 @@ times are bounded (``--seconds`` for phase 2).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import threading
@@ -40,10 +39,10 @@ if str(REPO) not in sys.path:
 from bench.hostile_cases import grpc_cases, rest_cases, run_grpc, run_rest  # noqa: E402
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb  # noqa: E402
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2_grpc as pb_grpc  # noqa: E402
+from bench.common import ADMIN_TOKEN as TOKEN, CorpusServer, persistent_server, write_report  # noqa: E402
 from corpus_service.client import CorpusClient  # noqa: E402
 from corpus_service.protocol import arrays  # noqa: E402
 from tests.corpus_service.server_health import rss_bytes  # noqa: E402
-from tests.corpus_service.service_fixtures import TOKEN, ServerProcess  # noqa: E402
 
 MIB = 1 << 20
 PROBE_CHUNK = 1 << 16  # tokens per commit step of the probe's long request
@@ -59,7 +58,7 @@ SCALES = {  # the issue's probe sizes at full scale
 }
 
 
-def metric(srv: ServerProcess, name: str, **labels: str) -> float:
+def metric(srv: CorpusServer, name: str, **labels: str) -> float:
     text = httpx.get(f"{srv.admin_url}/metrics", timeout=30).text
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -74,7 +73,7 @@ def settle_rss(pid: int, seconds: float = 1.0) -> int:
     return rss_bytes(pid)
 
 
-def probe(srv: ServerProcess, a: argparse.Namespace) -> dict:
+def probe(srv: CorpusServer, a: argparse.Namespace) -> dict:
     """Server RSS per live request (16-token prompts) and per token (one long prompt), nothing learned."""
     rng = np.random.default_rng(1)
     pid = srv.proc.pid
@@ -103,7 +102,7 @@ def probe(srv: ServerProcess, a: argparse.Namespace) -> dict:
             "engine_index_bytes": index}
 
 
-def flood(srv: ServerProcess, a: argparse.Namespace, deadline: float, out: dict) -> None:
+def flood(srv: CorpusServer, a: argparse.Namespace, deadline: float, out: dict) -> None:
     """BatchGet with a fresh client id per call (no credentials needed without client tokens)."""
     rng = np.random.default_rng(2)
     codes: dict[str, int] = {}
@@ -125,7 +124,7 @@ def flood(srv: ServerProcess, a: argparse.Namespace, deadline: float, out: dict)
     out["flood"] = {"calls": sum(codes.values()), "codes": codes}
 
 
-def session(srv: ServerProcess, a: argparse.Namespace, idx: int, deadline: float, hold: threading.Event,
+def session(srv: CorpusServer, a: argparse.Namespace, idx: int, deadline: float, hold: threading.Event,
             out: list) -> None:
     """Starts ``session_requests`` requests (1,000 a step) and holds them until ``hold`` is set."""
     rng = np.random.default_rng(100 + idx)
@@ -147,7 +146,7 @@ def session(srv: ServerProcess, a: argparse.Namespace, idx: int, deadline: float
     out.append({"live": live, "steps_refused": refused})
 
 
-def huge(srv: ServerProcess, a: argparse.Namespace, deadline: float, out: dict) -> None:
+def huge(srv: CorpusServer, a: argparse.Namespace, deadline: float, out: dict) -> None:
     """One request extended chunk by chunk until a limit refuses it."""
     rng = np.random.default_rng(3)
     held, stop = 0, "count reached"
@@ -166,7 +165,7 @@ def huge(srv: ServerProcess, a: argparse.Namespace, deadline: float, out: dict) 
     out["huge"] = {"tokens_held": held, "stopped_by": stop}
 
 
-def put_flood(srv: ServerProcess, a: argparse.Namespace, deadline: float, out: dict) -> None:
+def put_flood(srv: CorpusServer, a: argparse.Namespace, deadline: float, out: dict) -> None:
     """BatchPut of large sequences from a few threads, never synchronized (the SGLang learning path)."""
     tokens = np.random.default_rng(4).integers(0, 32000, a.put_tokens).astype(np.int32)
     codes: dict[str, int] = {}
@@ -195,7 +194,7 @@ def put_flood(srv: ServerProcess, a: argparse.Namespace, deadline: float, out: d
     out["put_flood"] = {"calls": sum(codes.values()), "tokens_each": a.put_tokens, "codes": codes}
 
 
-def hostile(srv: ServerProcess, a: argparse.Namespace, deadline: float, out: dict) -> None:
+def hostile(srv: CorpusServer, a: argparse.Namespace, deadline: float, out: dict) -> None:
     with grpc.insecure_channel(srv.target) as ch:
         out["grpc"] = run_grpc(ch, grpc_cases(a.seed, a.grpc_cases), deadline, admin_token=TOKEN)
     with httpx.Client(base_url=srv.admin_url, timeout=60) as http:
@@ -203,7 +202,7 @@ def hostile(srv: ServerProcess, a: argparse.Namespace, deadline: float, out: dic
 
 
 def run(a: argparse.Namespace, tmp: Path) -> dict:
-    srv = ServerProcess(tmp, "--namespace", f"default:vocab=32000,learned_max_bytes={a.learned_mib * MIB}",
+    srv = persistent_server(tmp, "--namespace", f"default:vocab=32000,learned_max_bytes={a.learned_mib * MIB}",
                         "--namespace", "probe:vocab=32000,learn_prompts=false,learned_max_bytes=65536",
                         "--snapshot-interval-s", "0", "--max-live-request-bytes", str(a.budget_mib * MIB),
                         "--batch-get-idle-s", str(a.idle_s), "--max-upload-bytes", str(1 * MIB))
@@ -280,18 +279,18 @@ def main(argv: list[str] | None = None) -> int:
     unclear = res["grpc"]["unclear"] + res["rest"]["unclear"]
     res["ok"] = bool(res["server_alive"] and not unclear and res["rss_peak_mib"] <= res["bound_mib"]
                      and not res["log_tracebacks"] and res["live_requests_after_idle"] == 0)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(res, indent=1))
     p, f, s, h = res["probe"], res["flood"], res["sessions"], res["huge"]
-    print(f"fuzz_load ({a.scale}): server RSS peak {res['rss_peak_mib']} MiB <= bound {res['bound_mib']} MiB "
-          f"(start {res['rss_start_mib']} + live budget {a.budget_mib} + 2 x learned {a.learned_mib} + slack {a.slack_mib:g}; "
-          f"growth {res['peak_growth_vs_limits']}x of the limits); per live request {p['rss_per_request_b']} B RSS "
-          f"(charged {p['charged_per_request_b']}), per token {p['rss_per_token_b']} B (charged {p['charged_per_token_b']}); "
-          f"BatchGet flood {f['codes'].get('OK', 0)}/{f['calls']} admitted; {s['sessions']} sessions held {s['live']} "
-          f"requests ({s['steps_refused']} steps refused); huge request held {h['tokens_held']} tokens; hostile "
-          f"{res['grpc']['cases']} gRPC + {res['rest']['cases']} REST cases, {len(unclear)} unclear; after idle "
-          f"{res['rss_after_idle_mib']} MiB, {res['live_requests_after_idle']:.0f} live requests; "
-          f"{'ok' if res['ok'] else 'FAILED'}")
+    summary = {"scale": a.scale, "ok": res["ok"], "rss_peak_mib": res["rss_peak_mib"], "bound_mib": res["bound_mib"],
+               "rss_start_mib": res["rss_start_mib"], "budget_mib": a.budget_mib, "learned_mib": a.learned_mib,
+               "slack_mib": a.slack_mib, "peak_growth_vs_limits": res["peak_growth_vs_limits"],
+               "rss_per_request_b": p["rss_per_request_b"], "charged_per_request_b": p["charged_per_request_b"],
+               "rss_per_token_b": p["rss_per_token_b"], "charged_per_token_b": p["charged_per_token_b"],
+               "flood_admitted": f"{f['codes'].get('OK', 0)}/{f['calls']}", "sessions": s["sessions"],
+               "sessions_live_requests": s["live"], "sessions_steps_refused": s["steps_refused"],
+               "huge_tokens_held": h["tokens_held"], "hostile_grpc_cases": res["grpc"]["cases"],
+               "hostile_rest_cases": res["rest"]["cases"], "unclear": len(unclear),
+               "rss_after_idle_mib": res["rss_after_idle_mib"], "live_requests_after_idle": res["live_requests_after_idle"]}
+    write_report(a.out, res, summary)
     return 0 if res["ok"] else 1
 
 

@@ -26,6 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import percentiles, write_report  # noqa: E402
 from corpus_service.engine.tokenizer import load_tokenizer  # noqa: E402
 
 # A JSONSchemaBench-like schema: nesting, enums, arrays, numbers, optional fields.
@@ -169,13 +170,11 @@ def measure(engine, docs: list[list[int]], bad_docs: list[list[int]], eos: int, 
         m = engine.compile(SCHEMA)
         refused += not all(engine.consume(m, tok) for tok in ids)
 
-    def us(xs: list[float], q: float | None = None) -> float:
-        xs = sorted(xs)
-        return round(1e6 * (statistics.mean(xs) if q is None else xs[min(len(xs) - 1, int(q * len(xs)))]), 1)
-
+    mask, node = percentiles(mask_s, "us", scale=1e6), percentiles(node_s, "us", scale=1e6)
     return {"version": engine.version, "masks": len(mask_s), "compile_ms_mean": round(1e3 * statistics.mean(compile_s), 3),
-            "mask_us_mean": us(mask_s), "mask_us_p50": us(mask_s, 0.5), "mask_us_p99": us(mask_s, 0.99),
-            "tree_node_us_mean": us(node_s), "tree_node_us_p50": us(node_s, 0.5), "tree_node_us_p99": us(node_s, 0.99),
+            "mask_us_mean": mask.get("mean_us"), "mask_us_p50": mask.get("p50_us"), "mask_us_p99": mask.get("p99_us"),
+            "tree_node_us_mean": node.get("mean_us"), "tree_node_us_p50": node.get("p50_us"),
+            "tree_node_us_p99": node.get("p99_us"),
             "violations": violations, "eos_allowed_after_doc": f"{eos_ok}/{len(docs)}",
             "invalid_refused": f"{refused}/{len(bad_docs)}"}
 
@@ -206,8 +205,6 @@ def main(argv: list[str] | None = None) -> int:
             continue
         r = measure(engine, docs, bad, args.eos, args.depth)
         res["engines"][name] = {"setup_s": round(setup, 3), **r}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
     e = res["engines"]
     summary = {n: {k: v[k] for k in ("mask_us_p50", "mask_us_mean", "tree_node_us_p50", "tree_node_us_mean",
                                        "compile_ms_mean", "violations", "invalid_refused") if k in v} or v
@@ -215,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     if all("mask_us_mean" in e.get(n, {}) for n in ("llguidance", "xgrammar")):  # same-run ratios (p50: robust to a busy host)
         for k in ("mask_us_p50", "mask_us_mean", "tree_node_us_p50", "tree_node_us_mean"):
             summary[f"xgrammar_over_llguidance_{k}"] = round(e["xgrammar"][k] / e["llguidance"][k], 3)
-    print("SUMMARY " + json.dumps(summary), flush=True)
+    write_report(args.out, res, summary)
     return 0
 
 

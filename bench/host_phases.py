@@ -47,7 +47,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report import write_report  # noqa: E402
+from bench.common import CorpusServer, median_run, write_report  # noqa: E402
 from bench.traces import default_trace_files, load_traces  # noqa: E402
 from verifier.draft.drafter import AWAIT_AHEAD_S, DraftConfig, Drafter  # noqa: E402
 from verifier.engine.core import Engine, EngineConfig  # noqa: E402
@@ -245,9 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     server = target = None
     tmp = tempfile.TemporaryDirectory()
     if any(m.startswith("remote") for m in modes):
-        from verifier.demo import _start_server
-
-        server, target = _start_server(tmp.name)
+        server = CorpusServer(tmp.name).start()
+        target = server.target
     res: dict = {"budget": args.budget, "max_new": args.max_new, "device_ms": args.device_ms, "batches": {}}
     try:
         for B in batches:
@@ -258,8 +257,7 @@ def main(argv: list[str] | None = None) -> int:
                     runs[m].append(run_mode(model, codec, m, target, trs, B, args.budget, args.max_new, args.device_ms))
             row: dict = {}
             for m, rs in runs.items():
-                median = sorted(rs, key=lambda r: r["host_ms"])[(len(rs) - 1) // 2]
-                row[m] = {**median, "rounds_host_ms": [r["host_ms"] for r in rs]}
+                row[m] = {**median_run(rs, "host_ms"), "rounds_host_ms": [r["host_ms"] for r in rs]}
             for m in ("remote", "remote_always"):
                 if "local" in row and m in row:
                     row[f"{m}_minus_local_ms"] = round(row[m]["host_ms"] - row["local"]["host_ms"], 4)
@@ -267,8 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"B={B}: " + json.dumps(row), flush=True)
     finally:
         if server is not None:
-            server.terminate()
-            server.wait(30)
+            server.stop()
         tmp.cleanup()
     res["summary"] = {f"b{B}_{m}_host_ms": r[m]["host_ms"] for B, r in res["batches"].items() for m in modes}
     res["summary"].update({f"b{B}_{k}": v for B, r in res["batches"].items() for k, v in r.items()

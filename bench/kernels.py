@@ -26,7 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from verifier import kernels
+from bench.common import write_report  # noqa: E402
+from verifier import kernels  # noqa: E402
 from verifier.step import reference as ref  # noqa: E402
 
 VOCAB = 49152
@@ -169,13 +170,8 @@ def main(argv=None):
         median_speedup_vs_reference=statistics.median(speedups),
         min_speedup_vs_reference=min(speedups),
     )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(summary=summary, records=records), indent=1))
-    fmt = lambda v: "n/a" if v is None else f"{v:.1f}"  # noqa: E731
-    print(f"kernels: greedy post-processing bs=64 K=16 {fmt(summary['greedy_bs64_k16_us'])} us (target 50), "
-          f"sampling bs=64 K=16 {fmt(summary['sampling_bs64_k16_us'])} us (target 200), speedup vs reference "
-          f"median {summary['median_speedup_vs_reference']:.1f}x (min {summary['min_speedup_vs_reference']:.1f}x) -> {out}")
+    # Targets: greedy post-processing at batch 64 x 16 nodes <= 50 us, sampling <= 200 us.
+    write_report(args.out, dict(summary=summary, records=records), summary)
     return 0
 
 

@@ -32,9 +32,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.common import CorpusServer, percentiles, persistent_server, write_report  # noqa: E402
 from corpus_service.client import CorpusClient, RemoteNgramCorpus  # noqa: E402
 from tests.corpus_service.server_health import rss_bytes  # noqa: E402
-from tests.corpus_service.service_fixtures import ServerProcess  # noqa: E402
 
 VOCAB = 32000
 OPS = ("draft", "commit", "upload")
@@ -57,7 +57,7 @@ class Texts:
 
 
 class Client(threading.Thread):
-    def __init__(self, idx: int, srv: ServerProcess, texts: Texts, seconds: float, weights: dict[str, float],
+    def __init__(self, idx: int, srv: CorpusServer, texts: Texts, seconds: float, weights: dict[str, float],
                  batch: int, budget: int) -> None:
         super().__init__(daemon=True, name=f"load-client-{idx}")
         self.idx, self.srv, self.texts, self.seconds, self.weights = idx, srv, texts, seconds, weights
@@ -129,14 +129,6 @@ class Client(threading.Thread):
                 raise RuntimeError(f"delete {r.status_code}: {r.text[:200]}")
 
 
-def percentiles(xs: list[float]) -> dict[str, float]:
-    if not xs:
-        return {"n": 0}
-    a = np.asarray(xs) * 1e3
-    return {"n": len(xs), "p50_ms": round(float(np.percentile(a, 50)), 3), "p99_ms": round(float(np.percentile(a, 99)), 3),
-            "p999_ms": round(float(np.percentile(a, 99.9)), 3), "max_ms": round(float(a.max()), 3)}
-
-
 def run_clients(srv, texts, clients: int, seconds: float, weights, batch: int, budget: int) -> list[Client]:
     threads = [Client(i, srv, texts, seconds, weights, batch, budget) for i in range(clients)]
     for t in threads:
@@ -163,7 +155,7 @@ def main() -> None:
         ap.error(f"--weights: ops are {', '.join(OPS)}")
     texts = Texts(args.seed)
     with tempfile.TemporaryDirectory(prefix="load-") as tmp:
-        srv = ServerProcess(Path(tmp), "--namespace", f"default:vocab={VOCAB},learned_max_bytes={args.learned_max_bytes}",
+        srv = persistent_server(Path(tmp), "--namespace", f"default:vocab={VOCAB},learned_max_bytes={args.learned_max_bytes}",
                             "--snapshot-interval-s", "5").start()
         try:
             rss0 = rss_bytes(srv.proc.pid)
@@ -188,8 +180,11 @@ def main() -> None:
             alive = srv.alive()
         finally:
             srv.stop()
-    lat = {op: percentiles([x for t in threads for x in t.lat[op]]) for op in OPS}
-    base_draft = percentiles(base[0].lat["draft"])
+    def ms(xs: list[float]) -> dict:  # seconds in, ms out, with the 99.9th percentile (the tail the promise is about)
+        return percentiles(xs, "ms", scale=1e3, qs=(50, 99, 99.9), digits=3)
+
+    lat = {op: ms([x for t in threads for x in t.lat[op]]) for op in OPS}
+    base_draft = ms(base[0].lat["draft"])
     errors = [e for t in threads + base for e in t.errors]
     out = {
         "clients": args.clients, "seconds": args.seconds, "batch": args.batch, "budget": args.budget, "weights": weights,
@@ -201,15 +196,14 @@ def main() -> None:
         "server_rss_start_mib": round(rss0 / 2**20, 1), "server_rss_peak_mib": round(peak[0] / 2**20, 1),
         "integrity": integrity, "server_alive": alive,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1))
-    d, c, u = lat["draft"], lat["commit"], lat["upload"]
-    print(f"load: {args.clients} clients x {args.seconds:.0f}s, {out['ops_per_s']} ops/s, errors {len(errors)}; "
-          f"draft p50/p99/p999 {d.get('p50_ms')}/{d.get('p99_ms')}/{d.get('p999_ms')} ms "
-          f"({out['draft_p50_ratio_vs_one_client']}x one client alone); commit p50/p99 {c.get('p50_ms')}/{c.get('p99_ms')} ms; "
-          f"upload p50/p99 {u.get('p50_ms')}/{u.get('p99_ms')} ms; learned {stats['learned_bytes'] / 2**20:.1f} MiB "
-          f"(bound {args.learned_max_bytes / 2**20:.1f}); server RSS {out['server_rss_start_mib']} -> peak "
-          f"{out['server_rss_peak_mib']} MiB; integrity {'ok' if integrity['ok'] else 'FAILED'}")
+    summary = {"clients": args.clients, "seconds": args.seconds, "ops_per_s": out["ops_per_s"], "errors": len(errors),
+               **{f"{op}_{k}": lat[op].get(k) for op in OPS for k in ("p50_ms", "p99_ms", "p999_ms")},
+               "draft_p50_ratio_vs_one_client": out["draft_p50_ratio_vs_one_client"],
+               "learned_mib_end": round(stats["learned_bytes"] / 2**20, 1),
+               "learned_mib_bound": round(args.learned_max_bytes / 2**20, 1),
+               "server_rss_start_mib": out["server_rss_start_mib"], "server_rss_peak_mib": out["server_rss_peak_mib"],
+               "integrity_ok": bool(integrity["ok"]), "server_alive": alive}
+    write_report(args.out, out, summary)
     sys.exit(1 if errors or not integrity["ok"] or not alive else 0)
 
 

@@ -32,10 +32,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report import write_report  # noqa: E402
+from bench.common import CorpusServer, write_report  # noqa: E402
 from bench.traces import default_trace_files, load_traces  # noqa: E402
 from corpus_service.client import CorpusClient  # noqa: E402
-from verifier.demo import _start_server  # noqa: E402
 from verifier.draft.drafter import AWAIT_AHEAD_S, DraftConfig, Drafter  # noqa: E402
 
 MODES = ("local", "pipelined", "pipelined_no_await", "pipelined_thread", "sync")
@@ -112,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--steps and --budget must be >= 1, --gpu-ms >= 0")
     traces = load_traces(args.trace or default_trace_files()[1])
     tmp = tempfile.TemporaryDirectory()
-    proc, target = _start_server(tmp.name)
+    server = CorpusServer(tmp.name).start()
+    target = server.target
     res: dict = {"gpu_ms": args.gpu_ms, "budget": args.budget, "steps": args.steps, "batches": {}}
     try:
         for B in args.batches:
@@ -122,8 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             res["batches"][str(B)] = row
             print(f"B={B}: " + json.dumps(row), flush=True)
     finally:
-        proc.terminate()
-        proc.wait(30)
+        server.stop()
         tmp.cleanup()
     res["summary"] = {f"b{B}_{m}_vs_local": r[f"{m}_vs_local"] for B, r in res["batches"].items() for m in MODES[1:]}
     write_report(args.out, res, res["summary"])

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx  # noqa: E402
 
-from bench.report import write_report  # noqa: E402
+from bench.common import CorpusServer, percentiles, write_report  # noqa: E402
 from corpus_service import NgramCorpus  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -98,61 +98,42 @@ class Nats:
         self.proc.wait(10)
 
 
-class Server:
-    """``python -m corpus_service serve`` (replicated when ``log`` is given)."""
+class Server(CorpusServer):
+    """``python -m corpus_service serve`` (replicated when ``log`` is given), started at once."""
 
     def __init__(self, root: Path, log: str | None = None, stream: str = "", blobs: Path | None = None,
                  replica_id: str = "", extra: tuple[str, ...] = (), snapshot_interval_s: float = 0.0) -> None:
-        root.mkdir(parents=True, exist_ok=True)
-        ports = root / "ports.json"
-        cmd = [sys.executable, "-m", "corpus_service", "serve", "--host", "127.0.0.1", "--grpc-port", "0",
-               "--admin-port", "0", "--data-dir", str(root), "--ports-file", str(ports), "--worker-threads", "2",
-               "--admin-token", TOKEN,
-               "--namespace", f"{NS}:vocab={VOCAB},learned_max_bytes=0",
-               "--snapshot-interval-s", str(snapshot_interval_s if log else 0), *extra]
+        args = ["--worker-threads", "2", "--namespace", f"{NS}:vocab={VOCAB},learned_max_bytes=0",
+                "--snapshot-interval-s", str(snapshot_interval_s if log else 0), *extra]
         if log:
-            cmd += ["--nats-url", log, "--log-stream", stream, "--blob-store", str(blobs), "--replica-id", replica_id,
-                    "--ready-lag", "0"]
+            args += ["--nats-url", log, "--log-stream", stream, "--blob-store", str(blobs), "--replica-id", replica_id,
+                     "--ready-lag", "0"]
+        # The server's own log level: the restore figures are read from its INFO lines.
+        super().__init__(root, *args, persist=True, admin=True, admin_token=TOKEN, log_level=None)
         self.t_start = time.perf_counter()
-        self.log_path = root / "server.log"
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
-        while not ports.exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"server did not start:\n{self.log_path.read_text()[-3000:]}")
-            time.sleep(0.02)
-        p = json.loads(ports.read_text())
-        self.target = f"127.0.0.1:{p['grpc_port']}"
-        self.admin = f"http://127.0.0.1:{p['admin_port']}"
+        self.start(timeout=120)
 
     def wait_ready(self, timeout: float = 600) -> float:
         deadline = time.monotonic() + timeout
-        while httpx.get(f"{self.admin}/readyz", timeout=10).status_code != 200:
+        while httpx.get(f"{self.admin_url}/readyz", timeout=10).status_code != 200:
             if time.monotonic() > deadline:
                 raise TimeoutError(self.log_path.read_text()[-3000:])
             time.sleep(0.01)
         return time.perf_counter() - self.t_start
 
     def status(self, lags: int = 0) -> dict:
-        return httpx.get(f"{self.admin}/v1/replication", params={"lags": lags}, timeout=30).json()
+        return httpx.get(f"{self.admin_url}/v1/replication", params={"lags": lags}, timeout=30).json()
 
     def snapshot(self) -> float:
         """POST /v1/snapshot (answers once written); seconds it took."""
         t0 = time.perf_counter()
-        r = httpx.post(f"{self.admin}/v1/snapshot", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=600)
+        r = httpx.post(f"{self.admin_url}/v1/snapshot", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=600)
         r.raise_for_status()
         return time.perf_counter() - t0
 
     def cpu_s(self) -> float:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
 
 
 # ---------------------------------------------------------------------- load processes (spawned)
@@ -262,9 +243,9 @@ def bench_lag(args, tmp: Path, nats: Nats) -> list[dict]:
                     st = s.status()
                     lags += s.status(lags=st["lag_count"] - b)["lags_ms"]
                 st = servers[0].status()
+                lag = percentiles(lags, "ms", digits=None)
                 row = {"replicas": n, "target_tokens_per_s": rate, "achieved_tokens_per_s": sent / args.seconds,
-                       "batches_measured": len(lags), "lag_ms_p50": float(np.percentile(lags, 50)) if lags else None,
-                       "lag_ms_p99": float(np.percentile(lags, 99)) if lags else None,
+                       "batches_measured": len(lags), "lag_ms_p50": lag.get("p50_ms"), "lag_ms_p99": lag.get("p99_ms"),
                        "dropped_tokens": sum(s.status()["dropped_tokens"] for s in servers),
                        "snapshots_written": sum(s.status()["snapshots_written"] for s in servers) - snaps0,
                        "snapshot_pause_ms_max": max(s.status()["snapshot_pause_ms"] for s in servers)}
@@ -389,9 +370,9 @@ def bench_snapshot(args, tmp: Path, nats: Nats) -> list[dict]:
             row.update({"snapshot_written_mb": st["snapshot_bytes"] / 2**20, "snapshot_duration_s": st["snapshot_duration_s"],
                         "snapshot_pause_ms": st["snapshot_pause_ms"], "commit_rate": args.snapshot_rate,
                         "batches_during_snapshot": len(during),
-                        "lag_ms_p99_during_snapshot": float(np.percentile(during, 99)) if during else None,
+                        "lag_ms_p99_during_snapshot": percentiles(during, "ms", digits=None).get("p99_ms"),
                         "lag_ms_max_during_snapshot": max(during) if during else None,
-                        "lag_ms_p99_after": float(np.percentile(after, 99)) if after else None,
+                        "lag_ms_p99_after": percentiles(after, "ms", digits=None).get("p99_ms"),
                         "dropped_tokens": st["dropped_tokens"]})
             # Ratios to same-run baselines: the worst lag while writing against what an inline save
             # would have stalled applying for; the restore against an in-process load.

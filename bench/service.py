@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
 import os
 import subprocess
@@ -29,13 +28,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import grpc  # noqa: E402
 
 from bench.acceptance import accept_path  # noqa: E402
+from bench.common import CorpusServer, load_average, percentiles, write_report  # noqa: E402
 from bench.traces import REPO, default_trace_files, load_traces  # noqa: E402
 from corpus_service import CorpusConfig, NgramCorpus  # noqa: E402
 from corpus_service.client import AsyncCorpusClient  # noqa: E402
@@ -243,22 +241,21 @@ async def batch_get_latency(target: str, traces, batch: int, budget: int, steps:
 
 
 def summarize(lat: list[float], tokens: int = 0, wall: float = 0.0) -> dict:
-    a = np.asarray(lat) * 1e6
-    return {"p50_us": round(float(np.percentile(a, 50)), 1), "p99_us": round(float(np.percentile(a, 99)), 1),
-            "steps": len(lat), "steps_per_s": round(len(lat) / wall, 1) if wall else None,
+    """Step latency percentiles (seconds in, microseconds out) and the rates of the run."""
+    return {**percentiles(lat, "us", scale=1e6), "steps": len(lat),
+            "steps_per_s": round(len(lat) / wall, 1) if wall else None,
             "tokens_per_s": round(tokens / wall, 1) if wall else None}
 
 
-def start_process(cmd: list[str], ports_file: Path | None = None) -> tuple[subprocess.Popen, int]:
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    if ports_file is None:
-        return proc, int(proc.stdout.readline())
-    deadline = time.monotonic() + 60
-    while not ports_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("corpus server did not start")
-        time.sleep(0.05)
-    return proc, json.loads(ports_file.read_text())["grpc_port"]
+def start_echo_server() -> tuple[subprocess.Popen, int]:
+    """The transport floor's server: this script with --echo-server, which prints its port."""
+    proc = subprocess.Popen([sys.executable, __file__, "--echo-server"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    line = proc.stdout.readline()
+    if not line.strip().isdigit():
+        proc.kill()
+        raise RuntimeError(f"the echo server did not start (it printed {line!r})")
+    return proc, int(line)
 
 
 async def measure(args, traces, target: str, echo_target: str) -> dict:
@@ -321,34 +318,31 @@ def main() -> int:
     # The served namespace's config, for the in-process baseline too (ValueError on a bad setting).
     args.config = NamespaceSpec.parse(namespace_spec(args.set)).corpus
     traces = [t for f in default_trace_files() for t in load_traces(f)]
-    load_before = os.getloadavg()
+    load_before = load_average()
     with tempfile.TemporaryDirectory() as tmp:
-        ports = Path(tmp) / "ports.json"
-        corpus, port = start_process([sys.executable, "-m", "corpus_service", "serve", "--grpc-port", "0", "--admin-port", "-1",
-                                      "--max-budget", str(args.budget), "--ports-file", str(ports), "--log-level", "WARNING",
-                                      "--namespace", namespace_spec(args.set)], ports)
-        echo, echo_port = start_process([sys.executable, __file__, "--echo-server"])
+        corpus = CorpusServer(tmp, "--max-budget", str(args.budget), "--namespace", namespace_spec(args.set)).start()
+        echo, echo_port = start_echo_server()
         try:
-            result = asyncio.run(measure(args, traces, f"127.0.0.1:{port}", f"127.0.0.1:{echo_port}"))
+            result = asyncio.run(measure(args, traces, corpus.target, f"127.0.0.1:{echo_port}"))
         finally:
-            for p in (corpus, echo):
-                p.terminate()
-                p.wait(30)
+            corpus.stop()
+            echo.terminate()
+            echo.wait(30)
     result["config"] = {k: v for k, v in vars(args).items() if k not in ("out", "echo_server", "config")}
-    result["machine"] = {"cpus": os.cpu_count(), "loadavg_before": [round(x, 2) for x in load_before],
-                         "loadavg_after": [round(x, 2) for x in os.getloadavg()]}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
+    result["machine"] = {"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": load_average()}
     big = next((r for r in result["rows"] if r["clients"] == 1 and r["batch"] == max(args.batches)), result["rows"][-1])
     four = next((r for r in result["rows"] if r["clients"] == 4 and r["batch"] == big["batch"]), None)
-    echo = result["echo"][big["batch"]]
-    print(f"service: B={big['batch']} budget {args.budget} step p50 {big['remote']['p50_us']:.0f} us "
-          f"= {big['remote_over_echo_p50']:.2f}x echo floor ({echo['p50_us']:.0f} us), "
-          f"{big['remote_over_in_process_p50']:.1f}x in-process, "
-          f"{big['remote_over_echo_plus_in_process_p50']:.2f}x echo + in-process with starts"
-          + (f"; C=4 p99 {four['remote']['p99_us']:.0f} us = {four['remote']['p99_us'] / big['remote']['p50_us']:.2f}x C=1 p50" if four else "")
-          + f"; BatchGet p50 {result['batch_get']['p50_us']:.0f} us; load average {load_before[0]:.1f} -> "
-          f"{os.getloadavg()[0]:.1f} -> {args.out.relative_to(REPO) if args.out.is_relative_to(REPO) else args.out}")
+    summary = {"batch": big["batch"], "budget": args.budget, "step_p50_us": big["remote"]["p50_us"],
+               "echo_floor_p50_us": result["echo"][big["batch"]]["p50_us"],
+               "remote_over_echo_p50": big["remote_over_echo_p50"],
+               "remote_over_in_process_p50": big["remote_over_in_process_p50"],
+               "remote_over_echo_plus_in_process_p50": big["remote_over_echo_plus_in_process_p50"],
+               "batch_get_p50_us": result["batch_get"]["p50_us"],
+               "load_average": [load_before[0], result["machine"]["loadavg_after"][0]]}
+    if four:  # the tail with 4 clients against the median with one
+        summary["c4_step_p99_us"] = four["remote"]["p99_us"]
+        summary["c4_p99_over_c1_p50"] = round(four["remote"]["p99_us"] / big["remote"]["p50_us"], 2)
+    write_report(args.out, result, summary)
     return 0
 
 

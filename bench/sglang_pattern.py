@@ -38,7 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.acceptance import accept_path  # noqa: E402
-from bench.report import write_report  # noqa: E402
+from bench.common import write_report  # noqa: E402
 from bench.sglang_reference import SGLangNgramReference  # noqa: E402
 from bench.traces import REPO, Trace, load_traces, shared_data_dir  # noqa: E402
 from corpus_service import NgramCorpus  # noqa: E402

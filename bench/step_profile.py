@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from tokenizers import Tokenizer, models  # noqa: E402
 
-from bench.report import write_report  # noqa: E402
+from bench.common import write_report  # noqa: E402
 from verifier import kernels  # noqa: E402
 from verifier.engine.core import Engine, EngineConfig  # noqa: E402
 from verifier.model import ForwardBatch, ModelConfig, TextCodec, build_model, fusion  # noqa: E402

@@ -1,4 +1,4 @@
-"""``ngram-verifier serve|demo`` (also ``python -m verifier``)."""
+"""``ngram-verifier serve|demo|generate`` (also ``python -m verifier``)."""
 
 from __future__ import annotations
 
@@ -25,12 +25,20 @@ def main(argv: list[str] | None = None) -> int:
     from .demo import DemoConfig
 
     add_config_flags(sub.add_parser("demo", help="corpus + verifier on the CPU: acceptance and tokens/s"), DemoConfig)
+    from .generate.cli import GenerateConfig
+
+    add_config_flags(sub.add_parser("generate", help="offline rollouts: n samples of every prompt of a JSONL file, "
+                                    "completions with token ids and logprobs to a JSONL file"), GenerateConfig)
     args = parser.parse_args(argv)
     try:
         if args.command == "serve":
             from .service import serve
 
             serve(config_from_args(args, VerifierConfig))
+        elif args.command == "generate":
+            from .generate.cli import run_generate
+
+            return run_generate(config_from_args(args, GenerateConfig))
         else:
             from .demo import run_demo
 

@@ -11,6 +11,7 @@ from dataclasses import MISSING, dataclass, fields
 from corpus_service import check_namespace_name
 from ngram_common.net import is_loopback
 
+from .budget.makespan import MakespanConfig
 from .draft.config import CorpusEndpoint, DraftConfig
 from .engine.core import EngineConfig
 from .flags import flag, nested
@@ -44,6 +45,12 @@ class VerifierConfig:
         (), "a file loaded into the local corpus at start-up",
         "[NAME=]PATH of .jsonl ({\"text\"} or {\"ids\"} lines), .ids (lines of ids) or blank-line-separated text; "
         "--corpus local only")
+    weight_noise_sigma: float = flag(
+        0.0, "RL rollout benchmarks: a seeded policy change, W += sigma * std(W) * N(0, 1) on every decoder linear "
+        "weight (q, k, v, o, gate, up, down) in float32 before the cast (verifier/model/perturb.py); 0.014075 gives "
+        "about 0.01 nats/token KL on SmolLM2", "a number 0..1; 0 = the weights as loaded")
+    weight_noise_seed: int = flag(0, "the seed of --weight-noise-sigma's noise (e.g. the RL epoch)",
+                                  "an int 0..2^63-1")
     device: str = flag("cpu", "where the model runs", ", ".join(DEVICES))
     dtype: str = flag("float32", "the model's weights and activations", ", ".join(DTYPES))
     host: str = flag("127.0.0.1", "HTTP address to bind; off loopback --api-key is required",
@@ -78,6 +85,13 @@ class VerifierConfig:
     overlap_plain: bool = flag(True, "plain decoding runs each step one ahead of the host's commits (greedy, "
                                      "CUDA graphs)", "true/false")
     overlap_spec_plain: bool = flag(True, "the same for the plain steps of a speculative engine", "true/false")
+    tail_requests: int = flag(
+        0, "batches that end together (RL rollouts): while no request waits and at most this many run (the batch's "
+        "tail), steps draft --tail-budget nodes (verifier/budget/makespan.py)", "an int 0..4096; 0 = off")
+    tail_budget: int = flag(0, "draft nodes per request in a batch's tail", "0 (= --max-budget) or 1..--max-budget")
+    longest_first: bool = flag(
+        False, "admit waiting requests longest expected first, by their prompt key's history in the corpus "
+        "(a batch's makespan)", "true/false")
     log_level: str = flag("INFO", "logging threshold", ", ".join(LOG_LEVELS) + " (any case)")
 
     def __post_init__(self) -> None:
@@ -98,6 +112,10 @@ class VerifierConfig:
             raise ValueError(f"draft: expected a DraftConfig, got {type(self.draft).__name__}")
         if self.corpus_namespace:
             check_namespace_name(self.corpus_namespace)
+        if not 0.0 <= self.weight_noise_sigma <= 1.0:
+            raise ValueError(f"weight_noise_sigma: expected a number in [0, 1], got {self.weight_noise_sigma}")
+        if not 0 <= self.weight_noise_seed < 2**63:
+            raise ValueError(f"weight_noise_seed: expected an int in [0, 2^63), got {self.weight_noise_seed}")
         if self.log_level.upper() not in LOG_LEVELS:
             raise ValueError(f"log_level: expected one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         if not is_loopback(self.host) and not self.api_key:
@@ -139,7 +157,8 @@ class VerifierConfig:
                             max_budget=self.max_budget, cost_probe_s=self.cost_probe_s, cuda_graphs=self.cuda_graphs,
                             compile=self.compile, capture_at_start=self.capture_at_start,
                             native_linear=self.native_linear, refill_group=self.refill_group,
-                            overlap_plain=self.overlap_plain, overlap_spec_plain=self.overlap_spec_plain)
+                            overlap_plain=self.overlap_plain, overlap_spec_plain=self.overlap_spec_plain,
+                            makespan=MakespanConfig(self.tail_requests, self.tail_budget, self.longest_first))
 
 
 def parse_bool(v: str | bool) -> bool:
@@ -191,7 +210,8 @@ def add_config_flags(parser: argparse.ArgumentParser, cls=VerifierConfig) -> Non
             continue
         default = os.environ.get(env, f.default if f.default is not MISSING else None)
         kind = parse_bool if hints[f.name] is bool else hints[f.name]
-        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=kind(default),
+        names = ["--" + f.name.replace("_", "-")] + ([f.metadata["short"]] if f.metadata.get("short") else [])
+        parser.add_argument(*names, dest=f.name, type=kind, default=kind(default),
                             help=f"{text} (env {env}; default {f.default!r})".lstrip())
 
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 from dataclasses import field
 
 
-def flag(default, help: str, allowed: str = "", **kw):
+def flag(default, help: str, allowed: str = "", short: str = "", **kw):
     """A config field and its ``serve`` flag's help: what it does (why, where it is not obvious) and
-    ``allowed``, the values it takes (add_config_flags adds the env var and the default)."""
-    return field(default=default, metadata={"help": help, "allowed": allowed}, **kw)
+    ``allowed``, the values it takes (add_config_flags adds the env var and the default); ``short``:
+    a one-letter alias ("-n")."""
+    return field(default=default, metadata={"help": help, "allowed": allowed, "short": short}, **kw)
 
 
 def nested(cls):

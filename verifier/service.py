@@ -19,6 +19,7 @@ from .draft.external_corpora import load_external_corpora
 from .engine.core import Engine
 from .engine.runner import EngineLoop
 from .model import load_model
+from .model.loader import LoadedModel
 
 log = logging.getLogger("verifier")
 
@@ -34,12 +35,17 @@ class Verifier:
     model_name: str
 
 
-def build_verifier(cfg: VerifierConfig) -> Verifier:
+def build_verifier(cfg: VerifierConfig, lm: LoadedModel | None = None) -> Verifier:
+    """``lm``: the model already loaded as ``cfg`` says (the offline generator reads its prompts with
+    the tokenizer first, to size the KV cache)."""
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device: cuda requested but no CUDA device is available")
-    lm = load_model(cfg.model, cfg.device, cfg.dtype)
-    log.info("model %s: %d layers, %.0fM parameters, %s on %s", lm.name, lm.model.config.num_layers,
-             lm.model.config.num_params / 1e6, cfg.dtype, cfg.device)
+    if lm is None:
+        lm = load_model(cfg.model, cfg.device, cfg.dtype, cfg.weight_noise_sigma, cfg.weight_noise_seed)
+    log.info("model %s: %d layers, %.0fM parameters, %s on %s%s", lm.name, lm.model.config.num_layers,
+             lm.model.config.num_params / 1e6, cfg.dtype, cfg.device,
+             f", linear weights perturbed (sigma {cfg.weight_noise_sigma:g}, seed {cfg.weight_noise_seed})"
+             if cfg.weight_noise_sigma else "")
     served = cfg.served_model_name or lm.name
     drafter = None
     if cfg.corpus != "none":
@@ -60,12 +66,16 @@ def serve(cfg: VerifierConfig) -> None:
     import uvicorn
 
     from .api import create_app
+    from .api.policy_version import PolicyAnnouncer
 
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     v = build_verifier(cfg)
     threading.Thread(target=v.engine.grammars.warm, name="grammar-warmup", daemon=True).start()
     loop = EngineLoop(v.engine).start()
-    app = create_app(loop, v.model_name, cfg.api_key)
+    d = v.engine.drafter
+    announcer = PolicyAnnouncer(d, namespace=d.health.namespace if d is not None and d.health is not None else "default",
+                                token=cfg.corpus_token or None, tls=cfg.corpus_tls_ca or None)
+    app = create_app(loop, v.model_name, cfg.api_key, announcer)
     sock = socket.socket(socket.AF_INET6 if ":" in cfg.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((cfg.host, cfg.port))
@@ -75,7 +85,6 @@ def serve(cfg: VerifierConfig) -> None:
         with open(tmp, "w") as f:
             json.dump({"http_port": port}, f)
         os.replace(tmp, cfg.ports_file)  # readers never see a partial file
-    d = v.engine.drafter
     log.info("serving %s on http://%s:%d (corpus: %s%s)", v.model_name, cfg.host, port, cfg.corpus,
              f", namespace {d.health.namespace}" if d is not None and d.health is not None else "")
     server = uvicorn.Server(uvicorn.Config(app, log_level=cfg.log_level.lower(), access_log=False))

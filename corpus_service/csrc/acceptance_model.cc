@@ -21,13 +21,16 @@ uint32_t accepted_of(uint32_t v) { return v & 0xffffu; }
 
 void DraftRecord::start_draft() {
   tokens.clear(), parents.clear(), depth_cell.clear(), token_cell.clear(), q.clear(), cls.clear();
+  feats.clear(), rank_cells.clear();
   cells = false;
+  ranked = false;
   armed = true;
 }
 
 void DraftRecord::reset() {
   start_draft();
   armed = false;
+  req_accepted = req_expected = 0.0f;
 }
 
 AcceptanceModel::AcceptanceModel()

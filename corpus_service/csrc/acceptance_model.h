@@ -48,6 +48,12 @@ struct DraftRecord {
   std::vector<uint8_t> cls;              // ... and the source class of its heaviest vote (prompt_history.h)
   bool cells = false;                    // depth_cell/token_cell were filled (feedback on)
   bool armed = false;                    // a draft is waiting for its commit
+  // With a RankModel (rank_model.h): each node's features and cells, and the request's decayed sums
+  // of accepted and expected tested nodes (kept across drafts; reset() clears them).
+  std::vector<float> feats;              // RankModel::kFeatures per node
+  std::vector<uint32_t> rank_cells;      // RankModel::kNodeCells per node
+  bool ranked = false;                   // feats/rank_cells were filled (rank model on)
+  float req_accepted = 0.0f, req_expected = 0.0f;
 
   void start_draft();  // empties the node lists and arms the record
   void reset();        // disarms it too (a new request)

@@ -162,6 +162,18 @@ PYBIND11_MODULE(_native, m) {
       .def_readwrite("token_prior", &FeedbackParams::token_prior)
       .def_readwrite("window", &FeedbackParams::window);
 
+  m.attr("RANK_DELTA_WORDS") = py::int_(RankModel::kDeltaWords);
+  py::class_<RankParams>(m, "RankParams")
+      .def(py::init<>())
+      .def_readwrite("enabled", &RankParams::enabled)
+      .def_readwrite("prior", &RankParams::prior)
+      .def_readwrite("token_prior", &RankParams::token_prior)
+      .def_readwrite("pair_prior", &RankParams::pair_prior)
+      .def_readwrite("learning_rate", &RankParams::learning_rate)
+      .def_readwrite("request_decay", &RankParams::request_decay)
+      .def_readwrite("window", &RankParams::window)
+      .def_readwrite("learn", &RankParams::learn);
+
   py::class_<HistoryConfig>(m, "HistoryConfig")
       .def(py::init<>())
       .def_readwrite("max_rollouts", &HistoryConfig::max_rollouts)
@@ -187,6 +199,7 @@ PYBIND11_MODULE(_native, m) {
       .def_readwrite("score", &CorpusConfig::score)
       .def_readwrite("shared_alpha", &CorpusConfig::shared_alpha)
       .def_readwrite("feedback", &CorpusConfig::feedback)
+      .def_readwrite("rank", &CorpusConfig::rank)
       .def_readwrite("min_prob", &CorpusConfig::min_prob)
       .def_readwrite("weak_weight", &CorpusConfig::weak_weight)
       .def_readwrite("weak_depth", &CorpusConfig::weak_depth)
@@ -406,6 +419,23 @@ PYBIND11_MODULE(_native, m) {
       .def("save", &Corpus::save, py::call_guard<py::gil_scoped_release>())
       .def("load", &Corpus::load, py::call_guard<py::gil_scoped_release>())
       .def("stats", &Corpus::stats, py::call_guard<py::gil_scoped_release>())
+      .def("rank_weights", &Corpus::rank_weights)
+      .def("export_rank_delta",
+           [](Corpus& c) {
+             std::vector<int32_t> d;
+             {
+               py::gil_scoped_release nogil;
+               d = c.export_rank_delta();
+             }
+             const auto n = static_cast<py::ssize_t>(d.size());
+             return to_array(std::move(d), {n});
+           })
+      .def("apply_rank_delta",
+           [](Corpus& c, py::array_t<int32_t, py::array::c_style | py::array::forcecast> words) {
+             if (words.ndim() != 1) throw std::invalid_argument("apply_rank_delta: expected a 1-D int32 array");
+             py::gil_scoped_release nogil;
+             c.apply_rank_delta(words.data(), static_cast<size_t>(words.shape(0)));
+           })
       .def("check_integrity", &Corpus::check_integrity, py::call_guard<py::gil_scoped_release>())
       .def("learned_tokens", [](Corpus& c) {
         std::vector<int32_t> t;

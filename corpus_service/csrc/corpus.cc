@@ -42,6 +42,13 @@ Corpus::Corpus(CorpusConfig cfg)
     : cfg_(std::move(cfg)), learned_(cfg_.learned_orders), history_(cfg_.own_orders, cfg_.history) {
   if (cfg_.history.max_key_tokens < 1024) throw std::invalid_argument("history max_key_tokens must be >= 1024");
   if (cfg_.source_window < 1) throw std::invalid_argument("source_window must be >= 1");
+  if (cfg_.rank.window < 2 || cfg_.rank.window > (1u << 15)) throw std::invalid_argument("rank window must be in [2, 32768]");
+  if (!(cfg_.rank.learning_rate >= 0.0f && cfg_.rank.learning_rate <= 1.0f))
+    throw std::invalid_argument("rank learning_rate must be in [0, 1]");
+  if (!(cfg_.rank.request_decay >= 0.0f && cfg_.rank.request_decay <= 1.0f))
+    throw std::invalid_argument("rank request_decay must be in [0, 1]");
+  if (!(cfg_.rank.prior >= 0.0f && cfg_.rank.token_prior >= 0.0f && cfg_.rank.pair_prior >= 0.0f))
+    throw std::invalid_argument("rank priors must be >= 0");
   // Validate the other order sets eagerly so a bad config fails at construction.
   TokenIndex probe_own(cfg_.own_orders), probe_ext(cfg_.external_orders);
   if (cfg_.max_candidates < 1 || cfg_.max_candidates > 1024)
@@ -208,6 +215,9 @@ void Corpus::set_prompt_key(const std::string& id, const std::string& key, int64
   rs->history_key = key;
   rs->policy_version = version >= 0 ? version : policy_version();
   rs->keep_rollout = keep_rollout && !key.empty();
+  // SGLang's window path: what the request held when it was first seen is its prompt; its output is
+  // what follows (a rollout of the whole window would store the prompt as output).
+  rs->prompt_len = rs->total_len;
   rs->history.reset();
   rs->history_seen = UINT64_MAX;
 }
@@ -489,7 +499,18 @@ void Corpus::draft_one(RequestState& rs, int budget, const std::vector<std::shar
   const bool score = cfg_.mode == DraftMode::kScore;
   const bool learn_sources = score && cfg_.learn_source_weights && (rs.group || rs.history);
   const bool feedback = score && cfg_.feedback.enabled;
-  if (feedback || learn_sources) {
+  const bool ranked = score && cfg_.rank.enabled;
+  if (ranked) {
+    RankContext rank;
+    rank.model = &rank_;
+    rank.params = &cfg_.rank;
+    rank.root_token = ctx_len > 0 ? ctx[ctx_len - 1] : -1;
+    rank.root_prev = ctx_len > 1 ? ctx[ctx_len - 2] : -1;
+    rank.request = RankModel::request_feature(rs.last_draft);
+    rs.last_draft.start_draft();
+    tree.select(budget, cfg_.min_prob, cfg_.mode, cfg_.score, tokens, parents, probs, nullptr, nullptr,
+                &rs.last_draft, &rank);
+  } else if (feedback || learn_sources) {
     rs.last_draft.start_draft();
     tree.select(budget, cfg_.min_prob, cfg_.mode, cfg_.score, tokens, parents, probs, feedback ? &acceptance_ : nullptr,
                 &cfg_.feedback, &rs.last_draft);
@@ -512,6 +533,7 @@ const KeyHistory* Corpus::key_history(RequestState& rs) {
 void Corpus::observe_commit(RequestState& rs, const int32_t* tokens, size_t n) {
   if (!rs.last_draft.armed) return;
   if (cfg_.learn_source_weights) source_weights_.observe(rs.last_draft, tokens, n, cfg_.source_window);
+  rank_.observe(rs.last_draft, tokens, n, cfg_.rank);
   acceptance_.observe(rs.last_draft, tokens, n, cfg_.feedback);  // disarms the record
 }
 
@@ -959,6 +981,7 @@ void Corpus::reset() {
   learned_.clear();
   ++learned_epoch_;
   acceptance_.clear();
+  rank_.clear();
   open_docs_.clear();
   open_by_tail_.clear();
   live_chunks_.clear();
@@ -1086,6 +1109,11 @@ void Corpus::save(const std::string& path) {
   w.put_str("history");  // format 2
   w.put<int64_t>(policy_version());
   history_.save(w);
+  w.put_str("rank");  // format 3
+  {
+    std::lock_guard<RankModel> g(rank_);
+    rank_.save(w);
+  }
   write_snapshot_file(path, w.bytes());
 }
 
@@ -1095,9 +1123,11 @@ void Corpus::freeze() {
   learned_mu_.lock();
   ext_mu_.lock();
   history_.lock();
+  rank_.lock();
 }
 
 void Corpus::thaw() {
+  rank_.unlock();
   history_.unlock();
   ext_mu_.unlock();
   learned_mu_.unlock();
@@ -1116,6 +1146,8 @@ void Corpus::save_frozen(const std::string& path) const {
   w.put_str("history");
   w.put<int64_t>(policy_version());
   history_.save_locked(w);
+  w.put_str("rank");
+  rank_.save(w);
   write_snapshot_file(path, w.bytes());
 }
 
@@ -1145,6 +1177,13 @@ void Corpus::load(const std::string& path) {
     policy = r.get<int64_t>();
     if (policy < 0) throw CorruptSnapshot("corrupt snapshot: negative policy version: '" + path + "'");
     history = history_.parse(r);
+    history.announced = policy;  // late rollouts older than the snapshot's version are dropped, as before it
+  }
+  // Format 3 adds the rank model; older files load with an empty one (today's ranking until it learns).
+  RankModel rank;
+  if (version >= 3) {
+    if (r.get_str() != "rank") throw CorruptSnapshot("corrupt snapshot: no rank model section: '" + path + "'");
+    rank.load(r);
   }
   if (!r.done()) throw CorruptSnapshot("corrupt snapshot: trailing bytes: '" + path + "'");
   learned.check_integrity();
@@ -1165,6 +1204,7 @@ void Corpus::load(const std::string& path) {
   }
   policy_version_.store(policy, std::memory_order_release);
   history_.install(std::move(history));
+  rank_.copy_from(rank);
 }
 
 std::map<std::string, double> Corpus::stats() {
@@ -1206,6 +1246,11 @@ std::map<std::string, double> Corpus::stats() {
   auto [tested, accepted] = acceptance_.totals();
   s["feedback_tested_nodes"] = static_cast<double>(tested);
   s["feedback_accepted_nodes"] = static_cast<double>(accepted);
+  const auto [rank_tested, rank_accepted] = rank_.totals();
+  s["rank_tested_nodes"] = static_cast<double>(rank_tested);
+  s["rank_accepted_nodes"] = static_cast<double>(rank_accepted);
+  s["rank_delta_queued_nodes"] = static_cast<double>(rank_.queued());
+  s["rank_delta_dropped_nodes"] = static_cast<double>(rank_.dropped());
   const auto h = history_.totals();
   s["history_keys"] = static_cast<double>(h.keys);
   s["history_rollouts"] = static_cast<double>(h.rollouts);
@@ -1215,6 +1260,8 @@ std::map<std::string, double> Corpus::stats() {
   s["history_max_charged_tokens"] = static_cast<double>(cfg_.history.max_charged_tokens);
   s["history_bytes"] = static_cast<double>(h.bytes);
   s["history_bytes_per_token"] = h.stored ? static_cast<double>(h.bytes) / static_cast<double>(h.stored) : 0.0;
+  // What the bound covers (a small key is charged at least kMinKeyCharge tokens for its fixed tables).
+  s["history_bytes_per_charged_token"] = h.charged ? static_cast<double>(h.bytes) / static_cast<double>(h.charged) : 0.0;
   s["history_rollouts_added"] = static_cast<double>(h.added);
   s["history_rollouts_truncated"] = static_cast<double>(h.truncated);
   s["history_rollouts_dropped"] = static_cast<double>(h.dropped_rollouts);

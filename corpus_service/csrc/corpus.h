@@ -28,6 +28,7 @@
 #include "draft_tree.h"
 #include "group.h"
 #include "prompt_history.h"
+#include "rank_model.h"
 #include "request_state.h"
 #include "token_index.h"
 #include "tree_rows.h"
@@ -48,6 +49,7 @@ struct CorpusConfig {
   ScoreParams score;
   float shared_alpha = 2.0f;     // match-length exponent for the learned and external corpora
   FeedbackParams feedback;       // online calibration from commits (kScore)
+  RankParams rank;               // online acceptance model ranking the nodes (kScore; rank_model.h)
   float min_prob = 0.0f;         // stop adding nodes below this path probability
   float weak_weight = 1.0f;      // candidates weighing less than this ...
   int weak_depth = 5;            // ... read at most this many continuation tokens
@@ -196,6 +198,10 @@ class Corpus {
   void thaw();
   void save_frozen(const std::string& path) const;
   std::map<std::string, double> stats();
+  // The rank model (rank_model.h): its weights, and the deltas replicas exchange.
+  std::vector<float> rank_weights() const { return rank_.weights(); }
+  std::vector<int32_t> export_rank_delta() { return rank_.export_delta(); }
+  void apply_rank_delta(const int32_t* words, size_t n) { rank_.apply_delta(words, n, cfg_.rank); }
   void check_integrity();
   std::vector<int32_t> learned_tokens();
 
@@ -239,6 +245,7 @@ class Corpus {
   TokenIndex learned_;
   uint64_t learned_epoch_ = 0;  // bumped (under learned_mu_ exclusive) when learned_ is cleared or replaced
   AcceptanceModel acceptance_;  // calibration of node acceptance, learned from every request's commits
+  RankModel rank_;              // the online acceptance model that ranks nodes (cfg_.rank)
   PromptHistory history_;       // each prompt key's rollouts
   SourceWeights source_weights_;  // learned multipliers of the sibling and history sources
   std::atomic<int64_t> policy_version_{0};

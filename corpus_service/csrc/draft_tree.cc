@@ -4,11 +4,13 @@
 #include <cmath>
 #include <queue>
 
+#include "prompt_history.h"
+
 namespace ngc {
 
 void DraftTree::reset() {
   nodes_.clear();
-  nodes_.push_back(Node{-1, -1, -1, 0, 0.f, 0.f, 0, 0.f, 0});
+  nodes_.push_back(Node{-1, -1, -1, -1, 0, 0.f, 0.f, 0, 0.f, 0, 0.f, 0.f, 0, 0});
 }
 
 int32_t DraftTree::child(int32_t parent, int32_t token) {
@@ -18,7 +20,7 @@ int32_t DraftTree::child(int32_t parent, int32_t token) {
     prev = c;
   }
   int32_t id = static_cast<int32_t>(nodes_.size());
-  nodes_.push_back(Node{token, -1, -1, nodes_[parent].depth + 1, 0.f, 0.f, 0, 0.f, 0});
+  nodes_.push_back(Node{token, parent, -1, -1, nodes_[parent].depth + 1, 0.f, 0.f, 0, 0.f, 0, 0.f, 0.f, 0, 0});
   if (prev == -1)
     nodes_[parent].first_child = id;
   else
@@ -54,16 +56,22 @@ void DraftTree::add(const int32_t* tokens, int n, int match_len, float scale, ui
   };
   int32_t u = 0;
   float w = weight(0);
+  const float own = cls == kSrcOwn ? 1.0f : 0.0f;
   nodes_[0].mass += w;
+  nodes_[0].own_mass += own * w;
   nodes_[0].recency = std::max(nodes_[0].recency, recency);
   for (int i = 0; i < n; ++i) {
     int32_t c = child(u, tokens[i]);
     Node& node = nodes_[c];
     node.vote += w;
+    node.own_vote += own * w;
     if (w > node.top) node.top = w, node.cls = cls;
     w = weight(i + 1);
     node.mass += w;
+    node.own_mass += own * w;
     node.recency = std::max(node.recency, recency);
+    if (cls == kSrcOwn) node.own_recency = std::max(node.own_recency, recency + 1);
+    if (cls == kSrcLearned) node.learned_recency = std::max(node.learned_recency, recency + 1);
     u = c;
   }
 }
@@ -71,10 +79,15 @@ void DraftTree::add(const int32_t* tokens, int n, int match_len, float scale, ui
 int DraftTree::select(int budget, float min_prob, DraftMode mode, const ScoreParams& sp,
                       std::vector<int32_t>& tokens, std::vector<int32_t>& parents,
                       std::vector<float>& probs, const AcceptanceModel* model,
-                      const FeedbackParams* fp, DraftRecord* record) {
+                      const FeedbackParams* fp, DraftRecord* record, const RankContext* rank) {
   if (nodes_.empty()) return 0;
-  if (mode != DraftMode::kScore) model = nullptr;
+  if (mode != DraftMode::kScore) model = nullptr, rank = nullptr;
+  if (rank && !rank->model) rank = nullptr;
+  if (rank) model = nullptr;
   if (model) cells_.resize(nodes_.size());
+  constexpr int kF = RankModel::kFeatures;
+  constexpr int kC = RankModel::kNodeCells;
+  if (rank) rank_feats_.resize(nodes_.size() * kF), rank_cells_.resize(nodes_.size() * kC);
   const float lambda = mode == DraftMode::kScore ? sp.lambda : 0.f;
   size_t out_base = tokens.size();
   // Heap entries: (priority, node, output index of the parent, path probability).
@@ -89,9 +102,31 @@ int DraftTree::select(int budget, float min_prob, DraftMode mode, const ScorePar
   auto push_children = [&](int32_t u, int32_t u_out, float u_prob) {
     float denom = nodes_[u].mass + lambda;
     if (denom <= 0.f) return;
+    const float own_denom = nodes_[u].own_mass + lambda;
+    const float shared_denom = nodes_[u].mass - nodes_[u].own_mass + lambda;
+    int siblings = 0;
+    int32_t parent_token = -1, grand_token = -1;
+    uint64_t latest = 0, latest_own = 0;
+    if (rank) {
+      for (int32_t c = nodes_[u].first_child; c != -1; c = nodes_[c].next_sibling)
+        ++siblings, latest = std::max(latest, nodes_[c].learned_recency),
+                    latest_own = std::max(latest_own, nodes_[c].own_recency);
+      parent_token = u == 0 ? rank->root_token : nodes_[u].token;
+      const int32_t g = nodes_[u].parent;
+      grand_token = u == 0 ? rank->root_prev : g == 0 ? rank->root_token : nodes_[g].token;
+    }
     for (int32_t c = nodes_[u].first_child; c != -1; c = nodes_[c].next_sibling) {
       float q = std::min(1.0f, nodes_[c].vote / denom);
-      if (model)
+      if (rank) {
+        const Node& n = nodes_[c];
+        const RankInputs in{q, own_denom > 0.f ? n.own_vote / own_denom : 0.f,
+                            shared_denom > 0.f ? (n.vote - n.own_vote) / shared_denom : 0.f, n.depth, parent_token,
+                            grand_token, n.token, n.vote > 0.f ? n.top / n.vote : 0.f, siblings,
+                            siblings > 1 && latest > 0 && n.learned_recency == latest,
+                            siblings > 1 && latest_own > 0 && n.own_recency == latest_own};
+        q = rank->model->predict(in, rank->request, *rank->params, &rank_feats_[static_cast<size_t>(c) * kF],
+                                 &rank_cells_[static_cast<size_t>(c) * kC]);
+      } else if (model)
         q = model->conditional(q, nodes_[c].depth, nodes_[c].token, *fp, &cells_[c].depth_cell, &cells_[c].token_cell);
       float p = u_prob * q;
       double key;
@@ -119,6 +154,12 @@ int DraftTree::select(int budget, float min_prob, DraftMode mode, const ScorePar
       const float parent_p = par < 0 ? 1.0f : probs[out_base + static_cast<size_t>(par)];
       record->q.push_back(parent_p > 0.f ? e.prob / parent_p : 0.f);
       record->cls.push_back(nodes_[e.node].cls);
+      if (rank) {
+        const size_t c = static_cast<size_t>(e.node);
+        record->feats.insert(record->feats.end(), &rank_feats_[c * kF], &rank_feats_[c * kF] + kF);
+        record->rank_cells.insert(record->rank_cells.end(), &rank_cells_[c * kC], &rank_cells_[c * kC] + kC);
+        record->ranked = true;
+      }
       if (model) {
         record->depth_cell.push_back(cells_[e.node].depth_cell);
         record->token_cell.push_back(cells_[e.node].token_cell);

@@ -21,8 +21,18 @@
 #include <vector>
 
 #include "acceptance_model.h"
+#include "rank_model.h"
 
 namespace ngc {
+
+// A RankModel and what it needs beyond the tree: the context's last token (the root's) and the
+// request's recent acceptance (RankModel::request_feature).
+struct RankContext {
+  const RankModel* model = nullptr;
+  const RankParams* params = nullptr;
+  int32_t root_token = -1, root_prev = -1;  // the context's last two tokens (-1: none)
+  float request = 0.0f;
+};
 
 enum class DraftMode : int { kScore = 0, kProb = 1, kBfs = 2 };
 
@@ -44,12 +54,14 @@ class DraftTree {
            DraftMode mode, const ScoreParams& sp, uint8_t cls = 0);
   // Selects at most budget nodes (parents before children). Nodes whose path probability falls
   // below min_prob are not taken (kScore and kProb). Appends to the outputs; returns the count.
-  // With a model (kScore), conditionals are calibrated. Each taken node is written to `record`
-  // (already started; its cells with a model) so the next commit can score it.
+  // With a model (kScore), conditionals are calibrated; with a rank model (kScore; it takes
+  // precedence) they are its predictions. Each taken node is written to `record` (already started;
+  // its cells or features with a model) so the next commit can score it.
   int select(int budget, float min_prob, DraftMode mode, const ScoreParams& sp,
              std::vector<int32_t>& tokens, std::vector<int32_t>& parents,
              std::vector<float>& probs, const AcceptanceModel* model = nullptr,
-             const FeedbackParams* fp = nullptr, DraftRecord* record = nullptr);
+             const FeedbackParams* fp = nullptr, DraftRecord* record = nullptr,
+             const RankContext* rank = nullptr);
   size_t nodes() const { return nodes_.size(); }
   // pow(m, alpha) for m = 0..sp.match_cap (cached per exponent; valid until the next call with
   // other parameters).
@@ -58,6 +70,7 @@ class DraftTree {
  private:
   struct Node {
     int32_t token;
+    int32_t parent;
     int32_t first_child;
     int32_t next_sibling;
     int32_t depth;
@@ -66,6 +79,12 @@ class DraftTree {
     uint64_t recency;   // most recent candidate through this node
     float top;          // the heaviest single vote for this node ...
     uint8_t cls;        // ... and its source class
+    float own_vote;     // vote and mass from the request's own context alone (the rank model's
+    float own_mass;     // own-context vs shared estimates)
+    // The most recent own-context and learned-corpus candidates through this node (position + 1; 0:
+    // none): positions are comparable within one index only.
+    uint64_t own_recency;
+    uint64_t learned_recency;
   };
   int32_t child(int32_t parent, int32_t token);
   std::vector<Node> nodes_;
@@ -75,6 +94,9 @@ class DraftTree {
     uint32_t token_cell;
   };
   std::vector<NodeCells> cells_;
+  // Per node, with a RankModel: its features and cells, set when it is pushed.
+  std::vector<float> rank_feats_;
+  std::vector<uint32_t> rank_cells_;
   // pow(m, alpha) for m = 0..match_cap, rebuilt when the parameters change (pow is the hot spot).
   struct PowTable {
     float alpha = -1.f;

@@ -54,6 +54,34 @@ void PromptHistory::drop_front(KeyHistory& h, size_t n) {
   }
 }
 
+void PromptHistory::drop_old(KeyHistory& h, int64_t newest) {
+  if (cfg_.max_age == 0) return;
+  auto old = [&](const HistoryRollout& r) { return newest - r.version >= cfg_.max_age; };
+  size_t front = 0;
+  while (front < h.rollouts.size() && old(h.rollouts[front])) ++front;
+  drop_front(h, front);
+  // Rollouts are kept in arrival order, and an older version may arrive after a newer one (a slow
+  // replica): one that is now too old behind a younger one cannot be evicted as a prefix, so the
+  // key's index is rebuilt without it (rare: only out-of-order versions need it).
+  if (std::none_of(h.rollouts.begin(), h.rollouts.end(), old)) return;
+  TokenIndex fresh(h.index.orders());
+  std::deque<HistoryRollout> kept;
+  std::vector<int32_t> t;
+  for (HistoryRollout r : h.rollouts) {
+    if (old(r)) {
+      ++dropped_rollouts_;
+      continue;
+    }
+    t.resize(r.tokens);
+    h.index.read(r.first, r.tokens, t.data());
+    r.first = fresh.live() > 0 ? fresh.end() + 1 : fresh.end();
+    fresh.append_document(t.data(), t.size());
+    kept.push_back(r);
+  }
+  h.index = std::move(fresh);
+  h.rollouts = std::move(kept);
+}
+
 void PromptHistory::recharge(Entry& e) {
   charged_ -= e.charged;
   e.charged = charge_of(*e.h);
@@ -93,6 +121,14 @@ bool PromptHistory::add(const std::string& key, int64_t version, const int32_t* 
   if (!enabled() || output == 0 || output > n || key.empty()) return false;
   std::lock_guard<std::mutex> g(mu_);
   auto it = keys_.find(key);
+  // A rollout max_age versions older than its key's newest, or than the announced version, arrives
+  // late (a slow replica, a reordered log): kept, it would be dropped at once; it is counted instead,
+  // and neither creates its key nor makes it the most recently written.
+  const int64_t newest = std::max(announced_, it == keys_.end() ? int64_t{-1} : it->second.h->newest);
+  if (cfg_.max_age > 0 && newest - version >= cfg_.max_age) {
+    ++dropped_rollouts_;
+    return false;
+  }
   if (it == keys_.end()) {
     Entry e;
     e.h = std::make_shared<KeyHistory>(orders_);
@@ -113,28 +149,22 @@ bool PromptHistory::add(const std::string& key, int64_t version, const int32_t* 
       ++truncated_;
     }
     h.newest = std::max(h.newest, version);
+    drop_old(h, h.newest);  // nothing max_age old
     size_t drop = 0;
-    // Room for it: at most max_rollouts, max_key_tokens (with the separator), nothing max_age old.
+    // Room for it: at most max_rollouts, max_key_tokens (with the separator).
     while (drop < h.rollouts.size() &&
            (h.rollouts.size() - drop + 1 > cfg_.max_rollouts ||
-            h.index.end() - h.rollouts[drop].first + n + 1 > cfg_.max_key_tokens ||
-            (cfg_.max_age > 0 && h.newest - h.rollouts[drop].version >= cfg_.max_age)))
+            h.index.end() - h.rollouts[drop].first + n + 1 > cfg_.max_key_tokens))
       ++drop;
     drop_front(h, drop);
-    if (cfg_.max_age == 0 || h.newest - version < cfg_.max_age) {
-      const uint64_t first = h.index.live() > 0 ? h.index.end() + 1 : h.index.end();  // after the separator
-      h.index.append_document(tokens, n);
-      h.rollouts.push_back(HistoryRollout{first, static_cast<uint32_t>(n), static_cast<uint32_t>(output), version});
-      ++added_;
-    }
+    const uint64_t first = h.index.live() > 0 ? h.index.end() + 1 : h.index.end();  // after the separator
+    h.index.append_document(tokens, n);
+    h.rollouts.push_back(HistoryRollout{first, static_cast<uint32_t>(n), static_cast<uint32_t>(output), version});
+    ++added_;
   }
   recharge(it->second);
-  if (h.rollouts.empty()) {
-    erase(it);
-    return false;
-  }
   enforce_total(key);
-  return true;
+  return keys_.count(key) != 0;  // a rollout larger than the whole bound did not stay
 }
 
 std::shared_ptr<const KeyHistory> PromptHistory::find(const std::string& key) const {
@@ -144,15 +174,14 @@ std::shared_ptr<const KeyHistory> PromptHistory::find(const std::string& key) co
 }
 
 void PromptHistory::announce(int64_t current) {
-  if (cfg_.max_age == 0) return;
   std::lock_guard<std::mutex> g(mu_);
+  announced_ = std::max(announced_, current);
+  if (cfg_.max_age == 0) return;
   for (auto it = keys_.begin(); it != keys_.end();) {
     KeyHistory& h = *it->second.h;
     {
       std::unique_lock<std::shared_mutex> wl(h.mu);
-      size_t drop = 0;
-      while (drop < h.rollouts.size() && current - h.rollouts[drop].version >= cfg_.max_age) ++drop;
-      drop_front(h, drop);
+      drop_old(h, current);
     }
     recharge(it->second);
     auto next = std::next(it);
@@ -303,7 +332,18 @@ void PromptHistory::install(Loaded&& l) {
   keys_ = std::move(l.keys);
   lru_ = std::move(l.lru);  // a list's nodes move with it: the entries' iterators stay valid
   charged_ = l.charged;
+  announced_ = l.announced;  // as the corpus takes the snapshot's policy version
   created_.fetch_add(1, std::memory_order_acq_rel);
+  // What a smaller max_age than the snapshot's drops (as an announcement of its version would).
+  if (cfg_.max_age > 0) {
+    for (auto it = keys_.begin(); it != keys_.end();) {
+      auto next = std::next(it);
+      drop_old(*it->second.h, std::max(it->second.h->newest, announced_));
+      recharge(it->second);
+      if (it->second.h->rollouts.empty()) erase(it);
+      it = next;
+    }
+  }
   // Smaller bounds than the snapshot's: what does not fit goes, oldest rollouts and least recently
   // written keys first.
   for (auto& [k, e] : keys_) {

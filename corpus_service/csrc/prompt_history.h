@@ -86,7 +86,8 @@ class PromptHistory {
   const HistoryConfig& config() const { return cfg_; }
 
   // Adds a rollout: tokens[0..n) are the prompt tail (n - output tokens) then the output. Returns
-  // false when nothing was stored (history off, or no output).
+  // false when nothing was stored (history off, no output, or max_age versions older than the key's
+  // newest rollout or the announced version: counted as dropped).
   bool add(const std::string& key, int64_t version, const int32_t* tokens, size_t n, size_t output);
   // The key's history (null if it has none); `created` receives the count of keys ever created, so a
   // request without one looks again only when a key was created since.
@@ -121,6 +122,7 @@ class PromptHistory {
     std::unordered_map<std::string, Entry> keys;
     std::list<std::string> lru;
     size_t charged = 0;
+    int64_t announced = -1;  // the namespace's version when it was saved (set by the corpus)
   };
   Loaded parse(ByteReader& r) const;
   void install(Loaded&& l);
@@ -131,6 +133,7 @@ class PromptHistory {
   static size_t charge_of(const KeyHistory& h);
   static void check_key(const std::string& key, const KeyHistory& h);  // std::logic_error on a violation
   void drop_front(KeyHistory& h, size_t n);      // the n oldest rollouts (h.mu held)
+  void drop_old(KeyHistory& h, int64_t newest);  // every rollout max_age versions older than newest (h.mu held)
   void recharge(Entry& e);                       // after h changed (mu_ held)
   void erase(std::unordered_map<std::string, Entry>::iterator it);
   void enforce_total(const std::string& keep);   // evicts least recently written keys
@@ -143,6 +146,7 @@ class PromptHistory {
   size_t charged_ = 0;
   std::atomic<uint64_t> created_{0};
   uint64_t added_ = 0, truncated_ = 0, evicted_keys_ = 0, dropped_rollouts_ = 0;
+  int64_t announced_ = -1;  // the newest announced version (kept by clear: the namespace keeps its version)
 };
 
 // Source classes of draft candidates (DraftTree::add), for SourceWeights: what each node's heaviest

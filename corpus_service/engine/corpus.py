@@ -583,6 +583,24 @@ class NgramCorpus:
         """Counts, tokens and bytes as ints; seconds and ratios as floats (see ``typed_stats``)."""
         return typed_stats(self._native.stats())
 
+    def rank_weights(self) -> np.ndarray:
+        """The rank model's weights (csrc/rank_model.h: bias, logit q, cell, token, pair, request,
+        own-context and shared estimates, depth), for inspection and tests."""
+        return np.asarray(self._native.rank_weights(), np.float32)
+
+    def export_rank_delta(self) -> np.ndarray:
+        """What the rank model observed since the last call, as int32 words (``RANK_DELTA_WORDS`` per tested node), when
+        ``rank_learn_local`` is off: a replica publishes it so that every replica applies it."""
+        return self._native.export_rank_delta()
+
+    def apply_rank_delta(self, words: np.ndarray) -> None:
+        """Learns from a delta of ``export_rank_delta`` (any replica's). A malformed one raises
+        ValueError and changes nothing."""
+        arr = np.asarray(words)
+        if arr.ndim != 1 or arr.dtype.kind not in "iu":
+            raise ValueError(f"apply_rank_delta: expected a 1-D integer array, got {arr.dtype} with shape {arr.shape}")
+        self._native.apply_rank_delta(arr.astype(np.int32, copy=False))
+
     def check_integrity(self) -> None:
         """Verifies every native invariant; raises AssertionError naming the first violation."""
         self._native.check_integrity()

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from corpus_service.replication.events import CHUNK, EXTERNAL, POLICY, REMOVE, RESET, ROLLOUT, Batch, carried
+from corpus_service.replication.events import CHUNK, EXTERNAL, POLICY, RANK, REMOVE, RESET, ROLLOUT, Batch, carried
 from corpus_service.server.state import ServiceState
 
 log = logging.getLogger("corpus_service.replication")
@@ -62,6 +62,12 @@ class Applier:
                     except ValueError as e:  # a bad event from a foreign writer: every replica skips it
                         self.skipped_events += 1
                         log.warning("log rollout event skipped: %s", e)
+                elif kind == RANK:  # ["a", NS, N]: a replica's rank model observations, learned by all
+                    try:
+                        corpus.apply_rank_delta(tokens)
+                    except ValueError as e:  # a bad event from a foreign writer: every replica skips it
+                        self.skipped_events += 1
+                        log.warning("log rank model event skipped: %s", e)
                 elif kind == POLICY:
                     corpus.advance_policy_version(ev[2])
         for ns in sorted(touched):
@@ -71,8 +77,8 @@ class Applier:
 def digest(state: ServiceState) -> str:
     """A hash of what replication must make equal on every replica: each namespace's learned corpus
     (its tokens and document boundaries, in order), its external corpora (names, token counts), its
-    policy version and its prompt history (keys in least-recently-written order, each rollout's
-    version, output length and tokens)."""
+    policy version, its prompt history (keys in least-recently-written order, each rollout's
+    version, output length and tokens) and its rank model's weights."""
     h = hashlib.sha256()
     for ns in sorted(state.specs):
         corpus = state.corpus(ns)
@@ -84,5 +90,6 @@ def digest(state: ServiceState) -> str:
         for r in corpus.history_rollouts():
             h.update(f"\3{r.prompt_key}\0{r.policy_version}\0{r.output}\0".encode())
             h.update(np.ascontiguousarray(r.tokens, dtype="<i4").tobytes())
+        h.update(b"\4" + np.ascontiguousarray(corpus.rank_weights(), dtype="<f4").tobytes())
         h.update(b"\1")
     return h.hexdigest()

@@ -8,8 +8,9 @@ N]`` a finished request's rollout for prompt KEY's history, sampled by policy VE
 its prompt's tail and then OUTPUT generated tokens; ``["x", NS, NAME, KEY, FORMAT, BYTES]`` an uploaded
 external corpus whose data is blob KEY; ``["r", NS, NAME]`` a removed external corpus; ``["z", NS]`` a
 reset of the namespace's learned corpus; ``["v", NS, V]`` the namespace's policy version announced as
-V. The header is JSON so a message stays readable with ``nats stream view``; the tokens are raw so a
-batch costs one copy. Readers older than "h" and "v" refuse such messages (a version skew is loud).
+V; ``["a", NS, N]`` what a replica's rank model observed (csrc/rank_model.h ``export_delta``): the next N
+int32 words, ``RANK_DELTA_WORDS`` per tested draft node. The header is JSON so a message stays readable with ``nats stream view``; the tokens are raw so a
+batch costs one copy. Readers older than "h", "v" and "a" refuse such messages (a version skew is loud).
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 VERSION = 1
-CHUNK, EXTERNAL, REMOVE, RESET, ROLLOUT, POLICY = "c", "x", "r", "z", "h", "v"
-_KINDS = (CHUNK, EXTERNAL, REMOVE, RESET, ROLLOUT, POLICY)
+CHUNK, EXTERNAL, REMOVE, RESET, ROLLOUT, POLICY, RANK = "c", "x", "r", "z", "h", "v", "a"
+_KINDS = (CHUNK, EXTERNAL, REMOVE, RESET, ROLLOUT, POLICY, RANK)
 
 
 def carried(ev: list) -> int | None:
     """How many of the message's tokens an event carries (None: it carries none)."""
-    return int(ev[2]) if ev[0] == CHUNK else int(ev[5]) if ev[0] == ROLLOUT else None
+    return int(ev[2]) if ev[0] in (CHUNK, RANK) else int(ev[5]) if ev[0] == ROLLOUT else None
 
 
 @dataclass(slots=True)
@@ -35,7 +36,7 @@ class Batch:
     origin: str
     t_ns: int = 0  # when the batch was published (commit-to-visible lag)
     events: list[list] = field(default_factory=list)
-    tokens: list[np.ndarray] = field(default_factory=list)  # one per chunk or rollout event, in order
+    tokens: list[np.ndarray] = field(default_factory=list)  # one per chunk, rollout or rank event, in order
 
     def num_tokens(self) -> int:
         return sum(t.size for t in self.tokens)
@@ -67,6 +68,8 @@ def decode(payload: bytes) -> Batch:
             raise ValueError(f"log message: unknown event {ev!r:.80}")
         if ev[0] == ROLLOUT and (len(ev) != 6 or not isinstance(ev[2], str) or not all(isinstance(x, int) for x in ev[3:])):
             raise ValueError(f"log message: malformed rollout event {ev!r:.80}")
+        if ev[0] == RANK and (len(ev) != 3 or not isinstance(ev[2], int)):
+            raise ValueError(f"log message: malformed rank model event {ev!r:.80}")
         if ev[0] == POLICY and (len(ev) != 3 or not isinstance(ev[2], int) or ev[2] < 0):
             raise ValueError(f"log message: malformed policy version event {ev!r:.80}")
         n = carried(ev)

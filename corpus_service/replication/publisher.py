@@ -21,7 +21,7 @@ from collections import deque
 
 import numpy as np
 
-from corpus_service.replication.events import CHUNK, ROLLOUT, Batch
+from corpus_service.replication.events import CHUNK, RANK, ROLLOUT, Batch
 
 log = logging.getLogger("corpus_service.replication")
 # NATS' default max_payload is 1 MiB: a batch stays well under it.
@@ -63,6 +63,12 @@ class Publisher:
         a chunk when the buffer is full (False)."""
         tokens = np.asarray(tokens, np.int32)
         return self._add_tokens([ROLLOUT, namespace, key, int(version), int(output), int(tokens.size)], tokens)
+
+    def add_rank_delta(self, namespace: str, words: np.ndarray) -> bool:
+        """Queues what this replica's rank model observed (events.py); dropped like a chunk when the
+        buffer is full (False): every replica then learns a little less, and alike."""
+        words = np.asarray(words, np.int32)
+        return self._add_tokens([RANK, namespace, int(words.size)], words)
 
     def _add_tokens(self, event: list, tokens: np.ndarray) -> bool:
         n = int(tokens.size)

@@ -48,6 +48,9 @@ from corpus_service.server.state import ServiceState
 log = logging.getLogger("corpus_service.replication")
 FETCH_BATCH = 512  # messages applied together at most
 MAX_UNAPPLIED = 4096  # messages the broker sends ahead of the applied one
+# How often the rank models' observations go to the log: a few hundred nodes per namespace per round at
+# a busy replica, and the model a fraction of a second behind the commits on every replica.
+RANK_DELTA_INTERVAL_S = 0.25
 OFFLINE_AFTER_S = 3.0  # a broker unreachable this long at start: serve the newest snapshot meanwhile
 
 
@@ -106,6 +109,7 @@ class Replica:
     async def stop(self, timeout: float) -> None:
         """Publishes what is buffered (within ``timeout``), writes a last snapshot, disconnects."""
         deadline = time.monotonic() + timeout
+        self.publish_rank_deltas()  # what the rank models observed since the last round
         while self.publisher.pending() and self.publisher.connected is not False and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         self._stopping.set()
@@ -126,6 +130,7 @@ class Replica:
     async def _main(self) -> None:
         await self._connect()
         self._tasks.append(asyncio.create_task(self.publisher.run(self._js, self._stopping), name="replica-publish"))
+        self._tasks.append(asyncio.create_task(self._rank_loop(), name="replica-rank"))
         while True:
             try:
                 await self._bootstrap()
@@ -139,6 +144,25 @@ class Replica:
                 await asyncio.sleep(0.5)
         self._tasks.append(asyncio.create_task(self._snapshot_loop(), name="replica-snapshots"))
         await self._consume()
+
+    def publish_rank_deltas(self) -> int:
+        """Moves what each namespace's rank model observed (its engine learns nothing locally when
+        replicated: ``rank_learn_local`` is off) into the log, where every replica, this one included,
+        learns it in log order: so all hold the same model. Returns the words queued."""
+        words = 0
+        for spec in self.config.parsed_namespaces:
+            if not spec.corpus.rank_model:
+                continue
+            delta = self.state.corpus(spec.name).export_rank_delta()
+            if delta.size:
+                self.publisher.add_rank_delta(spec.name, delta)
+                words += int(delta.size)
+        return words
+
+    async def _rank_loop(self) -> None:
+        while not self._stopping.is_set():
+            await asyncio.sleep(RANK_DELTA_INTERVAL_S)
+            self.publish_rank_deltas()
 
     async def _connect(self) -> None:
         servers = [u.strip() for u in self.config.nats_url.split(",")]

@@ -1,6 +1,6 @@
 """The servicer's background task: expires idle BatchGet state and hands freed memory back.
 
-Started with the first Session or BatchGet call (``ensure_running``), it runs on the event loop
+Started when a Session stream or a BatchGet call arrives (``ensure_running``), it runs on the event loop
 every ``min(1 s, batch_get_idle_s / 4)``, so idle state is reclaimed without any further call.
 """
 

@@ -160,7 +160,7 @@ class Session:
         self.id = state.next_session_id()
         self.prefix = f"s{self.id}:"
         self.live: dict[str, set[str]] = {}  # namespace -> live request ids
-        # Bytes this session's live requests hold in the server-wide budget (live_budget.py): charged
+        # Bytes the live requests of this stream hold in the server-wide budget (live_budget.py): charged
         # when a step is admitted, released by its finishes and, for whatever is left, at close. A
         # step the engine refuses midway keeps its charge until close: an over-count, never an under-count.
         self.charged = 0
@@ -219,7 +219,7 @@ class Session:
             if missing and not started.issuperset(missing):
                 rid = _first_unknown(ids, live, started)
                 if rid is not None:
-                    raise CorpusError(f"{field}: unknown request '{rid}' (never started in this session, or finished)",
+                    raise CorpusError(f"{field}: unknown request '{rid}' (never started on this stream, or finished)",
                                       grpc.StatusCode.NOT_FOUND)
         budget = msg.draft.budget
         # The draft request is checked last, and its errors start with "draft": a client keeps the
@@ -238,7 +238,7 @@ class Session:
             if (missing and not started.issuperset(missing)) or (finished and not finished.isdisjoint(draft_set)):
                 rid = _first_unknown(draft, live, started, finished)
                 if rid is not None:
-                    raise CorpusError(f"draft: unknown request '{rid}' (never started in this session, or finished)",
+                    raise CorpusError(f"draft: unknown request '{rid}' (never started on this stream, or finished)",
                                       grpc.StatusCode.NOT_FOUND)
         if num_tokens or started:  # last: a step refused here changes nothing, like every refusal above
             tb = self.state.token_bytes[ns]

@@ -34,7 +34,10 @@ class ServiceState:
         # Loaded on first use (text uploads, the tokenizer probe of Stats).
         self.tokenizers = Tokenizers({s.name: s.tokenizer for s in config.parsed_namespaces})
         for spec in config.parsed_namespaces:
-            self.namespaces.create(spec.name, spec.corpus)
+            # Replicated, a rank model learns from the log's deltas (every replica's, its own included)
+            # rather than from its own commits, so all replicas hold the same one (replication/replica.py).
+            corpus = spec.corpus.replace(rank_learn_local=False) if config.replicated and spec.corpus.rank_model else spec.corpus
+            self.namespaces.create(spec.name, corpus)
         # Engine calls release the GIL, so a pool of threads runs them in parallel off the loop.
         self.executor = ThreadPoolExecutor(config.resolved_worker_threads(), thread_name_prefix="corpus")
         self.metrics = Metrics(self.engine_stats)

@@ -1,4 +1,5 @@
-"""Routes: /v1/completions, /v1/chat/completions (JSON or SSE), /v1/models, /metrics, /healthz.
+"""Routes: /v1/completions, /v1/chat/completions (JSON or SSE), /v1/models, /v1/policy-version (RL
+loops: the policy's weights changed), /metrics, /healthz.
 
 Bad requests answer 400 with ``{"error": {"message", "type", "param", "code"}}`` (OpenAI's shape),
 whatever FastAPI or the engine rejected them for. Request bodies are JSON whatever their
@@ -25,6 +26,7 @@ from ..step.sampling import SamplingParams
 from . import choices
 from .body import ApiError, parse_body
 from .metrics import ApiMetrics
+from .policy_version import PolicyAnnouncer, PolicyVersionRequest
 from .schemas import ChatCompletionRequest, CompletionRequest
 
 DEFAULT_MAX_TOKENS = 256
@@ -50,8 +52,11 @@ class _TextStream:
         return out
 
 
-def create_app(loop: EngineLoop, model_name: str, api_key: str = "") -> FastAPI:
+def create_app(loop: EngineLoop, model_name: str, api_key: str = "", announcer: PolicyAnnouncer | None = None) -> FastAPI:
+    """``announcer``: how ``POST /v1/policy-version`` reaches the corpus (default: this engine's
+    drafter, its corpus service's default namespace and no token)."""
     app = FastAPI(title="ngram-verifier", version="0.1.0")
+    announcer = announcer or PolicyAnnouncer(loop.engine.drafter)
     engine = loop.engine
     codec = engine.codec
     metrics = ApiMetrics(engine)
@@ -101,6 +106,14 @@ def create_app(loop: EngineLoop, model_name: str, api_key: str = "") -> FastAPI:
     async def prometheus():
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    @app.post("/v1/policy-version", dependencies=auth)
+    async def policy_version(request: Request):
+        """The policy's weights changed (verifier/api/policy_version.py)."""
+        body = await parse_body(request, PolicyVersionRequest)
+        out = await asyncio.to_thread(announcer.announce, body.version)
+        metrics.requests.labels("/v1/policy-version", "200").inc()
+        return out
+
     @app.post("/v1/completions", dependencies=auth)
     async def completions(request: Request):
         body = await parse_body(request, CompletionRequest)
@@ -131,10 +144,13 @@ def create_app(loop: EngineLoop, model_name: str, api_key: str = "") -> FastAPI:
             if k > body.n and params.logprobs is None:  # best_of ranks by cumulative logprob
                 params = dataclasses.replace(params, logprobs=0)
             # The samples share the prompt: one corpus request group, so each drafts from the others.
-            group = rid if k > 1 else None
+            # An explicit prompt_key groups every live request of the key in the corpus namespace
+            # (this request's samples and their siblings on other replicas): no group of its own then.
+            group = rid if k > 1 and body.prompt_key is None else None
             for i in range(k):  # sample i: seed + i, so n samples are n different draws
                 p = params if params.seed is None or i == 0 else dataclasses.replace(params, seed=(params.seed + i) % 2**63)
-                subs.append(loop.submit(prompt_ids, p, group=group))
+                subs.append(loop.submit(prompt_ids, p, group=group, prompt_key=body.prompt_key,
+                                        policy_version=body.policy_version))
         except ValueError as e:
             for req, _ in subs:
                 loop.abort(req.req_id)

@@ -54,6 +54,10 @@ class EngineCollector:
                 yield GaugeMetricFamily("ngram_verifier_corpus_namespace_mismatch",
                                         "1 once the corpus namespace was found not to serve this model",
                                         value=int(h.namespace_state == "mismatch"))
+        m = e.makespan  # verifier/budget/makespan.py: a busy period runs from an idle engine's first request to its last
+        yield GaugeMetricFamily("ngram_verifier_last_makespan_seconds",
+                                "the last busy period's length: a batch of requests sent together ends then", value=m.last_s)
+        yield CounterMetricFamily("ngram_verifier_busy_periods", "busy periods ended", value=m.periods)
         g = GaugeMetricFamily("ngram_verifier_requests", "live requests by state", labels=["state"])
         g.add_metric(["running"], len(e.scheduler.running))
         g.add_metric(["waiting"], len(e.scheduler.waiting))

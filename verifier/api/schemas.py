@@ -1,5 +1,5 @@
 """Request bodies of the OpenAI-compatible routes (extensions: top_k, ignore_eos, speculate,
-repetition_penalty, min_tokens, stop_token_ids, regex, ebnf).
+repetition_penalty, min_tokens, stop_token_ids, regex, ebnf, prompt_key, policy_version).
 
 Nothing a request asks for is dropped silently: a field that is neither an OpenAI field implemented
 here nor an extension answers 400 (``extra="forbid"``), and so does an OpenAI field this server does
@@ -12,10 +12,13 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from corpus_service import check_prompt_key
+
 from ..step.sampling import MAX_TOP_LOGPROBS, SamplingParams
 from ..step.structured_spec import from_openai
 
 MAX_SAMPLES = 16  # n and best_of: samples of one prompt decoded together
+MAX_POLICY_VERSION = (1 << 62) - 1  # the corpus' bound (corpus_service/engine/prompt_keys.py)
 
 # OpenAI request fields not implemented here, with why (the 400's message).
 UNSUPPORTED_COMMON = {
@@ -89,6 +92,19 @@ class _Common(BaseModel):
     response_format: dict | None = None
     regex: str | None = None
     ebnf: str | None = None
+    # RL rollouts (the corpus' prompt history): what the request is a sample of, so that the corpus
+    # drafts from the key's earlier rollouts and from its live siblings on any replica (default: a
+    # hash of the prompt ids), and the policy version sampling it (default: the namespace's current).
+    prompt_key: str | None = None
+    policy_version: int | None = Field(default=None, ge=0, le=MAX_POLICY_VERSION)
+
+    @field_validator("prompt_key")
+    @classmethod
+    def _prompt_key(cls, key: str | None) -> str | None:
+        try:  # the corpus' rule: 1-256 characters, no control characters
+            return check_prompt_key(key)
+        except ValueError as e:
+            raise ValueError(str(e).removeprefix("prompt_key: ")) from None
 
     def sampling(self, default_max_tokens: int) -> SamplingParams:
         stop = () if self.stop is None else (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)

@@ -5,7 +5,7 @@ and merges the remote corpus' tree asked one step earlier. The remote tree helps
 shared corpus knows what the mirror does not: other replicas' outputs, external corpora. Each ask
 costs the host a round trip to handle and a merge, and on the H200 (SmolLM2, batch 1) remote
 drafting that asked every step ran at a median 0.94x the in-process corpus, while the same runs
-without asks ran at 0.98-1.10x (docs/benchmarks.md). On one replica with nothing else in the
+without asks ran at 0.98-1.10x (docs/history/2026-12.md). On one replica with nothing else in the
 corpus, the remote trees added no accepted token at all (bench/fleet.py measures it).
 
 So the drafter counts, per merged step, the accepted tokens only the remote tree drafted (the

@@ -132,11 +132,11 @@ class Drafter:
         self.source = None  # the remote DraftSource (ChildProcessSource or ThreadSource), if any
         self._inflight: Pending | None = None
         self.health: CorpusHealth | None = None  # remote only
-        # Remote: every live request's prompt and group: with its committed tokens (the mirror's
-        # context after the prompt), what a corpus that has not seen them is given (a replacement
-        # client process, whose predecessor's session and server state are gone, or a corpus whose
-        # namespace check passed only after requests started).
-        self._live: dict[str, tuple[list[int], str | None]] | None = None
+        # Remote: every live request's start (prompt, group, prompt history key and policy version):
+        # with its committed tokens (the mirror's context after the prompt), what a corpus that has
+        # not seen them is given (a replacement client process, whose predecessor's session and
+        # server state are gone, or a corpus whose namespace check passed only after requests started).
+        self._live: dict[str, StartRequest] | None = None
         self._check, self._checking = check, None
         self._held = False  # remote drafting waits for the namespace check (the corpus was down)
         self._off = ""  # why remote drafting was turned off for good ("" while it is not)
@@ -171,15 +171,18 @@ class Drafter:
     # Mirror every request operation into the local corpus (the draft source when local, the
     # fallback when remote) and queue it for the remote one.
 
-    def start_request(self, req_id: str, prompt_ids: list[int], group: str | None = None) -> None:
-        """``group``: requests of one key (the samples of one API request) draft from each other."""
-        self.mirror.start(req_id, prompt_ids, group)
-        prompt = list(prompt_ids)
+    def start_request(self, req_id: str, prompt_ids: list[int], group: str | None = None, *,
+                      prompt_key: str | None = None, policy_version: int | None = None) -> None:
+        """``group``: requests of one key (the samples of one API request) draft from each other.
+        ``prompt_key``/``policy_version``: the prompt history's key and the policy sampling the request
+        (``NgramCorpus.start_request``); passed on to the remote corpus only where set."""
+        self.mirror.start(req_id, prompt_ids, group, prompt_key=prompt_key, policy_version=policy_version)
+        start = StartRequest(req_id, list(prompt_ids), group, prompt_key, policy_version)
         if self._live is not None:
-            self._live[req_id] = (prompt, group)
+            self._live[req_id] = start
         if self._gate is not None:
             self._unasked.add(req_id)  # whether the fleet knows its continuation: asked next step
-        self._remote_call(StartRequest(req_id, prompt, group))
+        self._remote_call(start)
 
     def extend(self, req_id: str, tokens: list[int]) -> None:
         if tokens:
@@ -197,7 +200,9 @@ class Drafter:
             self._scoring, self._merged = (*self._merged, items), None
         self._remote_call(Extend(items))
 
-    def finish(self, req_id: str) -> None:
+    def finish(self, req_id: str, rollout: bool = True) -> None:
+        """``rollout=False``: the request did not finish (aborted, failed); its cut output stays out
+        of its prompt key's history, here and on the remote corpus."""
         self._unasked.discard(req_id)
         if req_id in self._hot:
             if self._scoring is not None:  # its last step is scored as a hot request's
@@ -205,8 +210,8 @@ class Drafter:
             self._hot.pop(req_id, None)  # (the score may have cooled it down)
         if self._live is not None:
             self._live.pop(req_id, None)
-        self.mirror.finish(req_id)
-        self._remote_call(Finish(req_id))
+        self.mirror.finish(req_id, rollout)
+        self._remote_call(Finish(req_id, rollout))
 
     def draft(self, req_ids: list[str], budget: int) -> DraftBatch:
         if self._checking is not None:
@@ -306,11 +311,11 @@ class Drafter:
     def _replay_calls(self) -> list[Call]:
         """The live requests' whole state as calls: the prompt as a start, what was committed since
         (the mirror's context after the prompt) as one extend."""
-        calls: list[Call] = [StartRequest(rid, prompt, group) for rid, (prompt, group) in self._live.items()]
+        calls: list[Call] = list(self._live.values())
         outputs = []
         ids = list(self._live)
         for rid, total in zip(ids, self.local.context_lengths(ids).tolist()):
-            out = total - len(self._live[rid][0])
+            out = total - len(self._live[rid].prompt)
             if out > 0:  # total is -1 for a request the mirror no longer holds
                 outputs.append((rid, self.local.context_tail(rid, out).tolist()))
         if outputs:

@@ -30,7 +30,7 @@ from corpus_service import DraftBatch
 
 from .calls import CALL_TYPES, Extend, Finish, StartRequest
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: StartRequest carries prompt_key/policy_version, Finish rollout
 _HEADER = struct.Struct("<IBB")  # body length, protocol version, kind
 _PICKLED, _TREES = 0, 1  # kinds: a pickled message; a draft's trees as raw arrays
 _TREES_HEAD = struct.Struct("<qiiB")  # ticket, rows, width, capped
@@ -109,6 +109,11 @@ class Calls:
                 if type(c) is StartRequest:
                     _expect(isinstance(c.prompt, list) and (c.group is None or isinstance(c.group, str)),
                             self, "a bad prompt or group")
+                    _expect((c.prompt_key is None or isinstance(c.prompt_key, str))
+                            and (c.policy_version is None or _is_int(c.policy_version)),
+                            self, "a bad prompt_key or policy_version")
+                else:
+                    _expect(isinstance(c.rollout, bool), self, "a rollout flag that is not a bool")
 
 
 @dataclass(frozen=True, slots=True)

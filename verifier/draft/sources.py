@@ -46,7 +46,7 @@ GIL_SWITCH_INTERVAL_S = 2e-4  # see the module docstring
 # child process' answer is a non-blocking read instead, so the engine polls the GPU between reads as
 # tightly as a local step's event wait spins: a 10 us select() slept ~60 us (the kernel's default
 # 50 us timer slack), and the H200's batch-1 remote drafting step spent 23 us more in its forward
-# phase than a local one (0.995 vs 0.972 ms; docs/benchmarks.md).
+# phase than a local one (0.995 vs 0.972 ms; commit f19f6fc).
 AWAIT_AHEAD_S = 1e-5
 # A dead client process is replaced at once if it had run for STABLE_CHILD_S; otherwise (a crash
 # loop, or a replacement that does not start) after a delay that doubles each time, up to the maximum.
@@ -78,11 +78,15 @@ class Pending(Protocol):
 class DraftSource(Protocol):
     target: str
 
-    def start(self, req_id: str, prompt: list[int], group: str | None = None) -> None: ...
+    def start(self, req_id: str, prompt: list[int], group: str | None = None, *, prompt_key: str | None = None,
+              policy_version: int | None = None) -> None:
+        """``prompt_key``/``policy_version``: the prompt history's key and the sampling policy's
+        version (``NgramCorpus.start_request``)."""
 
     def extend(self, items: list[tuple[str, list[int]]]) -> None: ...
 
-    def finish(self, req_id: str) -> None: ...
+    def finish(self, req_id: str, rollout: bool = True) -> None:
+        """``rollout=False``: an aborted or failed request, kept out of its prompt key's history."""
 
     def draft(self, req_ids: list[str], nodes: int, budget: int) -> Pending: ...
 
@@ -118,16 +122,17 @@ class InProcessSource:
     def __init__(self, corpus: NgramCorpus) -> None:
         self.corpus = corpus
 
-    def start(self, req_id: str, prompt: list[int], group: str | None = None) -> None:
-        self.corpus.start_request(req_id, prompt, group=group)
+    def start(self, req_id: str, prompt: list[int], group: str | None = None, *, prompt_key: str | None = None,
+              policy_version: int | None = None) -> None:
+        self.corpus.start_request(req_id, prompt, group=group, prompt_key=prompt_key, policy_version=policy_version)
 
     def extend(self, items: list[tuple[str, list[int]]]) -> None:
         ids, runs = zip(*items)
         self.corpus.extend_runs(ids, runs)  # the lists read natively (no per-token Python loop)
 
-    def finish(self, req_id: str) -> None:
+    def finish(self, req_id: str, rollout: bool = True) -> None:
         if self.corpus.has_request(req_id):
-            self.corpus.finish(req_id)
+            self.corpus.finish(req_id, rollout=rollout)
 
     def draft(self, req_ids: list[str], nodes: int, budget: int) -> Answered:
         return Answered(self.corpus.draft(req_ids, budget))
@@ -152,14 +157,15 @@ class _RemoteSource:
                                        breaker_cooldown_s=BREAKER_COOLDOWN_S, token=endpoint.token, tls=endpoint.tls)
         self.held: list[Call] = []
 
-    def start(self, req_id: str, prompt: list[int], group: str | None = None) -> None:
-        self.held.append(StartRequest(req_id, list(prompt), group))
+    def start(self, req_id: str, prompt: list[int], group: str | None = None, *, prompt_key: str | None = None,
+              policy_version: int | None = None) -> None:
+        self.held.append(StartRequest(req_id, list(prompt), group, prompt_key, policy_version))
 
     def extend(self, items: list[tuple[str, list[int]]]) -> None:
         self.held.append(Extend(items))
 
-    def finish(self, req_id: str) -> None:
-        self.held.append(Finish(req_id))
+    def finish(self, req_id: str, rollout: bool = True) -> None:
+        self.held.append(Finish(req_id, rollout))
 
     def send(self) -> None:
         """Hands the held operations to the client, in order."""

@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from corpus_service import check_policy_version, check_prompt_key
 
 from .. import kernels
 from ..budget.cost_probe import measure_cost_model
+from ..budget.makespan import MakespanClock, MakespanConfig, expected_length
 from ..budget.policy import BudgetPolicy, BudgetStats, CostModel
 from ..draft.drafter import Drafter
 from ..model import ForwardBatch, KVCache, TextCodec, Transformer
@@ -63,15 +65,18 @@ class EngineConfig:
     # the next step's input tokens come from the previous step's predictions on the device, so the
     # host's per-step work (commits, stops, streaming) overlaps the GPU's instead of adding to it.
     # Applies to greedy steps replayed as graphs (no penalties, grammars or logprobs). Measured on
-    # the H200 (SmolLM2, docs/benchmarks.md): plain decoding 895 -> 1,024 tok/s at batch 1, 8% faster
+    # the H200 (SmolLM2, docs/history/2026-12.md): plain decoding 895 -> 1,024 tok/s at batch 1, 8% faster
     # at batch 8 and 64; outputs are identical (tests/verifier/engine/test_overlap_plain.py).
     overlap_plain: bool = True
     # The same for a speculative engine's plain steps (the budget policy drafts nothing that step:
     # large batches, or drafting that does not pay); a drafting step first commits the step in
     # flight, and its tokens count as plain decoding's in the policy. Measured on the H200
-    # (docs/benchmarks.md): plain steps of a speculative engine at batch 1 delivered 943 tok/s
+    # (docs/history/2026-12.md): plain steps of a speculative engine at batch 1 delivered 943 tok/s
     # instead of 858, speculation at batch 8 with 64 new tokens 1.04x -> 1.15x plain.
     overlap_spec_plain: bool = True
+    # Batches that end together (RL rollouts): deeper drafts in the batch's tail, longest expected
+    # requests admitted first, from the corpus' prompt history (verifier/budget/makespan.py). Off by default.
+    makespan: MakespanConfig = MakespanConfig()
 
     @property
     def refill_slots(self) -> int:
@@ -90,6 +95,10 @@ class EngineConfig:
             raise ValueError(f"refill_group: expected 0 (auto) or 1..max_batch ({self.max_batch}), got {self.refill_group}")
         if self.native_linear not in ("auto", "on", "off"):
             raise ValueError(f"native_linear: expected 'auto', 'on' or 'off', got {self.native_linear!r}")
+        if not isinstance(self.makespan, MakespanConfig):
+            raise ValueError(f"makespan: expected a MakespanConfig, got {type(self.makespan).__name__}")
+        if self.makespan.tail_budget > self.max_budget:
+            raise ValueError(f"tail_budget: expected 0..max_budget ({self.max_budget}), got {self.makespan.tail_budget}")
         if self.budget is not None and not 0 <= self.budget <= self.max_budget:
             raise ValueError(f"budget: expected 0..max_budget ({self.max_budget}) or None (adaptive), got {self.budget}")
 
@@ -205,7 +214,9 @@ class Engine:
             n = self.graphs.capture_greedy_steps(None if drafter is not None else (1,))
             n += self.graphs.capture_prefills()
             log.info("captured %d greedy-step and prefill graphs in %.1f s", n, time.perf_counter() - t)
-        self.scheduler = Scheduler(config.max_batch, config.refill_slots)
+        self.scheduler = Scheduler(config.max_batch, config.refill_slots,
+                                   longest_first=config.makespan.longest_first and drafter is not None)
+        self.makespan = MakespanClock()
         self.eos_ids = tuple(codec.eos_token_ids or mc.eos_token_ids)
         self._stop_sets: dict[tuple, frozenset[int]] = {}  # (ignore_eos, stop_token_ids) -> stop_tokens
         self.grammars = GrammarCompiler(codec.tokenizer, mc.vocab_size, self.eos_ids)  # lazy: structured output
@@ -260,8 +271,15 @@ class Engine:
     # ------------------------------------------------------------------ requests (thread-safe)
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, req_id: str | None = None,
-                    on_update=None, group: str | None = None) -> Request:
-        """Validates and queues a request; ValueError says what is wrong with it."""
+                    on_update=None, group: str | None = None, prompt_key: str | None = None,
+                    policy_version: int | None = None) -> Request:
+        """Validates and queues a request; ValueError says what is wrong with it. ``prompt_key`` and
+        ``policy_version`` go to the corpus with the request (its prompt history)."""
+        try:
+            prompt_key, version = check_prompt_key(prompt_key), check_policy_version(policy_version)
+        except TypeError as e:
+            raise ValueError(str(e)) from None
+        policy_version = None if version < 0 else version
         if not isinstance(prompt_ids, (list, tuple)) or not prompt_ids:
             raise ValueError("prompt: expected a non-empty list of token ids")
         V = self.model.config.vocab_size
@@ -271,7 +289,10 @@ class Engine:
         if need > self.config.max_len:
             raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
                              f"model length of this server ({self.config.max_len - 1} tokens)")
-        req = Request(req_id or f"req-{next(self._ids)}", [int(t) for t in prompt_ids], params, on_update, group=group)
+        req = Request(req_id or f"req-{next(self._ids)}", [int(t) for t in prompt_ids], params, on_update, group=group,
+                      prompt_key=prompt_key, policy_version=policy_version)
+        if self.scheduler.longest_first:
+            req.expected_len = expected_length(self.drafter.local, req.prompt_ids, prompt_key)
         if params.grammar is not None:
             req.grammar = self.grammars.matcher(params.grammar)
         if params.temperature > 0:
@@ -299,6 +320,8 @@ class Engine:
         Returns the requests that got tokens or finished."""
         t0 = time.perf_counter()
         updated = self._take_inbox()
+        if self.scheduler.num_unfinished:
+            self.makespan.start()
         if self._inflight is not None and updated:
             updated.extend(self._drain())  # aborts: the step ahead's tokens first, none for the aborted
         # (Newcomers prefill while a step is in flight: the stream orders their prefill after it, and
@@ -333,8 +356,8 @@ class Engine:
                 updated.extend(running)
                 stepped = True
         for req in self.scheduler.release_finished():
-            if self.drafter is not None:
-                self._corpus_call(self.drafter.finish, req.req_id)
+            if self.drafter is not None:  # an aborted or failed output stays out of the prompt history
+                self._corpus_call(self.drafter.finish, req.req_id, req.finish_reason in ("stop", "length"))
         if not (stepped and self.scheduler.running):
             # This step's commits and finishes reach the corpus now if no verify step follows at
             # once; otherwise the next one hands them over while its GPU work runs, off the host's
@@ -342,6 +365,7 @@ class Engine:
             self._dispatch(hold=bool(self.scheduler.running))
         self.stats.steps += 1
         self.stats.step_seconds += time.perf_counter() - t0
+        self.makespan.busy(self.scheduler.num_unfinished > 0)
         seen = set()
         out = [r for r in updated if not (r.req_id in seen or seen.add(r.req_id))]
         with self._lock:
@@ -376,7 +400,7 @@ class Engine:
                 req.status, req.finish_reason, req.error = Status.FINISHED, "error", error
         for req in self.scheduler.release_finished():
             if self.drafter is not None:
-                self.drafter.finish(req.req_id)
+                self.drafter.finish(req.req_id, rollout=False)
         self._dispatch()
         with self._lock:
             for req in reqs:
@@ -432,7 +456,8 @@ class Engine:
             # the first read of the logits waits): about 0.1 ms of host work per prompt, 6 ms for
             # the 64 prompts that start a batch-64 run, which would otherwise follow the forward.
             for req in reqs:
-                self._corpus_call(self.drafter.start_request, req.req_id, req.prompt_ids, group=req.group)
+                self._corpus_call(self.drafter.start_request, req.req_id, req.prompt_ids, group=req.group,
+                                  prompt_key=req.prompt_key, policy_version=req.policy_version)
         bad = nonfinite_rows(logits)  # before penalties: min_tokens puts -inf in on purpose
         for i, req in enumerate(reqs):
             if needs_processing(req):
@@ -563,7 +588,7 @@ class Engine:
             return True
         if not self.config.overlap_spec_plain:
             return False
-        budget = self.policy.draft_budget(len(running))
+        budget = self._decide_budget(len(running))
         self._budget_now = (len(running), budget)
         return budget == 0
 
@@ -572,7 +597,16 @@ class Engine:
         decided, self._budget_now = self._budget_now, None
         if decided is not None and decided[0] == bs:
             return decided[1]
-        return self.policy.draft_budget(bs) if self.drafter is not None else 0
+        return self._decide_budget(bs) if self.drafter is not None else 0
+
+    def _decide_budget(self, bs: int) -> int:
+        """The policy's budget for this step, raised in a batch's tail (EngineConfig.makespan)."""
+        budget = self.policy.draft_budget(bs)
+        tail = self.config.makespan.tail_requests
+        if tail and bs <= tail and not self.scheduler.waiting and self.config.budget != 0:
+            # The batch's tail: a step costs about the same whatever its tree size (verifier/budget/makespan.py).
+            budget = max(budget, self.config.makespan.tail_budget or self.config.max_budget)
+        return budget
 
     def _overlapped_step(self, running: list[Request]) -> list[Request]:
         """Plain decoding one step ahead of the host: launches this step (its input tokens are the

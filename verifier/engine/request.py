@@ -44,6 +44,12 @@ class Request:
     grammar: Any = None  # verifier.step.grammar.GrammarMatcher when params.grammar is set (structured output)
     penalty_state: Any = None  # verifier.step.penalties: [tokens counted, counts [V], prompt mask [V]] on the device
     group: str | None = None  # corpus request group: the n samples of one API request draft from each other
+    # The corpus' prompt history (corpus_service/engine/prompt_keys.py): the key this request is a
+    # sample of (None: a hash of its prompt ids) and the policy version sampling it (None: the
+    # namespace's current).
+    prompt_key: str | None = None
+    policy_version: int | None = None
+    expected_len: float | None = None  # output tokens its key's history leads to expect (verifier/budget/makespan.py)
 
     @property
     def finished(self) -> bool:

@@ -48,10 +48,11 @@ class EngineLoop:
         self._wake.set()
         self._thread.join(timeout=30)
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams,
-               group: str | None = None) -> tuple[Request, asyncio.Queue]:
+    def submit(self, prompt_ids: list[int], params: SamplingParams, group: str | None = None,
+               prompt_key: str | None = None, policy_version: int | None = None) -> tuple[Request, asyncio.Queue]:
         """Queues a request (ValueError for a bad one); updates arrive on the returned queue.
-        ``group``: the corpus request group of the samples of one API request."""
+        ``group``: the corpus request group of the samples of one API request; ``prompt_key`` and
+        ``policy_version``: its prompt history (``Engine.add_request``)."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Update] = asyncio.Queue()
 
@@ -59,7 +60,8 @@ class EngineLoop:
             upd = Update(list(req.output_ids), req.finished, req.finish_reason, req.text, req)
             loop.call_soon_threadsafe(queue.put_nowait, upd)
 
-        req = self.engine.add_request(prompt_ids, params, on_update=on_update, group=group)
+        req = self.engine.add_request(prompt_ids, params, on_update=on_update, group=group, prompt_key=prompt_key,
+                                      policy_version=policy_version)
         self._wake.set()
         return req, queue
 

@@ -20,12 +20,16 @@ MAX_REFILL_WAIT_STEPS = 4  # the longest a waiting request is held back while a 
 
 
 class Scheduler:
-    def __init__(self, num_slots: int, refill_group: int = 1) -> None:
+    def __init__(self, num_slots: int, refill_group: int = 1, longest_first: bool = False) -> None:
+        """``longest_first``: waiting requests are admitted by ``expected_len``, longest first (those
+        without one after, in arrival order): verifier/budget/makespan.py."""
         if num_slots < 1:
             raise ValueError(f"num_slots: expected >= 1, got {num_slots}")
         if not 1 <= refill_group <= num_slots:
             raise ValueError(f"refill_group: expected 1..{num_slots} (the slots), got {refill_group}")
         self.refill_group = refill_group
+        self.longest_first = longest_first
+        self._unsorted = False  # longest_first: requests arrived since the queue was last ordered
         self._held = 0  # consecutive admits that held waiting requests back
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -33,6 +37,7 @@ class Scheduler:
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
+        self._unsorted = self.longest_first
 
     def admit(self) -> list[Request]:
         """Moves waiting requests into free slots; returns the newly admitted ones (to prefill)."""
@@ -41,6 +46,10 @@ class Scheduler:
             self._held += 1
             return []
         self._held = 0
+        if self._unsorted:  # stable: equal expectations (and none) keep their arrival order
+            self.waiting = deque(sorted(self.waiting, key=lambda r: -r.expected_len if r.expected_len is not None
+                                        else float("inf")))
+            self._unsorted = False
         admitted = []
         while self.waiting and self._free:
             req = self.waiting.popleft()

@@ -14,6 +14,7 @@ from ngram_common.tokenizer import smollm2_gguf_path
 
 from .config import ModelConfig
 from .gguf_loader import load_gguf
+from .perturb import perturb_linear_weights
 from .tokenizer import TextCodec, codec_from_gguf, codec_from_hf_dir
 from .transformer import Transformer, fuse_state_dict
 
@@ -73,7 +74,10 @@ def build_model(cfg: ModelConfig, state: dict[str, torch.Tensor] | None, device:
     return model.to(device).eval()
 
 
-def load_model(spec: str, device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32") -> LoadedModel:
+def load_model(spec: str, device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32",
+               weight_noise_sigma: float = 0.0, weight_noise_seed: int = 0) -> LoadedModel:
+    """``weight_noise_sigma`` > 0: the decoder's linear weights perturbed (``perturb.py``: an RL
+    policy change for rollout benchmarks), seeded by ``weight_noise_seed``."""
     dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     path = resolve_model_path(spec)
     if path.is_file() and path.suffix == ".gguf":
@@ -86,4 +90,5 @@ def load_model(spec: str, device: str | torch.device = "cpu", dtype: str | torch
             cfg = dataclasses.replace(cfg, eos_token_ids=codec.eos_token_ids)
     else:
         raise ValueError(f"model: {path} is neither a .gguf file nor a directory")
+    perturb_linear_weights(state, weight_noise_sigma, weight_noise_seed)  # (sigma 0: nothing)
     return LoadedModel(build_model(cfg, state, device, dtype), codec, path.stem if path.is_file() else path.name)

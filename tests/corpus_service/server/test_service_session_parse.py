@@ -80,7 +80,7 @@ def ref_parse(session: Session, msg: pb.SessionRequest):
     for ids, field in ((extend[0], "extend"), (finish, "finish")):
         for rid in ids:
             if rid not in live and rid not in started:
-                raise CorpusError(f"{field}: unknown request '{rid}' (never started in this session, or finished)",
+                raise CorpusError(f"{field}: unknown request '{rid}' (never started on this stream, or finished)",
                                   grpc.StatusCode.NOT_FOUND)
     budget = msg.draft.budget
     if draft:  # last: a step refused only for its draft had valid operations (client_policy.settle_step)
@@ -91,7 +91,7 @@ def ref_parse(session: Session, msg: pb.SessionRequest):
                               else grpc.StatusCode.INVALID_ARGUMENT)
         for rid in draft:
             if (rid not in live and rid not in started) or rid in finished:
-                raise CorpusError(f"draft: unknown request '{rid}' (never started in this session, or finished)",
+                raise CorpusError(f"draft: unknown request '{rid}' (never started on this stream, or finished)",
                                   grpc.StatusCode.NOT_FOUND)
     return ns, restore, start, extend, finish, draft, budget
 

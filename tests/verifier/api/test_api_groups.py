@@ -1,6 +1,8 @@
 """The n samples of one API request start as one corpus request group (real uvicorn server, real
 SmolLM2, the in-process corpus): greedy samples stay identical to non-speculative decoding, the
-group reaches the drafter, and it is freed when the request ends."""
+group reaches the drafter, and it is freed when the request ends. The RL extensions: prompt_key and
+policy_version reach the corpus with every sample (their outputs join the key's history), bad ones
+answer 400, and POST /v1/policy-version moves the corpus' version forward."""
 
 import pytest
 from engine_fixtures import serve_api
@@ -16,11 +18,14 @@ class RecordingDrafter(Drafter):
     def __init__(self, **kwargs) -> None:
         super().__init__("local", **kwargs)
         self.started: list[tuple[str, str | None]] = []
+        self.history: list[tuple[str | None, int | None]] = []  # (prompt_key, policy_version) of each start
         self.groups_seen = 0  # most live groups in the corpus at a draft
 
-    def start_request(self, req_id: str, prompt_ids: list[int], group: str | None = None) -> None:
+    def start_request(self, req_id: str, prompt_ids: list[int], group: str | None = None, *,
+                      prompt_key: str | None = None, policy_version: int | None = None) -> None:
         self.started.append((req_id, group))
-        super().start_request(req_id, prompt_ids, group=group)
+        self.history.append((prompt_key, policy_version))
+        super().start_request(req_id, prompt_ids, group=group, prompt_key=prompt_key, policy_version=policy_version)
 
     def draft(self, req_ids: list[str], budget: int):
         self.groups_seen = max(self.groups_seen, int(self.local.stats()["live_groups"]))
@@ -80,3 +85,64 @@ def test_remote_drafter_passes_the_group_to_the_corpus_service(corpus_server):
             drafter.finish(rid)
     finally:
         drafter.close()
+
+
+def test_prompt_key_and_policy_version_reach_the_corpus_history(served):
+    api, drafter = served
+    drafter.started.clear()
+    drafter.history.clear()
+    drafter.groups_seen = 0
+    body = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0.8, "seed": 3, "n": 3, "prompt_key": "gsm8k:train:17",
+            "policy_version": 4}
+    r = api.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    # An explicit key groups the key's live requests corpus-wide (siblings on any replica): no group of its own.
+    assert [g for _, g in drafter.started] == [None] * 3
+    assert drafter.history == [("gsm8k:train:17", 4)] * 3
+    assert drafter.groups_seen == 1  # the key's implied group: the siblings drafted from each other
+    assert len(r.json()["choices"]) == 3
+    history = drafter.local.prompt_history("gsm8k:train:17")
+    assert [v for v, _ in history] == [4, 4, 4] and all(n >= 1 for _, n in history)
+    # The chat route carries them too.
+    chat = api.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3,
+                                                  "temperature": 0, "prompt_key": "chat-1", "policy_version": 0})
+    assert chat.status_code == 200, chat.text
+    assert drafter.history[-1] == ("chat-1", 0) and len(drafter.local.prompt_history("chat-1")) == 1
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("prompt_key", "", "1-256 characters"),
+    ("prompt_key", "k" * 257, "1-256 characters"),
+    ("prompt_key", "a\tb", "control"),
+    ("prompt_key", 17, "string"),
+    ("policy_version", -1, "greater than or equal to 0"),
+    ("policy_version", 2**62, "less than or equal"),
+    ("policy_version", "new", "integer"),
+])
+def test_bad_prompt_keys_and_versions_answer_400(served, field, value, words):
+    api, _ = served
+    for path, body in (("/v1/completions", {"prompt": PROMPT}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})):
+        r = api.post(path, json={**body, "max_tokens": 2, field: value})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == field and (words in err["message"] or field == "prompt_key" and value == "a\tb"), err
+
+
+def test_policy_version_route_moves_forward_only(served):
+    api, drafter = served
+    current = drafter.local.policy_version()
+    r = api.post("/v1/policy-version", json={"version": current + 2})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"version": current + 2, "corpus": "local"} and drafter.local.policy_version() == current + 2
+    stale = api.post("/v1/policy-version", json={"version": current + 1})
+    assert stale.status_code == 409 and "older" in stale.json()["error"]["message"], stale.text
+    for bad in ({}, {"version": -1}, {"version": 1, "extra": 1}):
+        assert api.post("/v1/policy-version", json=bad).status_code == 400
+    # A request without a version is sampled by the announced one.
+    drafter.history.clear()
+    r = api.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, "temperature": 0, "prompt_key": "v-test"})
+    assert r.status_code == 200 and drafter.history == [("v-test", None)]
+    assert [v for v, _ in drafter.local.prompt_history("v-test")] == [current + 2]
+    metrics = api.get("/metrics").text  # the engine's busy periods: the last one is a batch's makespan
+    assert "ngram_verifier_last_makespan_seconds" in metrics and "ngram_verifier_busy_periods_total" in metrics

@@ -247,7 +247,13 @@ def test_a_plain_install_started_from_the_checkout_root(corpus_server, tmp_path)
     py = str(env_dir / "bin" / "python")
     purelib = Path(subprocess.check_output([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                            text=True).strip())
-    for pkg in ("corpus_service", "verifier"):  # what the wheel holds (CMakeLists' install: _native in the package)
+    import re
+
+    # The packages the wheel holds, read from pyproject.toml (tomllib is not in Python 3.10).
+    line = re.search(r"^wheel\.packages = \[(.*)\]$", (repo / "pyproject.toml").read_text(), re.M)
+    packages = re.findall(r'"([^"]+)"', line.group(1))
+    assert {"corpus_service", "verifier"} <= set(packages)
+    for pkg in packages:  # what the wheel holds (CMakeLists' install: _native in the package)
         shutil.copytree(repo / pkg, purelib / pkg, ignore=shutil.ignore_patterns("__pycache__", "csrc", "*.so"))
     shutil.copy(native.__file__, purelib / "corpus_service")
     # The dependencies from this environment: a .pth line adds a directory without running its .pth

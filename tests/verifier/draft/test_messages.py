@@ -26,10 +26,12 @@ def _split_feed(frames: Frames, data: bytes, step: int = 5) -> list:
 
 def test_every_message_round_trips_split_anywhere():
     to_child = [Configure(ClientSettings("127.0.0.1:1", token="t")), Close(),
-                Calls([StartRequest("r", [1, 2], "g"), Extend([("r", [3])]), Finish("r")]),
+                Calls([StartRequest("r", [1, 2], "g"), Extend([("r", [3])]), Finish("r"),
+                       StartRequest("s", [4], None, "rollout/a", 7), Finish("s", False)]),
                 DraftAsk(7, ["r", "s"], 8, 4)]
     got = _split_feed(Frames(TO_CHILD), b"".join(map(encode, to_child)))
-    assert got == to_child and [type(c) for c in got[2].calls] == [StartRequest, Extend, Finish]
+    assert got == to_child and [type(c) for c in got[2].calls] == [StartRequest, Extend, Finish, StartRequest, Finish]
+    assert (got[2].calls[3].prompt_key, got[2].calls[3].policy_version, got[2].calls[4].rollout) == ("rollout/a", 7, False)
     b = _batch()
     to_parent = [Ready(), Failure(None, Note("NOT_FOUND", "x")), Reachable(), Trees(7, b, True)]
     got = _split_feed(Frames(TO_PARENT), b"".join(map(encode, to_parent)))
@@ -86,6 +88,9 @@ def test_another_protocol_version_or_frame_kind_is_refused():
     (Calls([("finish", ("r",))]), "a call of type tuple"),
     (Calls([Finish(3)]), "a request id that is not a string"),
     (Calls([Extend({"r": [1]})]), "bad extend items"),
+    (Calls([StartRequest("r", [1], None, 5)]), "a bad prompt_key or policy_version"),
+    (Calls([StartRequest("r", [1], None, "k", "7")]), "a bad prompt_key or policy_version"),
+    (Calls([Finish("r", "no")]), "a rollout flag that is not a bool"),
     (Configure(ClientSettings("h:1", timeout_s=0)), "a timeout that is not a number > 0"),
     (Failure("1", Note("", "x")), "a non-int ticket"),
 ])

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from bench import fleet
+from bench.common import parse_summary
 
 
 def test_fleet_smoke(tmp_path, capsys, data_dir):
@@ -23,6 +24,6 @@ def test_fleet_smoke(tmp_path, capsys, data_dir):
     assert solo["always"]["remote_gain_tokens"] == 0  # one replica: the corpus knows nothing more
     assert repeat["always"]["remote_gain_tokens"] > 0 and repeat["adaptive"]["remote_gain_tokens"] > 0
     assert repeat["adaptive"]["mat"] > repeat["local"]["mat"]
-    assert "SUMMARY" in capsys.readouterr().out
+    assert parse_summary(capsys.readouterr().out)
     with pytest.raises(SystemExit):
         fleet.main(["--scenarios", "duo", "--out", str(out)])

@@ -5,6 +5,7 @@ small enough that every flood is refused part way; its RSS stays within the conf
 import json
 
 from bench import fuzz_load
+from bench.common import parse_summary
 
 
 def test_fuzz_load_smoke_stays_within_the_configured_bounds(tmp_path, capsys):
@@ -22,4 +23,5 @@ def test_fuzz_load_smoke_stays_within_the_configured_bounds(tmp_path, capsys):
     assert res["live_requests_after_idle"] == 0
     # What the budget charges a request covers what the server holds for it.
     assert 0 < res["probe"]["rss_per_request_b"] <= res["probe"]["charged_per_request_b"]
-    assert "fuzz_load (smoke):" in capsys.readouterr().out
+    summary = parse_summary(capsys.readouterr().out)
+    assert summary["scale"] == "smoke" and summary["ok"] and summary["rss_peak_mib"] == res["rss_peak_mib"]

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from bench import draft_threads
+from bench.common import parse_summary
 
 
 def test_draft_threads_bench_smoke(tmp_path, capsys, data_dir):
@@ -15,6 +16,6 @@ def test_draft_threads_bench_smoke(tmp_path, capsys, data_dir):
         for kind in ("draft", "draft_compact"):
             row = res["batches"][B][kind]
             assert row["identical"] and row["serial_us"] > 0 and row["pooled_us"] > 0
-    assert "SUMMARY" in capsys.readouterr().out
+    assert parse_summary(capsys.readouterr().out)
     with pytest.raises(SystemExit):
         draft_threads.main(["--threads", "1", "--out", str(out)])

@@ -3,6 +3,7 @@
 import json
 
 from bench import remote_overhead
+from bench.common import parse_summary
 
 
 def test_remote_overhead_smoke(tmp_path, capsys, data_dir):
@@ -17,4 +18,4 @@ def test_remote_overhead_smoke(tmp_path, capsys, data_dir):
         for m in ("pipelined", "pipelined_no_await", "pipelined_thread"):
             assert row[m]["remote_steps"] + row[m]["fallback_steps"] >= 3 and row[m]["remote_errors"] == 0
         assert row["pipelined_vs_local"] > 0 and row["pipelined_no_await_vs_local"] > 0 and row["sync_vs_local"] > 0
-    assert "SUMMARY" in capsys.readouterr().out
+    assert parse_summary(capsys.readouterr().out)

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from bench import host_phases
+from bench.common import parse_summary
 
 
 def test_host_phases_smoke(tmp_path, capsys, data_dir):
@@ -22,6 +23,6 @@ def test_host_phases_smoke(tmp_path, capsys, data_dir):
         assert row["plain"]["pack"] == 0 and row["local"]["pack"] > 0  # plain steps draft nothing
         assert row["local"]["mat"] >= row["plain"]["mat"]
         assert row["remote"]["draft_steps"]["remote"] + row["remote"]["draft_steps"]["fallback"] > 0
-    assert "SUMMARY" in capsys.readouterr().out
+    assert parse_summary(capsys.readouterr().out)
     with pytest.raises(SystemExit):
         host_phases.main(["--batches", "0", "--out", str(out)])

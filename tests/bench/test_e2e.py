@@ -9,7 +9,7 @@ import argparse
 import pytest
 import torch
 
-from tiny_lm import one_thread, tiny_lm  # noqa: F401 (a fixture)
+from tests.verifier.tiny_lm import one_thread, tiny_lm  # noqa: F401 (a fixture)
 
 _PATH = Path(__file__).resolve().parents[2] / "bench" / "e2e.py"
 _spec = importlib.util.spec_from_file_location("bench_e2e", _PATH)

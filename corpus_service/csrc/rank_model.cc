@@ -1,0 +1,265 @@
+#include "rank_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "snapshot.h"
+
+namespace ngc {
+
+namespace {
+// q bins on a square-root scale, as acceptance_model.cc's: bin = floor(sqrt(q) * 12).
+int q_bin(float q) {
+  static constexpr float kEdges[RankModel::kQBins - 1] = {
+      1 / 144.f, 4 / 144.f, 9 / 144.f, 16 / 144.f, 25 / 144.f, 36 / 144.f,
+      49 / 144.f, 64 / 144.f, 81 / 144.f, 100 / 144.f, 121 / 144.f};
+  int b = 0;
+  for (float e : kEdges) b += q >= e;
+  return b;
+}
+uint32_t tested_of(uint32_t v) { return v >> 16; }
+uint32_t accepted_of(uint32_t v) { return v & 0xffffu; }
+// ln(x) for x > 0 from the float's exponent and a quartic in its mantissa (|error| < 1e-4): the model
+// takes several logarithms per ranked node, and std::log was most of its draft cost. Deterministic
+// (plain float arithmetic), so the same calls still give the same drafts.
+float fast_log(float x) {
+  int32_t i;
+  std::memcpy(&i, &x, 4);
+  const float e = static_cast<float>(((i >> 23) & 255) - 127);
+  i = (i & 0x007FFFFF) | 0x3f800000;
+  float m;
+  std::memcpy(&m, &i, 4);  // in [1, 2)
+  const float log2m = -1.7417939f + (2.8212026f + (-1.4699568f + (0.44717955f - 0.056570851f * m) * m) * m) * m;
+  return (e + log2m) * 0.69314718f;
+}
+// Probabilities are kept in [1e-4, 1 - 1e-4] so logits stay finite (|logit| <= 9.2).
+float clamp_p(float p) { return std::clamp(p, 1e-4f, 1.0f - 1e-4f); }
+float logit(float p) {
+  p = clamp_p(p);
+  return fast_log(p / (1.0f - p));
+}
+float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
+constexpr uint32_t kTokenBase = RankModel::kDepthCells;
+constexpr uint32_t kPairBase = kTokenBase + (1u << RankModel::kTokenBits);
+constexpr uint32_t kTripleBase = kPairBase + (1u << RankModel::kPairBits);
+}  // namespace
+
+constexpr float RankModel::kInitialWeights[RankModel::kFeatures];
+
+RankModel::RankModel() : cells_(new std::atomic<uint32_t>[kCells]) { clear(); }
+
+void RankModel::clear() {
+  std::lock_guard<std::mutex> g(mu_);
+  for (int i = 0; i < kCells; ++i) cells_[i].store(0, std::memory_order_relaxed);
+  for (int i = 0; i < kFeatures; ++i) w_[i].store(kInitialWeights[i], std::memory_order_relaxed), g2_[i] = 0.0;
+  tested_ = 0, accepted_ = 0;
+  queue_.clear();
+}
+
+float RankModel::request_feature(const DraftRecord& rec) {
+  return fast_log((rec.req_accepted + 1.0f) / (rec.req_expected + 1.0f));
+}
+
+float RankModel::predict(const RankInputs& in, float request, const RankParams& p, float* f,
+                         uint32_t* cells) const {
+  const float q = std::clamp(in.q, 0.0f, 1.0f);
+  const int qb = q_bin(q);
+  const uint32_t dc = static_cast<uint32_t>(qb * kDepthBins + std::clamp(in.depth, 1, kDepthBins) - 1);
+  // Fibonacci hashing of the token and of the (parent, token) pair.
+  // The token cell in 4 coarse q bins: a token's rate is not one number for its confident and its
+  // doubtful drafts.
+  const uint32_t tc = kTokenBase + (static_cast<uint32_t>(qb * 4 / kQBins) << (kTokenBits - 2) |
+                                    (static_cast<uint32_t>(in.token) * 2654435761u) >> (32 - kTokenBits + 2));
+  const uint64_t pair = (static_cast<uint64_t>(static_cast<uint32_t>(in.parent_token)) << 32) | static_cast<uint32_t>(in.token);
+  const uint32_t pc = kPairBase + static_cast<uint32_t>((pair * 0x9E3779B97F4A7C15ull) >> (64 - kPairBits));
+  const uint64_t triple = pair * 0x9E3779B97F4A7C15ull ^ static_cast<uint32_t>(in.grand_token) * 0xC2B2AE3D27D4EB4Full;
+  const uint32_t gc = kTripleBase + static_cast<uint32_t>((triple * 0xD6E8FEB86659FD93ull) >> (64 - kTripleBits));
+  cells[0] = dc, cells[1] = tc, cells[2] = pc, cells[3] = gc;
+  const uint32_t vd = cells_[dc].load(std::memory_order_relaxed);
+  const float c = (static_cast<float>(accepted_of(vd)) + p.prior * q) / (static_cast<float>(tested_of(vd)) + p.prior);
+  const float cc = clamp_p(c);
+  const float lc = fast_log(cc / (1.0f - cc));
+  // logit r - logit c as one logarithm: ln(r (1 - c) / ((1 - r) c)).
+  auto shrunk = [&](uint32_t cell, float k) {
+    const uint32_t v = cells_[cell].load(std::memory_order_relaxed);
+    if (tested_of(v) == 0) return 0.0f;  // no evidence: exactly the cell estimate
+    const float r = clamp_p((static_cast<float>(accepted_of(v)) + k * c) / (static_cast<float>(tested_of(v)) + k));
+    return fast_log(r * (1.0f - cc) / ((1.0f - r) * cc));
+  };
+  f[0] = 1.0f;
+  f[1] = logit(q);
+  f[2] = lc;
+  f[3] = shrunk(tc, p.token_prior);
+  f[4] = in.parent_token < 0 ? 0.0f : shrunk(pc, p.pair_prior);
+  f[5] = in.parent_token < 0 || in.grand_token < 0 ? 0.0f : shrunk(gc, p.pair_prior);
+  f[6] = request;
+  f[7] = std::min(in.q_own, 1.0f);
+  f[8] = std::min(in.q_shared, 1.0f);
+  f[9] = static_cast<float>(std::min(in.depth, 16)) / 8.0f;
+  f[10] = std::min(in.dominance, 1.0f);
+  f[11] = fast_log(1.0f + static_cast<float>(std::min(in.siblings, 256))) * (1.4426950f / 4.0f);
+  f[12] = in.latest ? 1.0f : 0.0f;
+  f[13] = in.latest_own ? 1.0f : 0.0f;
+  float z = 0.0f;
+  for (int i = 0; i < kFeatures; ++i) z += w_[i].load(std::memory_order_relaxed) * f[i];
+  return sigmoid(z);
+}
+
+void RankModel::learn_one(const uint32_t* cells, bool ok, const float* f, const RankParams& p) {
+  for (int k = 0; k < kNodeCells; ++k) {
+    std::atomic<uint32_t>& cell = cells_[cells[k]];
+    const uint32_t v = cell.load(std::memory_order_relaxed);
+    uint32_t t = tested_of(v) + 1, a = accepted_of(v) + (ok ? 1 : 0);
+    if (t >= p.window) t /= 2, a /= 2;  // forget slowly: the workload may change
+    cell.store(t << 16 | a, std::memory_order_relaxed);
+  }
+  // One step of the log loss' gradient at the current weights: w += lr (y - sigmoid(w . f)) f.
+  float z = 0.0f;
+  for (int i = 0; i < kFeatures; ++i) z += w_[i].load(std::memory_order_relaxed) * f[i];
+  // AdaGrad: each weight's step shrinks with its gradients' summed squares (features differ in scale
+  // and frequency; one rate for all of them either crawls or oscillates).
+  const float err = (ok ? 1.0f : 0.0f) - sigmoid(z);
+  for (int i = 0; i < kFeatures; ++i) {
+    const float g = err * f[i];
+    g2_[i] += static_cast<double>(g) * g;
+    const float step = p.learning_rate * g / static_cast<float>(std::sqrt(g2_[i] + 1.0));
+    w_[i].store(w_[i].load(std::memory_order_relaxed) + step, std::memory_order_relaxed);
+  }
+  tested_.fetch_add(1, std::memory_order_relaxed);
+  if (ok) accepted_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void RankModel::observe(DraftRecord& rec, const int32_t* committed, size_t n, const RankParams& p) {
+  if (!rec.armed || !rec.ranked) return;
+  const size_t m = rec.tokens.size();
+  if (m == 0 || n == 0) return;
+  // Node i (depth d) was tested iff its parent was accepted (or is the root) and the commit reached
+  // depth d; accepted iff it also equals the d-th committed token. Parents precede children.
+  thread_local std::vector<int32_t> depth;
+  thread_local std::vector<uint8_t> ok;
+  depth.resize(m), ok.resize(m);
+  float acc = 0.0f, expected = 0.0f;
+  std::lock_guard<std::mutex> g(mu_);
+  for (size_t i = 0; i < m; ++i) {
+    const int32_t par = rec.parents[i];
+    depth[i] = par < 0 ? 1 : depth[par] + 1;
+    ok[i] = 0;
+    if (!((par < 0 || ok[par]) && static_cast<size_t>(depth[i]) <= n)) continue;
+    ok[i] = rec.tokens[i] == committed[depth[i] - 1];
+    acc += ok[i], expected += rec.q[i];
+    const uint32_t* cells = &rec.rank_cells[kNodeCells * i];
+    const float* f = &rec.feats[kFeatures * i];
+    if (p.learn) {
+      learn_one(cells, ok[i], f, p);
+      continue;
+    }
+    if (queue_.size() + kDeltaWords > kMaxDelta * kDeltaWords) {  // nobody exports: keep the newest
+      queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(queue_.size() / 2));
+      dropped_.fetch_add(kMaxDelta / 2, std::memory_order_relaxed);
+    }
+    for (int k = 0; k < kNodeCells; ++k) queue_.push_back(static_cast<int32_t>(cells[k]));
+    queue_.push_back(ok[i]);
+    for (int k = 0; k < kFeatures; ++k) {
+      int32_t word;
+      std::memcpy(&word, &f[k], 4);
+      queue_.push_back(word);
+    }
+  }
+  rec.req_accepted = rec.req_accepted * p.request_decay + acc;
+  rec.req_expected = rec.req_expected * p.request_decay + expected;
+}
+
+std::vector<int32_t> RankModel::export_delta() {
+  std::lock_guard<std::mutex> g(mu_);
+  std::vector<int32_t> out;
+  out.swap(queue_);
+  return out;
+}
+
+size_t RankModel::queued() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return queue_.size() / kDeltaWords;
+}
+
+void RankModel::apply_delta(const int32_t* words, size_t n, const RankParams& p) {
+  if (n % kDeltaWords != 0)
+    throw std::invalid_argument("rank delta: " + std::to_string(n) + " words is not a multiple of " +
+                                std::to_string(kDeltaWords));
+  // Everything is checked before anything is applied: a refused delta changes nothing.
+  for (size_t i = 0; i < n; i += kDeltaWords) {
+    for (int k = 0; k < kNodeCells; ++k)
+      if (words[i + k] < 0 || words[i + k] >= kCells)
+        throw std::invalid_argument("rank delta: cell " + std::to_string(words[i + k]) + " out of range");
+    if (words[i + kNodeCells] != 0 && words[i + kNodeCells] != 1)
+      throw std::invalid_argument("rank delta: accepted flag not 0 or 1");
+    for (int k = 0; k < kFeatures; ++k) {
+      float v;
+      std::memcpy(&v, &words[i + kNodeCells + 1 + k], 4);
+      if (!std::isfinite(v) || std::fabs(v) > 1e3f) throw std::invalid_argument("rank delta: feature not finite");
+    }
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  for (size_t i = 0; i < n; i += kDeltaWords) {
+    uint32_t cells[kNodeCells];
+    for (int k = 0; k < kNodeCells; ++k) cells[k] = static_cast<uint32_t>(words[i + k]);
+    float f[kFeatures];
+    std::memcpy(f, &words[i + kNodeCells + 1], sizeof(f));
+    learn_one(cells, words[i + kNodeCells] != 0, f, p);
+  }
+}
+
+void RankModel::save(ByteWriter& w) const {
+  std::vector<uint32_t> cells(kCells);
+  for (int i = 0; i < kCells; ++i) cells[i] = cells_[i].load(std::memory_order_relaxed);
+  std::vector<float> weights(kFeatures);
+  for (int i = 0; i < kFeatures; ++i) weights[i] = w_[i].load(std::memory_order_relaxed);
+  std::vector<double> g2(g2_, g2_ + kFeatures);  // AdaGrad's sums: a loaded model takes the same steps
+  w.put_vec(cells);
+  w.put_vec(weights);
+  w.put_vec(g2);
+  w.put<uint64_t>(tested_.load());
+  w.put<uint64_t>(accepted_.load());
+}
+
+void RankModel::load(ByteReader& r) {
+  auto cells = r.get_vec<uint32_t>();
+  auto weights = r.get_vec<float>();
+  auto g2 = r.get_vec<double>();
+  const uint64_t tested = r.get<uint64_t>(), accepted = r.get<uint64_t>();
+  if (cells.size() != static_cast<size_t>(kCells) || weights.size() != static_cast<size_t>(kFeatures) ||
+      g2.size() != static_cast<size_t>(kFeatures))
+    throw CorruptSnapshot("corrupt snapshot: rank model tables of another shape");
+  for (float v : weights)
+    if (!std::isfinite(v)) throw CorruptSnapshot("corrupt snapshot: rank model weight not finite");
+  for (double v : g2)
+    if (!(v >= 0.0) || !std::isfinite(v)) throw CorruptSnapshot("corrupt snapshot: rank model step sums not finite");
+  for (uint32_t v : cells)
+    if (accepted_of(v) > tested_of(v)) throw CorruptSnapshot("corrupt snapshot: rank model cell accepts more than it tested");
+  std::lock_guard<std::mutex> g(mu_);
+  for (int i = 0; i < kCells; ++i) cells_[i].store(cells[i], std::memory_order_relaxed);
+  for (int i = 0; i < kFeatures; ++i) w_[i].store(weights[i], std::memory_order_relaxed), g2_[i] = g2[i];
+  tested_ = tested, accepted_ = accepted;
+  queue_.clear();
+}
+
+void RankModel::copy_from(RankModel& other) {
+  std::scoped_lock g(mu_, other.mu_);
+  for (int i = 0; i < kCells; ++i) cells_[i].store(other.cells_[i].load(std::memory_order_relaxed), std::memory_order_relaxed);
+  for (int i = 0; i < kFeatures; ++i)
+    w_[i].store(other.w_[i].load(std::memory_order_relaxed), std::memory_order_relaxed), g2_[i] = other.g2_[i];
+  tested_ = other.tested_.load(), accepted_ = other.accepted_.load();
+  queue_.clear();
+}
+
+std::pair<uint64_t, uint64_t> RankModel::totals() const { return {tested_.load(), accepted_.load()}; }
+
+std::vector<float> RankModel::weights() const {
+  std::vector<float> out(kFeatures);
+  for (int i = 0; i < kFeatures; ++i) out[i] = w_[i].load(std::memory_order_relaxed);
+  return out;
+}
+
+}  // namespace ngc

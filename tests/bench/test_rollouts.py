@@ -1,0 +1,139 @@
+"""bench/rollouts.py at smoke scale: the lockstep replay on the repository's rollout trace slices (the
+shared data folder hidden, as on a fresh clone), the memory mode's accounting on a small synthetic
+history, and the fleet mode's replica commands."""
+
+from __future__ import annotations
+
+import json
+from argparse import Namespace
+
+import pytest
+
+from bench import rollouts
+from tests.conftest import REPO, shared_data_dir
+
+
+@pytest.fixture
+def no_shared_data(monkeypatch, tmp_path):
+    monkeypatch.setenv("NGRAM_SHARED_DATA", str(tmp_path / "absent"))
+
+
+def test_replay_smoke_on_the_shipped_slice(no_shared_data, tmp_path, capsys):
+    out = tmp_path / "replay.json"
+    res = rollouts.main(["replay", "--trace", "rollouts_dev_g8e3_t07.jsonl", "--prompts", "3", "--out", str(out)])
+    assert json.loads(out.read_text())["runs"][0]["ratios"] == pytest.approx(res["runs"][0]["ratios"])
+    (run,) = res["runs"]
+    assert run["trace"] == "rollouts_dev_g8e3_t07_slice4.jsonl"  # the fallback
+    assert run["requests"] == 3 * 8 * 3 and run["prompts"] == 3 and run["scored_epochs"] == [1, 2]
+    a = run["arms"]
+    assert set(a) == {"shared", "local", "no_history", "prompt_lookup"}
+    for arm in a.values():
+        assert set(arm["epochs"]) == {"0", "1", "2"}
+        for ep in arm["epochs"].values():
+            assert ep["tokens"] > 0 and ep["longest_rounds"] <= ep["longest_output"]
+    # At T = 0.7 the samples of a prompt overlap: the shared corpus (groups of all 8 samples, every
+    # earlier rollout) accepts more than 4 corpora of 2 samples each, and both more than prompt lookup.
+    assert a["shared"]["mat"] > a["local"]["mat"] > a["prompt_lookup"]["mat"] > 1.0
+    assert a["shared"]["epochs"]["2"]["mat"] > a["shared"]["epochs"]["0"]["mat"]  # history builds up
+    assert run["ratios"]["shared_over_local"] == pytest.approx(a["shared"]["mat"] / a["local"]["mat"])
+    h = a["shared"]["history"]
+    assert h["history_keys"] == 3 and h["history_rollouts"] == 3 * 8 * 3  # max_age 4: all three epochs kept
+    assert 0 < h["history_bytes"] <= 48 * h["history_tokens"] + 48 * 256 * 3
+    assert a["no_history"]["history"]["history_rollouts"] == 0
+    assert "SUMMARY rollouts replay: rollouts_dev_g8e3_t07_slice4 R=4 B=15" in capsys.readouterr().out
+
+
+def test_the_slices_are_the_first_prompts_of_the_shared_traces():
+    shared = shared_data_dir() / "traces"
+    for name, piece in rollouts.SLICES.items():
+        sliced = (REPO / "bench" / "data" / "traces" / piece).read_text().splitlines()
+        assert len(sliced) == 4 * 8 * 3
+        assert len({json.loads(x)["prompt_key"] for x in sliced}) == 4
+        if (shared / name).exists():  # provenance: the same rows, in order
+            rows = rollouts.load_samples(shared / name, prompts=4)
+            assert [(r.key, r.epoch, r.sample, r.output_ids) for r in rows] == [
+                (r["prompt_key"], r["epoch"], r["sample"], r["output_ids"]) for r in map(json.loads, sliced)]
+
+
+def test_missing_traces_and_bad_rows_are_reported(no_shared_data, tmp_path):
+    with pytest.raises(FileNotFoundError, match="rollout trace not found"):
+        rollouts.trace_path("no_such_rollouts.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"id": 1, "prompt_ids": [1], "output_ids": [2]}) + "\n")
+    with pytest.raises(ValueError, match="not a rollout trace"):
+        rollouts.load_samples(bad)
+
+
+def test_memory_mode_counts_what_the_engine_holds(tmp_path):
+    res = rollouts.main(["memory", "--prompts", "40", "--samples", "4", "--tokens", "200", "--out",
+                         str(tmp_path / "m.json")])
+    assert res["keys"] == 40 and res["rollouts"] == 160 and res["tokens"] == 160 * (200 + 16)
+    assert res["fits"] and res["within_bound"]
+    assert 0 < res["bytes_per_token"] <= res["bytes_per_token_bound"] == 48.0
+
+
+def test_fleet_replica_commands_follow_the_verifier_contract():
+    args = Namespace(model="smollm2", device="cuda", dtype="bfloat16", max_batch=160, max_len=1024, budget=15,
+                     verifier_arg=["--log-level=WARNING"], noise_sigma=0.014075, noise_seed_base=20251202,
+                     noise_seed_stride=1000)
+    cmd = rollouts.verifier_cmd(args, "127.0.0.1:5000", REPO / "p.json", 2, "tok")
+    flags = dict(zip(cmd[4::2], cmd[5::2]))
+    assert cmd[1:4] == ["-m", "verifier", "serve"]
+    assert flags["--corpus"] == "127.0.0.1:5000" and flags["--corpus-token"] == "tok"
+    assert flags["--weight-noise-sigma"] == "0.014075" and flags["--weight-noise-seed"] == str(20251202 + 2000)
+    assert "--log-level=WARNING" in cmd
+    local = rollouts.verifier_cmd(Namespace(**{**vars(args), "noise_sigma": 0.0}), "local", REPO / "p.json", 0, "tok")
+    assert "--corpus-token" not in local and "--weight-noise-sigma" not in local
+
+
+def _fleet_part(arm: str, makespans: list[float], **over) -> dict:
+    res = {"mode": "fleet", "trace": "t.jsonl", "prompts": 2, "samples": 2, "replicas": 2, "epochs": len(makespans),
+           "temperature": 0.7, "max_tokens": 8, "noise_sigma": 0.0, "device": "cpu", "dtype": "float32"}
+    res.update(over)
+    res["arms"] = {arm: {"epochs": {str(e): {"makespan_s": m, "mat": 1.5} for e, m in enumerate(makespans)}}}
+    return res
+
+
+def test_fleet_merge_joins_arms_of_one_schedule(tmp_path):
+    paths = []
+    for arm, spans in (("shared", [4.0, 2.0]), ("local", [4.0, 3.0]), ("none", [5.0, 5.0])):
+        paths.append(tmp_path / f"{arm}.json")
+        paths[-1].write_text(json.dumps(_fleet_part(arm, spans)))
+    res = rollouts.main(["fleet-merge", *map(str, paths), "--out", str(tmp_path / "all.json")])
+    assert set(res["arms"]) == {"shared", "local", "none"}
+    assert res["ratios"] == {"makespan_none_over_shared": 2.5, "makespan_local_over_shared": 1.5}  # the last epoch
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(_fleet_part("none", [5.0, 5.0], temperature=1.0)))
+    with pytest.raises(SystemExit, match="temperature"):
+        rollouts.main(["fleet-merge", str(paths[0]), str(other), "--out", str(tmp_path / "x.json")])
+    with pytest.raises(SystemExit, match="appears twice"):
+        rollouts.main(["fleet-merge", str(paths[0]), str(paths[0]), "--out", str(tmp_path / "x.json")])
+
+
+@pytest.mark.slow
+def test_fleet_runs_real_replicas_on_the_cpu(tmp_path):
+    """The fleet orchestration end to end at toy scale: a real corpus service, a real verifier replica
+    (SmolLM2 on the CPU) restarted for each of 2 epochs, the policy version announced, answers' usage
+    read back. With a verifier that has the perturbation flags (and the prompt_key / policy_version
+    fields that come with them) they are used too; the rollouts then reach the corpus' history."""
+    contract = "--weight-noise-sigma" in rollouts.subprocess.run(
+        [rollouts.sys.executable, "-m", "verifier", "serve", "--help"], cwd=REPO, capture_output=True, text=True,
+        timeout=120).stdout
+    extra = [] if contract else ["--noise-sigma", "0", "--no-history-fields"]
+    out = tmp_path / "fleet.json"
+    res = rollouts.main(["fleet", "--device", "cpu", "--dtype", "float32", "--replicas", "1", "--samples", "2",
+                         "--prompts", "1", "--epochs", "2", "--max-tokens", "6", "--max-batch", "2", "--max-len", "512",
+                         "--budget", "4", "--verifier-arg=--budget=4", "--arms", "shared", "none",
+                         "--start-timeout-s", "300", "--out", str(out), *extra])
+    assert json.loads(out.read_text())["ratios"] == res["ratios"]
+    for arm in ("shared", "none"):
+        for epoch in ("0", "1"):
+            e = res["arms"][arm]["epochs"][epoch]
+            assert e["requests"] == 2 and 0 < e["tokens"] <= 12 and e["makespan_s"] > 0
+    assert res["arms"]["none"]["epochs"]["1"]["mat"] == 1.0  # no speculation
+    assert res["arms"]["shared"]["epochs"]["1"]["mat"] >= 1.0
+    assert res["ratios"]["makespan_none_over_shared"] > 0
+    corpus = res["arms"]["shared"]["corpus"]
+    assert corpus["policy_version"] == 1  # announced before epoch 1
+    if contract:  # every keyed sample's rollout, of both epochs, is in its key's history
+        assert corpus["history_keys"] == 1 and corpus["history_rollouts"] == 4

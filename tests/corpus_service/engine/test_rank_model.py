@@ -1,0 +1,276 @@
+"""The rank model (CorpusConfig.rank_model, csrc/rank_model.h): an online acceptance model learned
+from every commit that ranks the draft tree's nodes; its state is bounded, snapshotted and exchanged
+between replicas as deltas."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from corpus_service import CorpusConfig, NgramCorpus
+from corpus_service._native import RANK_DELTA_WORDS as W
+from corpus_service.server.config import NamespaceSpec
+
+DATA = Path(__file__).resolve().parents[2] / "data"
+ROUNDS = 12
+
+
+def a(i: int) -> int:  # fresh tokens per round: the request's own output never repeats a round
+    return 100 + i
+
+
+def b(i: int) -> int:
+    return 200 + i
+
+
+def x(i: int) -> int:  # the request's own prompt continues "a b" with it: always rejected
+    return 300 + i
+
+
+def y(i: int) -> int:  # the learned corpus continues "a b" with it: always accepted
+    return 400 + i
+
+
+def replay_rounds(**config) -> list[int]:
+    """Round i: the context ends with a(i) b(i); the prompt once continued it with x(i), the learned
+    corpus (three times, at a tenth of the weight) with y(i); the verifier commits y(i). Returns the
+    top-ranked first token of each round's draft."""
+    c = NgramCorpus(CorpusConfig(learn_prompts=False, flush_tokens=8, history_max_bytes=0, **config))
+    c.start_request("L", [1])
+    for i in range(ROUNDS):
+        c.extend("L", [a(i), b(i), y(i), 1] * 3)
+    c.finish("L")
+    c.synchronize()
+    prompt = [t for i in range(ROUNDS) for t in (a(i), b(i), x(i), 1)]
+    c.start_request("r", prompt + [a(0), b(0)])
+    firsts = []
+    for i in range(ROUNDS):
+        toks, parents, _ = c.draft(["r"], 6).tree(0)
+        assert {x(i), y(i)} <= {t for t, p in zip(toks, parents) if p == -1}  # both drafted, so both tested
+        firsts.append(toks[0])  # nodes come best first
+        c.extend("r", [y(i), a(i + 1), b(i + 1)])
+    return firsts
+
+
+def test_ranking_changes_after_feedback():
+    today = replay_rounds()
+    model = replay_rounds(rank_model=True)
+    assert today == [x(i) for i in range(ROUNDS)]  # the raw estimate keeps preferring the own context
+    assert model[0] == x(0)  # an empty model ranks as the calibrated estimate does ...
+    assert model[-4:] == [y(i) for i in range(ROUNDS - 4, ROUNDS)]  # ... then learns what is accepted
+
+
+def token_probs(rounds: int) -> tuple[float, float]:
+    """Two situations alike in every feature but the drafted token: 7 is always rejected, 8 always
+    accepted (fresh context tokens each round, so the corpora never learn either answer). Returns the
+    probability each gets after `rounds` rounds."""
+    c = NgramCorpus(CorpusConfig(rank_model=True, learn_prompts=False, history_max_bytes=0))
+    final = {}
+    for i in range(rounds + 1):
+        for rid, tok, truth, base in (("A", 7, 9, 1000), ("B", 8, 8, 2000)):
+            u, v = base + 2 * i, base + 2 * i + 1
+            c.start_request(rid, [u, v, tok, 1, 2, u, v])
+            toks, _, probs = c.draft([rid], 1).tree(0)
+            assert toks == [tok]
+            final[rid] = probs[0]
+            if i < rounds:  # the last round only drafts, so both see the same model
+                c.extend(rid, [truth])
+            c.finish(rid)
+    return final["A"], final["B"]
+
+
+def test_acceptance_of_a_repeated_pattern_rises():
+    before_rejected, before_accepted = token_probs(0)
+    assert before_rejected == before_accepted  # nothing learned yet: the same features, the same estimate
+    rejected, accepted = token_probs(30)
+    assert accepted > before_accepted and rejected < before_rejected
+    assert rejected < 0.5 * accepted
+
+
+def random_workload(config: CorpusConfig, seed: int = 7) -> list:
+    rng = np.random.default_rng(seed)
+    c = NgramCorpus(config)
+    out = []
+    for r in range(6):
+        rid = f"r{r}"
+        c.start_request(rid, rng.integers(0, 12, 40).tolist())
+        for _ in range(15):
+            toks, parents, probs = c.draft([rid], 7).tree(0)
+            out.append((toks, parents, [round(p, 6) for p in probs]))
+            c.extend(rid, rng.integers(0, 12, 3).tolist())
+        c.finish(rid)
+        c.synchronize()
+    out.append(c.stats()["rank_tested_nodes"])
+    return out
+
+
+def test_off_switch_gives_todays_drafts_exactly():
+    today = random_workload(CorpusConfig())
+    off = random_workload(CorpusConfig(rank_model=False, rank_learning_rate=0.5, rank_token_prior=1.0, rank_prior=2.0))
+    assert off == today and today[-1] == 0  # the model's settings do nothing while it is off
+    on = random_workload(CorpusConfig(rank_model=True))
+    assert on != today and on[-1] > 0
+
+
+def test_deterministic():
+    assert random_workload(CorpusConfig(rank_model=True)) == random_workload(CorpusConfig(rank_model=True))
+
+
+def train(c: NgramCorpus, steps: int, seed: int = 3, learn: bool = True) -> None:
+    rng = np.random.default_rng(seed)
+    start = c.start_request if learn else c.start_request_unlearned
+    start("t", rng.integers(0, 20, 60).tolist())
+    for _ in range(steps):
+        c.draft(["t"], 7)
+        c.extend("t", rng.integers(0, 20, 2).tolist())
+    c.finish("t")
+    c.synchronize()
+
+
+def test_state_is_bounded(tmp_path):
+    # Fixed tables: a snapshot of a model trained 10 steps and one trained 400 steps are the same size
+    # (the requests stay out of the learned corpus, so the rank model is all that changes).
+    sizes = []
+    for steps in (10, 400):
+        c = NgramCorpus(CorpusConfig(rank_model=True, history_max_bytes=0))
+        train(c, steps, learn=False)
+        assert c.stats()["rank_tested_nodes"] > 0
+        c.save(tmp_path / f"s{steps}.ngc")
+        sizes.append((tmp_path / f"s{steps}.ngc").stat().st_size)
+    assert sizes[0] == sizes[1]
+    # The smallest window halves the counts at every few tests: the model keeps learning, finitely.
+    c = NgramCorpus(CorpusConfig(rank_model=True, rank_window=2))
+    train(c, 300)
+    assert np.all(np.isfinite(c.rank_weights())) and c.stats()["rank_tested_nodes"] > 0
+
+
+def test_snapshot_round_trip(tmp_path):
+    c = NgramCorpus(CorpusConfig(rank_model=True))
+    train(c, 200)
+    c.save(tmp_path / "s.ngc")
+    d = NgramCorpus(CorpusConfig(rank_model=True))
+    d.load(tmp_path / "s.ngc")
+    np.testing.assert_array_equal(c.rank_weights(), d.rank_weights())
+    for k in ("rank_tested_nodes", "rank_accepted_nodes"):
+        assert c.stats()[k] == d.stats()[k] > 0
+    # The same calls on both give the same drafts (the loaded model ranks as the saved one did).
+    prompt = list(range(5, 25)) * 3
+    for e in (c, d):
+        e.start_request("q", prompt)
+    for step in range(10):
+        dc, dd = c.draft(["q"], 7).tree(0), d.draft(["q"], 7).tree(0)
+        assert dc == dd
+        c.extend("q", [5 + step, 6 + step])
+        d.extend("q", [5 + step, 6 + step])
+
+
+def test_old_snapshot_format_loads_with_an_empty_model():
+    c = NgramCorpus(CorpusConfig(rank_model=True))
+    train(c, 50)
+    assert c.stats()["rank_tested_nodes"] > 0
+    c.load(DATA / "corpus_snapshot_v1.ngc")  # format 1: no policy version, no history, no rank model
+    s = c.stats()
+    assert s["learned_tokens"] == 22 and c.list_external_corpora() == {"docs": 6}
+    assert s["rank_tested_nodes"] == 0
+    np.testing.assert_array_equal(c.rank_weights(), NgramCorpus(CorpusConfig(rank_model=True)).rank_weights())
+
+
+def test_replicas_learn_the_same_model_from_deltas():
+    # Each replica queues what it observed instead of learning it; the commit log carries the deltas
+    # to every replica (its origin included), in one order, so all hold the same model.
+    cfg = CorpusConfig(rank_model=True, rank_learn_local=False, history_max_bytes=0)
+    r1, r2 = NgramCorpus(cfg), NgramCorpus(cfg)
+    train(r1, 60, seed=1)
+    train(r2, 60, seed=2)
+    assert r1.stats()["rank_tested_nodes"] == 0 and r1.stats()["rank_delta_queued_nodes"] > 0
+    log = [r1.export_rank_delta(), r2.export_rank_delta()]
+    assert all(d.size > 0 and d.size % W == 0 for d in log)
+    assert r1.stats()["rank_delta_queued_nodes"] == 0
+    for replica in (r1, r2):
+        for delta in log:
+            replica.apply_rank_delta(delta)
+    np.testing.assert_array_equal(r1.rank_weights(), r2.rank_weights())
+    assert r1.stats()["rank_tested_nodes"] == r2.stats()["rank_tested_nodes"] == sum(d.size for d in log) // W
+    # And so they draft alike for the same request (their learned corpora are alike: both empty of it).
+    for replica in (r1, r2):
+        replica.start_request_unlearned("q", list(range(30, 50)) * 2)
+    assert r1.draft(["q"], 7).tree(0) == r2.draft(["q"], 7).tree(0)
+
+
+@pytest.mark.parametrize("words", [np.arange(5, dtype=np.int32),  # not a whole node
+                                   np.full(W, 1 << 30, np.int32),  # a cell out of range
+                                   np.array([0, 0, 0, 0, 2] + [0] * (W - 5), np.int32),  # accepted not 0/1
+                                   np.array([0] * 5 + [0x7fc00000] * (W - 5), np.int32),  # features NaN
+                                   np.zeros((2, W), np.int32),  # not 1-D
+                                   np.zeros(W, np.float32)])  # not integers
+def test_malformed_delta_is_refused_and_changes_nothing(words):
+    c = NgramCorpus(CorpusConfig(rank_model=True))
+    before = c.rank_weights()
+    good = np.zeros(W, np.int32)
+    bad = np.concatenate([good, words.ravel().astype(np.int32)]) if words.ndim == 1 and words.dtype.kind == "i" else words
+    with pytest.raises(ValueError):
+        c.apply_rank_delta(bad)
+    np.testing.assert_array_equal(before, c.rank_weights())
+    assert c.stats()["rank_tested_nodes"] == 0
+
+
+def test_threads_draft_and_commit_with_the_model():
+    c = NgramCorpus(CorpusConfig(rank_model=True, flush_tokens=8))
+    errors: list[BaseException] = []
+
+    def worker(w: int) -> None:
+        rng = np.random.default_rng(w)
+        try:
+            for r in range(20):
+                rid = f"w{w}-{r}"
+                c.start_request(rid, rng.integers(0, 30, 40))
+                for _ in range(10):
+                    d = c.draft([rid], 15)
+                    assert d.counts[0] <= 15 and all(0 < p <= 1 for p in d.probs[0][: d.counts[0]])
+                    c.extend(rid, rng.integers(0, 30, 3))
+                c.finish(rid)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    c.check_integrity()
+    s = c.stats()
+    assert 0 < s["rank_accepted_nodes"] <= s["rank_tested_nodes"]
+    assert np.all(np.isfinite(c.rank_weights()))
+
+
+def test_reset_clears_the_model():
+    c = NgramCorpus(CorpusConfig(rank_model=True))
+    train(c, 30)
+    c.reset()
+    assert c.stats()["rank_tested_nodes"] == 0
+    np.testing.assert_array_equal(c.rank_weights(), NgramCorpus(CorpusConfig(rank_model=True)).rank_weights())
+
+
+@pytest.mark.parametrize("field, value", [("rank_model", "yes"), ("rank_learn_local", 1),
+                                          ("rank_learning_rate", 2.0), ("rank_learning_rate", float("nan")),
+                                          ("rank_request_decay", -0.1), ("rank_prior", -1.0),
+                                          ("rank_token_prior", float("inf")), ("rank_pair_prior", -2.0),
+                                          ("rank_window", 1), ("rank_window", 1 << 16)])
+def test_bad_config_is_refused(field, value):
+    with pytest.raises(ValueError, match=field):
+        CorpusConfig(**{field: value})
+
+
+def test_switchable_per_namespace():
+    on = NamespaceSpec.parse("code:vocab=100,rank_model=true,rank_learning_rate=0.05")
+    off = NamespaceSpec.parse("chat:vocab=100")
+    assert on.corpus.rank_model is True and on.corpus.rank_learning_rate == 0.05
+    assert off.corpus.rank_model is False
+    with pytest.raises(ValueError, match="rank_model"):
+        NamespaceSpec.parse("code:rank_model=maybe")
+    with pytest.raises(ValueError, match="rank_window"):
+        NamespaceSpec.parse("code:rank_window=1")
