@@ -285,8 +285,8 @@ def _refused_depth(e: Exception, nodes: int, budget: int) -> bool:
     """Whether a draft of ``nodes`` > ``budget`` nodes failed because the corpus refuses trees that
     large (then a step's ``budget`` is asked instead): by the error's class, which a remote corpus'
     OUT_OF_RANGE status code maps to, never by its text."""
+    from corpus_service import BudgetTooLargeError
     from corpus_service.client import CorpusOutOfRange
-    from corpus_service.exceptions import BudgetTooLargeError
 
     return nodes > budget and isinstance(e, (CorpusOutOfRange, BudgetTooLargeError))
 
