@@ -41,14 +41,20 @@ def _steps_until(drafter: Drafter, done, extend: list[int], timeout: float = 30.
 
 
 def test_a_dead_child_is_replaced_and_the_live_requests_replayed(corpus_server):
+    from corpus_service.client import CorpusClient
+
+    with CorpusClient(corpus_server.target) as admin:
+        before = admin.stats()
     drafter = Drafter(corpus_server.target, DraftConfig(corpus_timeout_s=5.0))
     try:
-        drafter.start_request("r", [5, 6, 7, 5, 6])
+        drafter.start_request("r", [5, 6, 7, 5, 6], prompt_key="rollout/replayed", policy_version=3)
+        drafter.start_request("r2", [1, 2, 3, 4], prompt_key="rollout/replayed", policy_version=3)
         drafter.start_request("gone", [1, 2, 3])
         drafter.draft(["r"], 4)
         drafter.dispatch()
         drafter._ahead[0].result(timeout=20)
         drafter.extend("r", [8])
+        drafter.extend("r2", [4, 4])
         first = drafter.source.proc
         first._proc.kill()  # the child dies (a bug, the OOM killer)
         first._proc.wait()
@@ -67,6 +73,16 @@ def test_a_dead_child_is_replaced_and_the_live_requests_replayed(corpus_server):
         t = drafter.source.proc.draft(["gone"], 4, 4)
         assert t.result(timeout=20) is None and "unknown request" in t.error.text
         drafter.finish("r")
+        drafter.finish("r2")
+        # The replayed starts kept their prompt key: both outputs join that one key's history on the
+        # server (without it, each prompt would be a key of its own).
+        deadline = time.monotonic() + 20
+        with CorpusClient(corpus_server.target) as admin:
+            while (after := admin.stats())["history_rollouts"] - before["history_rollouts"] < 2:
+                assert time.monotonic() < deadline, after
+                drafter.dispatch()
+                time.sleep(0.05)
+        assert after["history_keys"] - before["history_keys"] == 1
     finally:
         drafter.close()
 
