@@ -41,7 +41,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from verifier.draft.drafter import Drafter, auto_draft_threads  # noqa: E402
+from verifier.draft.drafter import DraftConfig, Drafter, auto_draft_threads  # noqa: E402
 from verifier.engine.core import Engine, EngineConfig  # noqa: E402
 from verifier.model import ForwardBatch, KVCache, ModelConfig, build_model, load_model  # noqa: E402
 from verifier.model import fusion  # noqa: E402
@@ -199,24 +199,24 @@ def run_spec(mode: str, lm, B: int, prompts: list[list[int]], base: dict, target
 
         with CorpusClient(target) as c:
             c.reset()
-    drafter = Drafter(target if remote else "local", vocab_size=V, draft_timeout_s=args.draft_timeout,
-                      remote_drafts="sync" if mode == "remote_sync" else "pipelined",
-                      remote_client="thread" if mode == "remote_thread" else "process",
-                      remote_asks="always" if mode == "remote_always" else "adaptive",
-                      draft_threads=args.draft_threads)
+    draft = DraftConfig(draft_timeout_s=args.draft_timeout,
+                        remote_drafts="sync" if mode == "remote_sync" else "pipelined",
+                        remote_client="thread" if mode == "remote_thread" else "process",
+                        remote_asks="always" if mode == "remote_always" else "adaptive",
+                        draft_threads=args.draft_threads)
+    drafter = Drafter(target if remote else "local", draft, vocab_size=V)
     spec = Engine(lm.model, lm.codec, drafter,
                   EngineConfig(max_batch=B, max_len=max_len, budget=budget, max_budget=args.max_budget,
                                refill_group=min(args.refill_group, B),
                                overlap_spec_plain=args.overlap_spec_plain,
-                               arm_steps=args.arm_steps,
                                cost_probe_s=args.cost_probe_s, cuda_graphs=not args.eager, compile=not args.eager))
     # The CPU the run got: the cgroup's throttling, and what the engine's process, the corpus
     # server and the client child used (docs/history/2026-12.md: remote runs vary more than local ones).
     pids = {"engine": os.getpid()}
     if server_pid is not None and remote:
         pids["server"] = server_pid
-    if drafter._proc is not None:
-        pids["client"] = drafter._proc.pid
+    if drafter.source is not None and "client_pid" in drafter.source.stats():
+        pids["client"] = drafter.source.stats()["client_pid"]
     watch = CpuWatch(pids)
     try:
         r = run_engine(spec, prompts, args.max_new, step_log=args.step_log)
@@ -267,7 +267,7 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
                  "model": lm.name, "params_M": round(lm.model.config.num_params / 1e6, 1), "dtype": str(dtype),
                  "load_s": round(time.perf_counter() - t0, 2), "max_new": args.max_new, "budget": args.budget,
                  "refill_group": args.refill_group, "overlap_plain": args.overlap_plain,
-                 "overlap_spec_plain": args.overlap_spec_plain, "arm_steps": args.arm_steps,
+                 "overlap_spec_plain": args.overlap_spec_plain,
                  "draft_threads": args.draft_threads,
                  "max_budget": args.max_budget, "batches": {}}
     trace = data_dir(args.data_dir) / "traces" / TRACE
@@ -279,7 +279,7 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
     budget = None if args.budget == "auto" else int(args.budget)
 
     # warm-up (CUDA context, cuBLAS handles, the native kernels' build/load)
-    warm = Engine(lm.model, lm.codec, Drafter("local", vocab_size=V),
+    warm = Engine(lm.model, lm.codec, Drafter(vocab_size=V),
                   EngineConfig(max_batch=2, max_len=max_len, budget=min(4, args.max_budget), max_budget=args.max_budget,
                                cuda_graphs=not args.eager, compile=not args.eager))
     warm.generate(all_prompts[:2], SamplingParams(max_tokens=4))
@@ -488,7 +488,7 @@ def bench_structured(args, device: torch.device, dtype: torch.dtype) -> dict:
         plain_reqs, spec_reqs = [], []
         base = run_engine(Engine(lm.model, lm.codec, None, config(B, 0)), prompts, 0, params, plain_reqs)
         row["plain"] = {k: v for k, v in base.items() if k != "outputs"}
-        drafter = Drafter("local", vocab_size=V)
+        drafter = Drafter(vocab_size=V)
         r = run_engine(Engine(lm.model, lm.codec, drafter, config(B, budget)), prompts, 0, params, spec_reqs)
         n_diff, first = mismatches(base["outputs"], r["outputs"])
         row["spec"] = {**{k: v for k, v in r.items() if k != "outputs"}, "speedup": ratio(r["tok_s"], base["tok_s"]),
@@ -577,9 +577,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="plain decoding one step ahead of the host (EngineConfig.overlap_plain, the default)")
     p.add_argument("--overlap-spec-plain", action=argparse.BooleanOptionalAction, default=True,
                    help="speculative engines overlap their plain steps too (EngineConfig.overlap_spec_plain, the default)")
-    p.add_argument("--arm-steps", action=argparse.BooleanOptionalAction, default=False,
-                   help="speculative engines enqueue each drafting step behind a gate while the previous one runs "
-                        "(EngineConfig.arm_steps; off by default)")
     p.add_argument("--refill-group", type=int, default=0,
                    help="EngineConfig.refill_group of the SmolLM2 engines (0 = max_batch // 8; 1 = refill at once)")
     p.add_argument("--step-log", action="store_true",

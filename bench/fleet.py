@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 from bench.host_phases import TraceDevice  # noqa: E402
 from bench.common import CorpusServer, write_report  # noqa: E402
 from bench.traces import default_trace_files, load_traces  # noqa: E402
-from verifier.draft.drafter import AWAIT_AHEAD_S, Drafter  # noqa: E402
+from verifier.draft.drafter import AWAIT_AHEAD_S, DraftConfig, Drafter  # noqa: E402
 from verifier.engine.core import Engine, EngineConfig  # noqa: E402
 from verifier.model import ModelConfig, build_model, load_model  # noqa: E402
 from verifier.step.sampling import SamplingParams  # noqa: E402
@@ -56,9 +56,10 @@ class Replica:
 
     def __init__(self, model, codec, mode: str, target: str, traces, batch: int, budget: int, max_new: int) -> None:
         if mode == "local":
-            self.drafter = Drafter("local", vocab_size=model.config.vocab_size)
+            self.drafter = Drafter(vocab_size=model.config.vocab_size)
         else:
-            self.drafter = Drafter(target, vocab_size=model.config.vocab_size, client_timeout_s=5.0, remote_asks=mode)
+            self.drafter = Drafter(target, DraftConfig(corpus_timeout_s=5.0, remote_asks=mode),
+                                   vocab_size=model.config.vocab_size)
         max_len = max(len(t.prompt_ids) for t in traces) + max_new + budget + 4
         self.engine = Engine(model, codec, self.drafter,
                              EngineConfig(max_batch=batch, max_len=max_len, budget=budget, max_budget=budget,

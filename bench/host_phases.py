@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import CorpusServer, median_run, write_report  # noqa: E402
 from bench.traces import default_trace_files, load_traces  # noqa: E402
-from verifier.draft.drafter import AWAIT_AHEAD_S, Drafter  # noqa: E402
+from verifier.draft.drafter import AWAIT_AHEAD_S, DraftConfig, Drafter  # noqa: E402
 from verifier.engine.core import Engine, EngineConfig  # noqa: E402
 from verifier.model import ModelConfig, build_model, load_model  # noqa: E402
 from verifier.step.cuda_graphs import GreedyStepResult  # noqa: E402
@@ -139,8 +139,8 @@ def run_mode(model, codec, mode: str, target: str | None, traces, B: int, budget
 
             with CorpusClient(target) as c:
                 c.reset()
-        drafter = Drafter("local" if mode == "local" else target, vocab_size=model.config.vocab_size,
-                          client_timeout_s=5.0, remote_asks="always" if mode == "remote_always" else "adaptive")
+        draft = DraftConfig(corpus_timeout_s=5.0, remote_asks="always" if mode == "remote_always" else "adaptive")
+        drafter = Drafter("local" if mode == "local" else target, draft, vocab_size=model.config.vocab_size)
     prompts = [t.prompt_ids for t in traces]
     max_len = max(map(len, prompts)) + max_new + budget + 4
     engine = Engine(model, codec, drafter,

@@ -41,13 +41,13 @@ def bench(args, lm, all_prompts: list[list[int]], run_engine, mismatches, ratio)
         row["free"] = strip(run_engine(Engine(lm.model, lm.codec, None, config(B, 0)), prompts, 0, free))
         base = run_engine(Engine(lm.model, lm.codec, None, config(B, 0)), prompts, 0, greedy)
         row["plain"] = strip(base)
-        r = run_engine(Engine(lm.model, lm.codec, Drafter("local", vocab_size=V), config(B, budget)), prompts, 0, greedy)
+        r = run_engine(Engine(lm.model, lm.codec, Drafter(vocab_size=V), config(B, budget)), prompts, 0, greedy)
         n_diff, first = mismatches(base["outputs"], r["outputs"])
         row["spec"] = {**strip(r), "speedup": ratio(r["tok_s"], base["tok_s"]), "identical": n_diff == 0,
                        "outputs_differing": n_diff, "first_diff_pos": first}
         row["penalty_vs_free"] = ratio(base["tok_s"], row["free"]["tok_s"])
         sp = strip(run_engine(Engine(lm.model, lm.codec, None, config(B, 0)), prompts, 0, sampled))
-        ss = strip(run_engine(Engine(lm.model, lm.codec, Drafter("local", vocab_size=V), config(B, budget)),
+        ss = strip(run_engine(Engine(lm.model, lm.codec, Drafter(vocab_size=V), config(B, budget)),
                               prompts, 0, sampled))
         row["sampled"] = {"plain": sp, "spec": ss, "speedup": ratio(ss["tok_s"], sp["tok_s"])}
         res["batches"][str(B)] = row

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import CorpusServer, write_report  # noqa: E402
 from bench.traces import default_trace_files, load_traces  # noqa: E402
 from corpus_service.client import CorpusClient  # noqa: E402
-from verifier.draft.drafter import AWAIT_AHEAD_S, Drafter  # noqa: E402
+from verifier.draft.drafter import AWAIT_AHEAD_S, DraftConfig, Drafter  # noqa: E402
 
 MODES = ("local", "pipelined", "pipelined_no_await", "pipelined_thread", "sync")
 
@@ -58,9 +58,9 @@ def parse_ints(s: str) -> list[int]:
 
 
 def run(target: str, mode: str, traces, B: int, steps: int, budget: int, gpu_s: float) -> dict:
-    d = Drafter("local" if mode == "local" else target, remote_drafts="sync" if mode == "sync" else "pipelined",
-                draft_timeout_s=0.05, client_timeout_s=5.0,
-                remote_client="thread" if mode == "pipelined_thread" else "process")
+    d = Drafter("local" if mode == "local" else target,
+                DraftConfig(remote_drafts="sync" if mode == "sync" else "pipelined", draft_timeout_s=0.05,
+                            corpus_timeout_s=5.0, remote_client="thread" if mode == "pipelined_thread" else "process"))
     try:
         if mode != "local":
             with CorpusClient(target) as c:

@@ -20,6 +20,11 @@ class NotFoundError(CorpusEngineError):
     """An external corpus that does not exist, or is not being loaded."""
 
 
+class BudgetTooLargeError(CorpusEngineError):
+    """A draft budget above the most nodes the corpus drafts per tree (its ``max_budget``): the
+    caller may ask again with a smaller one (a pipelined verifier's deep tree does)."""
+
+
 class LimitExceededError(CorpusEngineError):
     """A configured bound (live requests, external corpus tokens) would be exceeded."""
 

@@ -6,26 +6,21 @@ from __future__ import annotations
 import argparse
 import os
 import typing
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, fields
 
 from corpus_service import check_namespace_name
 from ngram_common.net import is_loopback
 
 from .budget.makespan import MakespanConfig
-from .draft.ask_gate import AskGateConfig
-from .draft.drafter import REMOTE_ASKS, REMOTE_CLIENTS, REMOTE_DRAFT_MODES
+from .draft.config import CorpusEndpoint, DraftConfig
 from .engine.core import EngineConfig
+from .flags import flag, nested
+
+__all__ = ["VerifierConfig", "DraftConfig", "flag", "add_config_flags", "config_from_args", "flag_fields", "parse_bool"]
 
 ENV_PREFIX = "NGRAM_VERIFIER_"
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16")
-
-
-def flag(default, help: str, allowed: str = "", short: str = "", **kw):
-    """A config field and its ``serve`` flag's help: what it does (why, where it is not obvious) and
-    ``allowed``, the values it takes (add_config_flags adds the env var and the default); ``short``:
-    a one-letter alias ("-n")."""
-    return field(default=default, metadata={"help": help, "allowed": allowed, "short": short}, **kw)
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -72,27 +67,9 @@ class VerifierConfig:
     budget: str = flag("auto", "draft nodes per request and step",
                        "'auto' (a cost model and the measured acceptance choose each step) or an int 0..--max-budget")
     max_budget: int = flag(15, "the most draft nodes per request and step", "an int 1..63")
-    remote_drafts: str = flag(
-        "pipelined", "how steps use the corpus service's trees: 'pipelined' merges the tree asked one step ahead "
-        "and never waits; 'sync' waits up to --draft-timeout-s for a fresh tree every step (verifier/draft/drafter.py)",
-        ", ".join(REMOTE_DRAFT_MODES))
-    remote_client: str = flag(
-        "process", "where the corpus service's client runs: 'process' (a child process: its Python work never "
-        "takes the engine's GIL) or 'thread' (verifier/draft/corpus_process.py)", ", ".join(REMOTE_CLIENTS))
-    remote_asks: str = flag(
-        "adaptive", "when a pipelined verifier asks the corpus service for trees: 'adaptive' (where its trees add "
-        "accepted tokens, measured; verifier/draft/ask_gate.py) or 'always' (every step)", ", ".join(REMOTE_ASKS))
-    remote_ask_min_gain: float = flag(
-        0.02, "adaptive asks: the share of delivered tokens that only the remote trees drafted below which asks "
-        "thin out", "a number 0..1")
-    remote_ask_max_interval: int = flag(32, "adaptive asks: the most steps between two asks", "an int >= 1")
-    draft_threads: int = flag(
-        0, "threads drafting one batch in the in-process corpus (local, or the remote mode's mirror), for batches "
-        "of at least 8 requests per thread", "0 (a quarter of the CPUs, 1 to 4) or 1..64")
-    draft_timeout_s: float = flag(0.05, "sync remote drafts: the longest wait before drafting in process",
-                                  "seconds > 0")
-    corpus_timeout_s: float = flag(1.0, "the corpus client's deadline per call, retries included (in the background)",
-                                   "seconds > 0")
+    # How it drafts: --remote-drafts, --remote-client, --remote-asks, --remote-ask-min-gain,
+    # --remote-ask-max-interval, --draft-threads, --draft-timeout-s, --corpus-timeout-s.
+    draft: DraftConfig = nested(DraftConfig)
     cost_probe_s: float = flag(10.0, "--budget auto: start-up time allowed for measuring step costs", "seconds > 0")
     cuda_graphs: bool = flag(True, "replay decode/verify steps as CUDA graphs (cuda only)", "true/false")
     compile: bool = flag(True, "torch.compile the layers' elementwise ops into fused kernels (cuda only)",
@@ -108,9 +85,6 @@ class VerifierConfig:
     overlap_plain: bool = flag(True, "plain decoding runs each step one ahead of the host's commits (greedy, "
                                      "CUDA graphs)", "true/false")
     overlap_spec_plain: bool = flag(True, "the same for the plain steps of a speculative engine", "true/false")
-    arm_steps: bool = flag(
-        False, "enqueue a speculative engine's next drafting step while the current one runs, behind a gate its "
-        "drafts open (cuda graphs; slower on the H200 so far)", "true/false")
     tail_requests: int = flag(
         0, "batches that end together (RL rollouts): while no request waits and at most this many run (the batch's "
         "tail), steps draft --tail-budget nodes (verifier/budget/makespan.py)", "an int 0..4096; 0 = off")
@@ -134,17 +108,8 @@ class VerifierConfig:
                 int(self.budget)
             except ValueError:
                 raise ValueError(f"budget: expected 'auto' or an int, got {self.budget!r}") from None
-        if not 0 <= self.draft_threads <= 64:
-            raise ValueError(f"draft_threads: expected 0 (auto) or 1..64, got {self.draft_threads}")
-        if self.remote_client not in REMOTE_CLIENTS:
-            raise ValueError(f"remote_client: expected one of {', '.join(REMOTE_CLIENTS)}, got {self.remote_client!r}")
-        if self.remote_asks not in REMOTE_ASKS:
-            raise ValueError(f"remote_asks: expected one of {', '.join(REMOTE_ASKS)}, got {self.remote_asks!r}")
-        AskGateConfig(min_gain=self.remote_ask_min_gain, max_interval=self.remote_ask_max_interval)  # validates
-        if self.remote_drafts not in REMOTE_DRAFT_MODES:
-            raise ValueError(f"remote_drafts: expected one of {', '.join(REMOTE_DRAFT_MODES)}, got {self.remote_drafts!r}")
-        if not self.draft_timeout_s > 0 or not self.corpus_timeout_s > 0:
-            raise ValueError("draft_timeout_s and corpus_timeout_s must be > 0")
+        if not isinstance(self.draft, DraftConfig):
+            raise ValueError(f"draft: expected a DraftConfig, got {type(self.draft).__name__}")
         if self.corpus_namespace:
             check_namespace_name(self.corpus_namespace)
         if not 0.0 <= self.weight_noise_sigma <= 1.0:
@@ -179,6 +144,11 @@ class VerifierConfig:
             raise ValueError(f"corpus_namespace: the default follows the served model name {name!r}, which is not "
                              "a namespace name (letters, digits, '_', '.', '-'); set --corpus-namespace") from None
 
+    def corpus_endpoint(self, served_model_name: str) -> CorpusEndpoint:
+        """The corpus service this verifier drafts from (--corpus HOST:PORT), as whom."""
+        return CorpusEndpoint(self.corpus, self.namespace_for(served_model_name), token=self.corpus_token or None,
+                              tls=self.corpus_tls_ca or None)
+
     def engine_config(self) -> EngineConfig:
         fixed = None if self.budget == "auto" else int(self.budget)
         if self.corpus == "none":
@@ -188,7 +158,6 @@ class VerifierConfig:
                             compile=self.compile, capture_at_start=self.capture_at_start,
                             native_linear=self.native_linear, refill_group=self.refill_group,
                             overlap_plain=self.overlap_plain, overlap_spec_plain=self.overlap_spec_plain,
-                            arm_steps=self.arm_steps,
                             makespan=MakespanConfig(self.tail_requests, self.tail_budget, self.longest_first))
 
 
@@ -205,11 +174,32 @@ def parse_bool(v: str | bool) -> bool:
     raise argparse.ArgumentTypeError(f"expected true/false (1/0, yes/no, on/off), got {v!r}")
 
 
-def add_config_flags(parser: argparse.ArgumentParser, cls=VerifierConfig) -> None:
-    """One flag per field of ``cls``; its help is the field's ``flag`` metadata (what it does, the
-    allowed values) plus the environment variable and the default."""
+def flag_fields(cls) -> list:
+    """The fields of ``cls`` that are flags: its own, and those of each nested config (``nested``)."""
+    out = []
     hints = typing.get_type_hints(cls)
     for f in fields(cls):
+        if f.metadata.get("nested"):
+            out.extend(flag_fields(hints[f.name]))
+        else:
+            out.append(f)
+    return out
+
+
+def _hints(cls) -> dict:
+    hints = dict(typing.get_type_hints(cls))
+    for f in fields(cls):
+        if f.metadata.get("nested"):
+            hints.update(_hints(hints[f.name]))
+    return hints
+
+
+def add_config_flags(parser: argparse.ArgumentParser, cls=VerifierConfig) -> None:
+    """One flag per field of ``cls`` (a nested config's fields under their own names); its help is
+    the field's ``flag`` metadata (what it does, the allowed values) plus the environment variable
+    and the default."""
+    hints = _hints(cls)
+    for f in flag_fields(cls):
         env = ENV_PREFIX + f.name.upper()
         what = f.metadata.get("help", "")
         allowed = f.metadata.get("allowed", "")
@@ -233,4 +223,6 @@ def config_from_args(args: argparse.Namespace, cls=VerifierConfig):
             return tuple(x for x in raw.split(";") if x.strip()) if raw else f.default
         return tuple(v) if isinstance(f.default, tuple) else v
 
-    return cls(**{f.name: value(f) for f in fields(cls)})
+    hints = typing.get_type_hints(cls)
+    return cls(**{f.name: config_from_args(args, hints[f.name]) if f.metadata.get("nested") else value(f)
+                  for f in fields(cls)})

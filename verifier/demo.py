@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import flag
+from .draft.config import DraftConfig
 from .draft.drafter import Drafter
 from .engine.core import Engine, EngineConfig
 from .model import load_model
@@ -220,7 +221,7 @@ def run_demo(cfg: DemoConfig) -> int:
             max_len = max(map(len, prompts)) + cfg.max_tokens + cfg.max_budget + 2
             max_len = max(max_len, 256)  # the warm-up prompt
             plain = Engine(lm.model, lm.codec, None, EngineConfig(max_batch=1, max_len=max_len, budget=0))
-            drafter = Drafter(target, vocab_size=lm.model.config.vocab_size, draft_timeout_s=0.5)
+            drafter = Drafter(target, DraftConfig(draft_timeout_s=0.5), vocab_size=lm.model.config.vocab_size)
             budget = None if cfg.budget == "auto" else int(cfg.budget)
             spec = Engine(lm.model, lm.codec, drafter,
                           EngineConfig(max_batch=1, max_len=max_len, budget=budget, max_budget=cfg.max_budget, cost_probe_s=5.0))

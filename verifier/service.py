@@ -13,9 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from .config import VerifierConfig
-from .draft.ask_gate import AskGateConfig
 from .draft.corpus_health import check_namespace, model_ids
-from .draft.drafter import Drafter, auto_draft_threads
+from .draft.drafter import Drafter
 from .draft.external_corpora import load_external_corpora
 from .engine.core import Engine
 from .engine.runner import EngineLoop
@@ -50,20 +49,13 @@ def build_verifier(cfg: VerifierConfig, lm: LoadedModel | None = None) -> Verifi
     served = cfg.served_model_name or lm.name
     drafter = None
     if cfg.corpus != "none":
-        namespace, check = "default", None
+        corpus, check = "local", None
         if cfg.corpus != "local":
-            namespace = cfg.namespace_for(served)
-            check = functools.partial(check_namespace, cfg.corpus, namespace,
-                                      model_ids(lm.codec, lm.model.config.vocab_size), token=cfg.corpus_token or None,
-                                      tls=cfg.corpus_tls_ca or None, timeout_s=NAMESPACE_CHECK_TIMEOUT_S)
-        drafter = Drafter(cfg.corpus, namespace=namespace, check=check, draft_timeout_s=cfg.draft_timeout_s,
-                          client_timeout_s=cfg.corpus_timeout_s, vocab_size=lm.model.config.vocab_size,
-                          token=cfg.corpus_token or None, tls=cfg.corpus_tls_ca or None,
-                          remote_drafts=cfg.remote_drafts, remote_client=cfg.remote_client,
-                          remote_asks=cfg.remote_asks,
-                          ask_gate=AskGateConfig(min_gain=cfg.remote_ask_min_gain,
-                                                 max_interval=cfg.remote_ask_max_interval),
-                          draft_threads=cfg.draft_threads or auto_draft_threads())
+            corpus = cfg.corpus_endpoint(served)
+            check = functools.partial(check_namespace, corpus.target, corpus.namespace,
+                                      model_ids(lm.codec, lm.model.config.vocab_size), token=corpus.token,
+                                      tls=corpus.tls, timeout_s=NAMESPACE_CHECK_TIMEOUT_S)
+        drafter = Drafter(corpus, cfg.draft, vocab_size=lm.model.config.vocab_size, check=check)
     if cfg.external_corpus:  # before the engine exists: no request drafts from a half-loaded corpus
         load_external_corpora(drafter.local, cfg.external_corpus, lm.codec.tokenizer)
     engine = Engine(lm.model, lm.codec, drafter, cfg.engine_config())

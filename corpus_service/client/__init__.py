@@ -7,7 +7,7 @@ from corpus_service.client.circuit_breaker import CircuitBreaker
 from corpus_service.client.policy import RetryPolicy
 from corpus_service.client.sglang import RemoteNgramCorpus
 from corpus_service.client.sync import CorpusClient
-from corpus_service.protocol.status import CorpusError, CorpusUnavailable
+from corpus_service.protocol.status import CorpusError, CorpusOutOfRange, CorpusUnavailable
 
-__all__ = ["AsyncCorpusClient", "CircuitBreaker", "CorpusClient", "CorpusError", "CorpusUnavailable",
+__all__ = ["AsyncCorpusClient", "CircuitBreaker", "CorpusClient", "CorpusError", "CorpusOutOfRange", "CorpusUnavailable",
            "RemoteNgramCorpus", "RetryPolicy"]

@@ -21,7 +21,7 @@ import numpy as np
 from corpus_service import _native
 from corpus_service.engine.config import MAX_BUDGET, CorpusConfig
 from corpus_service.engine.prompt_keys import check_policy_version, check_prompt_key
-from corpus_service.exceptions import AlreadyExistsError
+from corpus_service.exceptions import AlreadyExistsError, BudgetTooLargeError
 
 ReqId = str | int
 log = logging.getLogger(__name__)
@@ -91,8 +91,10 @@ def typed_stats(raw: dict[str, float]) -> dict[str, int | float]:
 
 
 def _check_budget(budget: Any) -> int:
-    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or not 1 <= budget <= MAX_BUDGET:
+    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 1:
         raise ValueError(f"budget: expected an int in [1, {MAX_BUDGET}], got {budget!r}")
+    if budget > MAX_BUDGET:  # a smaller budget will do (BudgetTooLargeError is a ValueError)
+        raise BudgetTooLargeError(f"budget: expected an int in [1, {MAX_BUDGET}], got {budget!r}")
     return int(budget)
 
 

@@ -42,6 +42,13 @@ class CorpusFailedPrecondition(CorpusError, ValueError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
+class CorpusOutOfRange(CorpusError, ValueError):
+    """A draft budget above the corpus' --max-budget (the engine's ``BudgetTooLargeError``): asking
+    again with a smaller budget succeeds."""
+
+    code = grpc.StatusCode.OUT_OF_RANGE
+
+
 class CorpusResourceExhausted(CorpusError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
@@ -71,8 +78,9 @@ class CorpusUnavailable(CorpusError):
 
 _BY_CODE: dict[grpc.StatusCode, type[CorpusError]] = {
     cls.code: cls
-    for cls in (CorpusInvalidArgument, CorpusNotFound, CorpusAlreadyExists, CorpusFailedPrecondition, CorpusResourceExhausted,
-                CorpusDeadlineExceeded, CorpusUnavailable, CorpusUnauthenticated, CorpusPermissionDenied)
+    for cls in (CorpusInvalidArgument, CorpusNotFound, CorpusAlreadyExists, CorpusFailedPrecondition, CorpusOutOfRange,
+                CorpusResourceExhausted, CorpusDeadlineExceeded, CorpusUnavailable, CorpusUnauthenticated,
+                CorpusPermissionDenied)
 }
 _CODE_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
 
@@ -106,6 +114,7 @@ _ENGINE_CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (exceptions.AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
     (exceptions.LimitExceededError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (exceptions.StalePolicyVersionError, grpc.StatusCode.FAILED_PRECONDITION),
+    (exceptions.BudgetTooLargeError, grpc.StatusCode.OUT_OF_RANGE),
     (KeyError, grpc.StatusCode.NOT_FOUND),  # unknown namespace
     (ValueError, grpc.StatusCode.INVALID_ARGUMENT),
     (TypeError, grpc.StatusCode.INVALID_ARGUMENT),

@@ -229,8 +229,11 @@ class Session:
             # The common step extends and drafts the same batch: its ids were checked above.
             draft_set = extend_set if draft == extend[0] else _checked_id_set(draft, "draft", max_batch)
             if not 1 <= budget <= cfg.max_budget:
+                # Above the maximum: OUT_OF_RANGE, so that a client asking for deep trees (a pipelined
+                # verifier) knows by the code that a smaller budget will do.
                 raise CorpusError(f"draft.budget: expected an int in [1, {cfg.max_budget}], got {budget}",
-                                  grpc.StatusCode.INVALID_ARGUMENT)
+                                  grpc.StatusCode.OUT_OF_RANGE if budget > cfg.max_budget
+                                  else grpc.StatusCode.INVALID_ARGUMENT)
             missing = draft_set.difference(live)
             if (missing and not started.issuperset(missing)) or (finished and not finished.isdisjoint(draft_set)):
                 rid = _first_unknown(draft, live, started, finished)

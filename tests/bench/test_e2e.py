@@ -68,7 +68,7 @@ def test_step_log_accounts_for_every_step_and_token():
     from verifier.step.sampling import SamplingParams
 
     lm = tiny_lm(vocab_size=16, seed=3)
-    eng = Engine(lm.model, lm.codec, Drafter("local", vocab_size=16),
+    eng = Engine(lm.model, lm.codec, Drafter(vocab_size=16),
                  EngineConfig(max_batch=2, max_len=128, budget=3, max_budget=4))
     prompts = [[1, 2, 3, 1, 2, 3], [4, 5, 4, 5, 4], [6, 7, 6, 7]]
     r = e2e.run_engine(eng, prompts, 0, SamplingParams(max_tokens=9, ignore_eos=True), step_log=True)

@@ -125,6 +125,10 @@ def test_replicated_profile_runs_replicas_only(v2, env_file):
 
 
 def _fields(cls) -> set[str]:
+    from verifier.config import flag_fields
+
+    if cls.__module__.startswith("verifier."):  # VerifierConfig: nested configs' fields are flags too
+        return {f.name for f in flag_fields(cls)}
     return {f.name for f in dataclasses.fields(cls) if f.init}
 
 

@@ -27,7 +27,7 @@ def engine(lm, drafter: Drafter | None, budget: int = 7, max_batch: int = 4, **c
 def serve_api(lm, budget: int, timeout: float = 120, drafter: Drafter | None = None):
     """A real uvicorn server on a 127.0.0.1 ephemeral port over an engine with the local corpus (or
     ``drafter``); yields an httpx client for it."""
-    drafter = drafter or Drafter("local", vocab_size=lm.model.config.vocab_size)
+    drafter = drafter or Drafter(vocab_size=lm.model.config.vocab_size)
     loop = EngineLoop(engine(lm, drafter, budget=budget)).start()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

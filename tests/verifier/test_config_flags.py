@@ -5,7 +5,8 @@ import argparse
 
 import pytest
 
-from verifier.config import VerifierConfig, add_config_flags, config_from_args, parse_bool
+from verifier.config import VerifierConfig, add_config_flags, config_from_args, flag_fields, parse_bool
+from verifier.draft.config import DraftConfig
 
 
 def _parse(argv):
@@ -48,42 +49,57 @@ def test_refill_group_flag():
 
 
 def test_draft_threads_flag(monkeypatch):
-    from verifier.draft.drafter import Drafter, auto_draft_threads
+    from verifier.draft.drafter import DraftConfig, Drafter, auto_draft_threads
 
-    assert _parse(["--draft-threads", "3"]).draft_threads == 3
-    assert _parse([]).draft_threads == 0  # auto
+    assert _parse(["--draft-threads", "3"]).draft.draft_threads == 3
+    assert _parse([]).draft.draft_threads == 0  # auto
     with pytest.raises(ValueError, match="draft_threads"):
-        VerifierConfig(draft_threads=-1)
+        DraftConfig(draft_threads=-1)
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     assert auto_draft_threads() == 1
     monkeypatch.setattr("os.cpu_count", lambda: 64)
     assert auto_draft_threads() == 4
-    assert Drafter("local", draft_threads=3).local.config.draft_threads == 3
+    assert Drafter("local", DraftConfig(draft_threads=3)).local.config.draft_threads == 3
 
 
 def test_remote_ask_flags(monkeypatch):
     c = _parse(["--remote-asks", "always", "--remote-ask-min-gain", "0.05", "--remote-ask-max-interval", "8"])
-    assert (c.remote_asks, c.remote_ask_min_gain, c.remote_ask_max_interval) == ("always", 0.05, 8)
+    d = c.draft
+    assert (d.remote_asks, d.remote_ask_min_gain, d.remote_ask_max_interval) == ("always", 0.05, 8)
+    assert (d.ask_gate.min_gain, d.ask_gate.max_interval) == (0.05, 8)
     monkeypatch.setenv("NGRAM_VERIFIER_REMOTE_ASK_MAX_INTERVAL", "4")
-    assert _parse([]).remote_ask_max_interval == 4
-    for bad in ({"remote_asks": "never"}, {"remote_ask_min_gain": 1.5}, {"remote_ask_max_interval": 0}):
-        with pytest.raises(ValueError):
-            VerifierConfig(**bad)
+    assert _parse([]).draft.remote_ask_max_interval == 4
+    for bad in ({"remote_asks": "never"}, {"remote_ask_min_gain": 1.5}, {"remote_ask_max_interval": 0},
+                {"remote_ask_window_tokens": 0}, {"remote_drafts": "eager"}, {"remote_client": "fork"},
+                {"draft_timeout_s": 0}, {"corpus_timeout_s": -1.0}):
+        with pytest.raises(ValueError, match=next(iter(bad)).replace("remote_ask_", "")):
+            DraftConfig(**bad)
+
+
+def test_draft_flags_nest_in_the_verifier_config(monkeypatch):
+    """The drafting flags keep their names and environment variables; they fill VerifierConfig.draft."""
+    c = _parse(["--remote-drafts", "sync", "--remote-client", "thread", "--draft-timeout-s", "0.2",
+                "--corpus-timeout-s", "3"])
+    assert c.draft == DraftConfig(remote_drafts="sync", remote_client="thread", draft_timeout_s=0.2,
+                                  corpus_timeout_s=3.0)
+    monkeypatch.setenv("NGRAM_VERIFIER_REMOTE_DRAFTS", "sync")
+    assert _parse([]).draft.remote_drafts == "sync"
+    assert VerifierConfig() == VerifierConfig(draft=DraftConfig())
+    with pytest.raises(ValueError, match="draft: expected a DraftConfig"):
+        VerifierConfig(draft={"remote_drafts": "sync"})
 
 
 def test_every_serve_flag_says_what_it_does_and_what_it_takes(capsys):
     """``ngram-verifier serve --help`` describes every flag with its allowed values (field metadata)."""
-    from dataclasses import fields
-
     from verifier.cli import main
 
-    for f in fields(VerifierConfig):
+    for f in flag_fields(VerifierConfig):
         assert f.metadata.get("help") and f.metadata.get("allowed"), f"{f.name}: no help or allowed values"
     with pytest.raises(SystemExit) as e:
         main(["serve", "--help"])
     assert e.value.code == 0
     out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
-    for f in fields(VerifierConfig):
+    for f in flag_fields(VerifierConfig):
         flag = "--" + f.name.replace("_", "-")
         assert flag in out and f"env NGRAM_VERIFIER_{f.name.upper()}" in out, flag
         assert " ".join(f.metadata["allowed"].split()) in out, flag

@@ -20,7 +20,7 @@ PROMPTS = [[1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3], [5, 6, 7, 5, 6, 7, 5, 6], [2, 3, 2
 def _engines(budget):
     lm = tiny_lm(vocab_size=16, seed=3)
     plain = Engine(lm.model, lm.codec, None, EngineConfig(max_batch=1, max_len=128, budget=0))
-    spec = Engine(lm.model, lm.codec, Drafter("local", vocab_size=16),
+    spec = Engine(lm.model, lm.codec, Drafter(vocab_size=16),
                   EngineConfig(max_batch=1, max_len=128, budget=budget, max_budget=4),
                   cost=CostModel([1, 2, 4, 8], [1e-3, 1e-3, 1.1e-3, 1.3e-3]))
     return plain, spec

@@ -20,11 +20,14 @@ from dataclasses import dataclass
 
 from ngram_common.tokenizer import PROBE_TEXT
 
+from .messages import Note
+
 log = logging.getLogger("verifier.corpus")
 
-# Error texts (``Type: message``) that mean the corpus cannot be reached now, as opposed to a call
-# it refused: the circuit breaker, a refused connection, a deadline, a dead client process.
-UNREACHABLE = ("CorpusUnavailable", "CorpusDeadlineExceeded")
+# The gRPC status codes (their names, as a Note carries them) that mean the corpus cannot be reached
+# now, as opposed to a call it refused: the circuit breaker, a refused connection, a deadline, a dead
+# client process (the client raises CorpusUnavailable / CorpusDeadlineExceeded for these).
+UNREACHABLE_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED"})
 # An outage that begins within QUIET_S of the last one's end is logged only once it has lasted
 # CONFIRM_S (seen at a later failed call): a corpus that flaps would otherwise log two lines per flap.
 # Brief ones are counted, and the next line logged says how many there were.
@@ -108,8 +111,9 @@ def check_namespace(target: str, namespace: str, model: ModelIds, *, token: str 
     return namespace_verdict(target, namespace, served, model)
 
 
-def unreachable(error: str) -> bool:
-    return error.startswith(UNREACHABLE)
+def unreachable(note: Note) -> bool:
+    """Whether a failed call means the corpus cannot be reached (by its status code, not its text)."""
+    return note.code in UNREACHABLE_CODES
 
 
 class CorpusHealth:
@@ -136,14 +140,17 @@ class CorpusHealth:
     def unreachable(self) -> bool:
         return self._since is not None
 
-    def failure(self, error: str, asked_at: float | None = None) -> None:
-        """A failed call (``Type: message``): an outage begins if it is one of UNREACHABLE (unless
-        the call was asked, ``asked_at``, before the last outage ended: its failure is that outage's),
-        else a refused call is logged once per kind (REPEAT_LOG_S)."""
+    def failure(self, note: Note, asked_at: float | None = None) -> None:
+        """A failed call: an outage begins if its code is one of UNREACHABLE_CODES (unless the call
+        was asked, ``asked_at``, before the last outage ended: its failure is that outage's), else a
+        refused call is logged once per kind (its code and text, numbers aside; REPEAT_LOG_S)."""
+        if not isinstance(note, Note):
+            raise TypeError(f"failure: expected a Note (code, text), got {type(note).__name__}")
         now = time.monotonic()
+        error = note.text
         with self._lock:
             self.last_error = error
-            if unreachable(error):
+            if unreachable(note):
                 if self._since is None:
                     if asked_at is not None and asked_at < self._ended:
                         return
@@ -152,7 +159,7 @@ class CorpusHealth:
                     self._say_begun(now, error)
                 self._failed += 1
                 return
-            kind = _DIGITS.sub("N", error)[:160]
+            kind = note.code + " " + _DIGITS.sub("N", error)[:160]
             last, seen = self._kinds.get(kind, (-REPEAT_LOG_S, 0))
             if now - last < REPEAT_LOG_S:
                 self._kinds[kind] = (last, seen + 1)

@@ -7,19 +7,16 @@ those threads spend 0.3 ms of CPU per batch-1 step; on the H200 host a remote-dr
 ~70 us more wall time than an in-process one (1.42 vs 1.35 ms), most of it waiting for the lock.
 
 ``ClientProcess`` starts ``python -m verifier.draft.corpus_process`` and talks to it over its stdin and
-stdout: length-prefixed pickled frames, written and read without blocking. The engine's side of
+stdout: length-prefixed, versioned frames of typed messages (``verifier.draft.messages``), written
+and read without blocking. The engine's side of
 a step is at most one ``os.write`` of its queued calls and draft request (calls no draft request
 needs are held for a few steps: ``verifier.draft.drafter.HOLD_CALLS_S``), and one non-blocking ``os.read``
 when it wants the answer; the child owns an ``AsyncCorpusClient`` on one event loop (its session,
 retries, circuit breaker and the replay of live requests after a server restart), runs every call
 in order, and sends buffered calls on its own when no draft request has for ``FLUSH_AFTER_S``.
 
-Frames, parent to child: ``("calls", [(method, args[, kwargs]), ...])`` (start_request / extend_many / finish;
-errors come back as notes), ``("draft", ticket, req_ids, nodes, budget)`` (``nodes`` > ``budget``:
-a pipelined deep tree, retried at ``budget`` if the corpus refuses trees that large),
-``("close",)``. Child to parent: ``("ready",)``, ``("result", ticket, arrays, capped)``,
-``("error", ticket | None, message)``. The first frame from the parent is the client's
-configuration (its bearer token travels there, never on a command line).
+The messages are typed and versioned (``verifier.draft.messages``): each frame is checked on
+receipt, and one that is not what this side expects stops the exchange with a clear error.
 
 An outage is reported once: the first call that finds the corpus unreachable sends its error, later
 failed flushes send nothing (a draft's error is its answer, always sent), and once the corpus
@@ -36,24 +33,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import pickle
 import select
-import struct
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
-
-import numpy as np
+from dataclasses import dataclass, field
 
 from corpus_service import DraftBatch
 
+from .calls import Call, apply
+from .messages import (REACHABLE_NOTE, TO_CHILD, TO_PARENT, Calls, ClientSettings, Close, Configure, DraftAsk, Failure,
+                       Frames, Note, Reachable, Ready, Trees, encode, note_of)
+
+__all__ = ["ClientProcess", "ClientSettings", "Note", "REACHABLE_NOTE", "Ticket", "draft_capped", "note_of",
+           "FLUSH_AFTER_S", "child_command"]
+
 log = logging.getLogger(__name__)
 
-_HEADER = struct.Struct("<IB")  # body length, kind
-_PICKLED, _TREES = 0, 1  # kinds: a pickled tuple; a draft's trees as raw arrays (pickling them costs ~50 us)
-_TREES_HEAD = struct.Struct("<qiiB")  # ticket, rows, width, capped
-MAX_FRAME_BYTES = 1 << 30
 # The client buffers starts, commits and finishes until a draft request carries them. An engine that
 # does not draft (a large batch where drafting does not pay, a corpus asked for nothing) still hands
 # its commits over (at least every verifier.draft.drafter.HOLD_CALLS_S while it steps): the child sends
@@ -61,72 +57,9 @@ MAX_FRAME_BYTES = 1 << 30
 # it) learns this verifier's outputs anyway.
 FLUSH_AFTER_S = 0.1
 _READ_BYTES = 1 << 16
-CALL_METHODS = ("start_request", "extend_many", "finish")
 # While the corpus is down the child asks it for its Stats this often (a flush with nothing pending
 # sends nothing, so it cannot tell that the corpus is back).
 PROBE_S = 0.5
-REACHABLE_NOTE = "(the corpus answers again)"  # an error frame's text that ends an outage
-
-
-@dataclass
-class ClientSettings:
-    target: str
-    namespace: str = "default"
-    timeout_s: float = 1.0
-    breaker_cooldown_s: float = 0.5
-    token: str | None = None
-    tls: str | None = None
-
-
-def _frame(obj) -> bytes:
-    body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    return _HEADER.pack(len(body), _PICKLED) + body
-
-
-def _trees_frame(ticket: int, b: DraftBatch, capped: bool) -> bytes:
-    n, W = b.tokens.shape
-    parts = [_TREES_HEAD.pack(ticket, n, W, capped), np.ascontiguousarray(b.tokens, np.int32).tobytes(),
-             np.ascontiguousarray(b.parents, np.int32).tobytes(), np.ascontiguousarray(b.probs, np.float32).tobytes(),
-             np.ascontiguousarray(b.counts, np.int32).tobytes()]
-    size = sum(map(len, parts))
-    return _HEADER.pack(size, _TREES) + b"".join(parts)
-
-
-def _decode(kind: int, body: bytearray):
-    if kind == _PICKLED:
-        return pickle.loads(body)
-    if kind != _TREES:
-        raise ValueError(f"corpus client process: unknown frame kind {kind}")
-    ticket, n, W, capped = _TREES_HEAD.unpack_from(body)
-    o, cells = _TREES_HEAD.size, n * W
-    if len(body) != o + 4 * (3 * cells + n):
-        raise ValueError(f"corpus client process: a trees frame of {len(body)} bytes for {n} x {W}")
-    # One array over the body, then views (a numpy call per array cost several us per step).
-    # Writable: the body is a bytearray of its own.
-    ints = np.frombuffer(body, np.int32, 3 * cells + n, o)
-    tokens, parents = ints[:cells].reshape(n, W), ints[cells:2 * cells].reshape(n, W)
-    probs = ints[2 * cells:3 * cells].view(np.float32).reshape(n, W)
-    return ("result", ticket, (tokens, parents, probs, ints[3 * cells:]), bool(capped))
-
-
-class _Frames:
-    """Splits a byte stream into frames."""
-
-    def __init__(self) -> None:
-        self._buf = bytearray()
-
-    def feed(self, data: bytes) -> list:
-        self._buf += data
-        out = []
-        while len(self._buf) >= _HEADER.size:
-            n, kind = _HEADER.unpack_from(self._buf)
-            if n > MAX_FRAME_BYTES:
-                raise ValueError(f"corpus client process: a frame of {n} bytes (at most {MAX_FRAME_BYTES})")
-            if len(self._buf) < _HEADER.size + n:
-                break
-            out.append(_decode(kind, self._buf[_HEADER.size:_HEADER.size + n]))
-            del self._buf[:_HEADER.size + n]
-        return out
 
 
 @dataclass
@@ -137,7 +70,7 @@ class Ticket:
     id: int
     done_: bool = False
     batch: DraftBatch | None = None
-    error: str = ""
+    error: Note | None = None
     capped: bool = False  # the corpus refused the deep tree; this one has ``budget`` nodes
     asked_at: float = 0.0  # time.monotonic() when it was asked
 
@@ -164,26 +97,26 @@ class ClientProcess:
 
     settings: ClientSettings
     start_timeout_s: float = 60.0
-    errors: list[str] = field(default_factory=list)  # notes from the child, taken by the drafter
+    errors: list[Note] = field(default_factory=list)  # notes from the child, taken by the drafter
     dead: str = ""
 
     def __post_init__(self) -> None:
         self._tickets: dict[int, Ticket] = {}
         self._next = 0
         self._out = bytearray()
-        self._frames = _Frames()
+        self._frames = Frames(TO_PARENT)
         self._proc = subprocess.Popen(child_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
         self._wfd, self._rfd = self._proc.stdin.fileno(), self._proc.stdout.fileno()
         os.set_blocking(self._wfd, False)
         os.set_blocking(self._rfd, False)
         self._ready = False
-        self._send(("config", asdict(self.settings)))
+        self._send(Configure(self.settings))
         deadline = time.monotonic() + self.start_timeout_s
         while not self._ready and not self.dead and time.monotonic() < deadline:
             select.select([self._rfd], [], [], max(0.0, deadline - time.monotonic()))
             self.poll()
         if not self._ready:
-            why = self.errors[0] if self.errors else f"no answer within {self.start_timeout_s} s"
+            why = self.errors[0].text if self.errors else f"no answer within {self.start_timeout_s} s"
             self.close()
             raise ValueError(f"corpus client for {self.settings.target}: {why}")
 
@@ -194,18 +127,18 @@ class ClientProcess:
         """The child's process id (benchmarks read its CPU time)."""
         return self._proc.pid
 
-    def calls(self, calls: list[tuple[str, tuple]]) -> None:
+    def calls(self, calls: list[Call]) -> None:
         """Runs the client's methods in the child, in order, without waiting."""
         if calls:
-            self._send(("calls", calls))
+            self._send(Calls(calls))
 
     def draft(self, req_ids: list[str], nodes: int, budget: int) -> Ticket:
         self._next += 1
         t = self._tickets[self._next] = Ticket(self, self._next, asked_at=time.monotonic())
         if self.dead:
-            self._finish(t, None, self.dead)
+            self._finish(t, None, Note("UNAVAILABLE", self.dead))
         else:
-            self._send(("draft", t.id, req_ids, nodes, budget))
+            self._send(DraftAsk(t.id, req_ids, nodes, budget))
         return t
 
     def poll(self) -> None:
@@ -249,7 +182,7 @@ class ClientProcess:
         killed, never waited on forever), then waits for the child to exit."""
         deadline = time.monotonic() + timeout
         if self._proc.poll() is None and not self.dead:
-            self._send(("close",))
+            self._send(Close())
             while self._out and not self.dead and time.monotonic() < deadline:
                 select.select([], [self._wfd], [], max(0.0, deadline - time.monotonic()))
                 self._flush()
@@ -272,10 +205,10 @@ class ClientProcess:
         self._proc.wait()
         self.close(timeout=0.1)
 
-    def _send(self, obj) -> None:
+    def _send(self, msg) -> None:
         if self.dead:
             return
-        self._out += _frame(obj)
+        self._out += encode(msg)
         self._flush()
 
     def _flush(self) -> None:
@@ -289,33 +222,34 @@ class ClientProcess:
             self._died(f"writing to it failed: {e}")
 
     def _receive(self, msg) -> None:
-        kind = msg[0]
-        if kind == "ready":
-            self._ready = True
-        elif kind == "result":
-            _, tid, arrays, capped = msg
-            t = self._tickets.get(tid)
+        kind = type(msg)  # one of TO_PARENT: Frames checked it
+        if kind is Trees:
+            t = self._tickets.get(msg.ticket)
             if t is not None:
-                t.capped = capped
-                self._finish(t, DraftBatch(*arrays), "")
-        elif kind == "error":
-            _, tid, text = msg
-            t = self._tickets.get(tid) if tid is not None else None
+                t.capped = msg.capped
+                self._finish(t, msg.batch, None)
+        elif kind is Failure:
+            t = self._tickets.get(msg.ticket) if msg.ticket is not None else None
             if t is not None:
-                self._finish(t, None, text)
+                self._finish(t, None, msg.note)
             else:
-                self.errors.append(text)
+                self.errors.append(msg.note)
+        elif kind is Reachable:
+            self.errors.append(REACHABLE_NOTE)
+        elif kind is Ready:
+            self._ready = True
 
-    def _finish(self, t: Ticket, batch: DraftBatch | None, error: str) -> None:
+    def _finish(self, t: Ticket, batch: DraftBatch | None, error: Note | None) -> None:
         t.batch, t.error, t.done_ = batch, error, True
         self._tickets.pop(t.id, None)
 
     def _died(self, why: str) -> None:
         code = self._proc.poll()
         self.dead = f"CorpusUnavailable: the corpus client process stopped ({why}; exit code {code})"
+        note = Note("UNAVAILABLE", self.dead)
         for t in list(self._tickets.values()):
-            self._finish(t, None, self.dead)
-        self.errors.append(self.dead)
+            self._finish(t, None, note)
+        self.errors.append(note)
 
 
 # The child's first statement: the parent's module search path in place of its own. ``python -m``
@@ -349,8 +283,12 @@ def draft_capped(client, req_ids: list[str], nodes: int, budget: int) -> tuple[D
 
 def _refused_depth(e: Exception, nodes: int, budget: int) -> bool:
     """Whether a draft of ``nodes`` > ``budget`` nodes failed because the corpus refuses trees that
-    large (then a step's ``budget`` is asked instead)."""
-    return nodes > budget and "budget" in str(e)
+    large (then a step's ``budget`` is asked instead): by the error's class, which a remote corpus'
+    OUT_OF_RANGE status code maps to, never by its text."""
+    from corpus_service import BudgetTooLargeError
+    from corpus_service.client import CorpusOutOfRange
+
+    return nodes > budget and isinstance(e, (CorpusOutOfRange, BudgetTooLargeError))
 
 
 # ---------------------------------------------------------------------- child side
@@ -393,7 +331,7 @@ async def _relay(rfd: int, wfd: int) -> int:
     from .corpus_health import unreachable
 
     loop = asyncio.get_running_loop()
-    frames = _Frames()
+    frames = Frames(TO_CHILD)
     inbox: list[bytes] = []  # what the pipe gave since the last turn (b"": the parent closed it)
     arrived = asyncio.Event()
 
@@ -412,8 +350,8 @@ async def _relay(rfd: int, wfd: int) -> int:
     os.set_blocking(rfd, False)
     loop.add_reader(rfd, readable)
 
-    def send(obj) -> None:
-        write(_frame(obj))
+    def send(msg) -> None:
+        write(encode(msg))
 
     down = False  # the parent was told the corpus is unreachable, and not yet that it is back
     probed = 0.0
@@ -422,18 +360,18 @@ async def _relay(rfd: int, wfd: int) -> int:
         nonlocal down
         if not isinstance(e, (CorpusError, ValueError)):  # a bug here must not stop the child
             log.exception("corpus client process: %s", what)
-        text = f"{type(e).__name__}: {e}"
-        if unreachable(text):
+        note = note_of(e)
+        if unreachable(note):
             if down and ticket is None:
                 return  # said once per outage
             down = True
-        send(("error", ticket, text))
+        send(Failure(ticket, note))
 
     def answered() -> None:
         nonlocal down
         if down:
             down = False
-            send(("error", None, REACHABLE_NOTE))
+            send(Reachable())
 
     def write(frame: bytes) -> None:
         # Blocking writes: the parent never blocks on a full pipe (it reads without blocking), so
@@ -480,12 +418,16 @@ async def _relay(rfd: int, wfd: int) -> int:
         batch = []
         for data in chunks:
             if not data:
-                batch.append(("close",))
+                batch.append(Close())
                 break
-            batch.extend(frames.feed(data))
+            try:
+                batch.extend(frames.feed(data))
+            except ValueError as e:  # not the parent's messages: nothing more from it can be trusted
+                log.error("%s", e)
+                return 2
         for msg in batch:
-            kind = msg[0]
-            if kind == "close":
+            kind = type(msg)  # one of TO_CHILD: Frames checked it
+            if kind is Close:
                 loop.remove_reader(rfd)
                 if client is not None:
                     # What the client still buffers goes out first (within its timeout: the parent
@@ -499,34 +441,35 @@ async def _relay(rfd: int, wfd: int) -> int:
                         log.warning("corpus client process: the last calls were not sent: %s: %s", type(e).__name__, e)
                     await client.close()
                 return 0
-            if kind == "config":
-                s = ClientSettings(**msg[1])
+            if kind is Configure:
+                s = msg.settings
                 try:
                     client = AsyncCorpusClient(s.target, namespace=s.namespace, timeout=s.timeout_s, token=s.token,
                                                tls=s.tls, breaker=CircuitBreaker(failure_threshold=2,
                                                                                  cooldown_s=s.breaker_cooldown_s))
                 except Exception as e:  # reported to the constructor, which raises it
-                    send(("error", None, f"{type(e).__name__}: {e}"))
+                    send(Failure(None, note_of(e)))
                     return 2
-                send(("ready",))
-            elif kind == "calls":
-                for method, args, *kwargs in msg[1]:
+                send(Ready())
+            elif client is None:
+                log.error("corpus client process: a %s message before Configure", kind.__name__)
+                return 2
+            elif kind is Calls:
+                for call in msg.calls:
                     try:
-                        if method not in CALL_METHODS:
-                            raise ValueError(f"unknown call {method!r}")
                         # Awaited: a buffered call sends the pending step itself when it must (a
                         # restarted id finished in it, too many buffered tokens).
-                        await getattr(client, method)(*args, **(kwargs[0] if kwargs else {}))
+                        await apply(client, call)
                     except BrokenPipeError:
                         raise
                     except Exception as e:
-                        report(None, e, method)
-            elif kind == "draft":
-                _, tid, ids, nodes, budget = msg
+                        report(None, e, type(call).__name__)
+            elif kind is DraftAsk:
+                tid = msg.ticket
                 try:
-                    b, capped = await draft_capped_async(client, ids, nodes, budget)
+                    b, capped = await draft_capped_async(client, msg.req_ids, msg.nodes, msg.budget)
                     answered()
-                    write(_trees_frame(tid, b, capped))
+                    send(Trees(tid, b, capped))
                 except BrokenPipeError:
                     raise
                 except Exception as e:

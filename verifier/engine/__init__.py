@@ -5,7 +5,7 @@
 importing ``verifier.engine.request`` (which ``verifier.step`` and ``verifier.api`` use) does not load
 the engine, whose ``core`` imports those step modules in turn."""
 
-_CORE = ("ARM_WIDE_COST", "Engine", "EngineConfig", "EngineStats", "graph_prefill_chunks", "prefill_chunks")
+_CORE = ("Engine", "EngineConfig", "EngineStats", "graph_prefill_chunks", "prefill_chunks")
 
 
 def __getattr__(name: str):

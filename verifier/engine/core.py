@@ -74,18 +74,6 @@ class EngineConfig:
     # (docs/history/2026-12.md): plain steps of a speculative engine at batch 1 delivered 943 tok/s
     # instead of 858, speculation at batch 8 with 64 new tokens 1.04x -> 1.15x plain.
     overlap_spec_plain: bool = True
-    # A speculative engine's next drafting step is enqueued on the GPU while the current one runs,
-    # behind a gate the host opens once the step's drafts are packed into its pinned input
-    # (GraphRunner.arm), so that it starts without a graph launch's host time and latency. Only
-    # where a step of the widest tree costs about what the current one does (small batches;
-    # ARM_WIDE_COST), so that the armed step has room for any draft. Greedy steps replayed as
-    # graphs (on the CPU, emulate_graphs runs an armed step when it is released). Off by default:
-    # on the H200 an armed batch-1 SmolLM2 drafting step took 1.38 ms against 1.18 ms launched as
-    # usual (docs/history/2026-12.md, commit 7a9354e). Arming, which replays the step's graph while
-    # its previous launch still runs, took ~0.29 ms of host time against ~0.15 ms for a launch, and
-    # the step in flight finished later; two graph instances per bucket, used in turn, are the
-    # next thing to try.
-    arm_steps: bool = False
     # Batches that end together (RL rollouts): deeper drafts in the batch's tail, longest expected
     # requests admitted first, from the corpus' prompt history (verifier/budget/makespan.py). Off by default.
     makespan: MakespanConfig = MakespanConfig()
@@ -115,11 +103,6 @@ class EngineConfig:
             raise ValueError(f"budget: expected 0..max_budget ({self.max_budget}) or None (adaptive), got {self.budget}")
 
 
-# Steps are armed (EngineConfig.arm_steps) with room for the widest tree, where a step of it costs
-# at most this much more than one of the current tree size (the cost model's forward times): at
-# batch 1 on the H200, 16 nodes cost 1.033 ms against 1.024 for 4, so a narrower draft's padding
-# nodes are nearly free there; at batch 64, 2.24 against 1.38 ms: such batches launch as before.
-ARM_WIDE_COST = 1.05
 
 
 @dataclass
@@ -260,7 +243,6 @@ class Engine:
         self._budget_now: tuple[int, int] | None = None  # (batch size, budget) decided by _overlaps
         self._committed_launched = 0  # requests the last committed overlapped step gave a token
         self._inflight: _Inflight | None = None  # overlap_plain: the step launched ahead of the host
-        self._ran_armed = False  # the fast path's last step ran as the armed step (EngineConfig.arm_steps)
 
     def _compile_fusions(self) -> None:
         """Compiles the layers' elementwise ops (verifier.model.fusion) for every shape class a
@@ -346,17 +328,6 @@ class Engine:
         # the batch change makes the next step drain it and start from the host's tokens.)
         admitted = self.scheduler.admit()
         stepped = False
-        if admitted and self.graphs is not None and self.graphs.armed is not None:
-            # The step armed for the running batch is this call's verify step (its drafts are ready
-            # to pack); the newcomers prefill behind it and join the next one.
-            new = set(map(id, admitted))
-            before = [r for r in self.scheduler.running if not r.finished and id(r) not in new]
-            if before and self._fast_greedy(before):
-                self._verify_step(before, arm=False)
-                updated.extend(before)
-                stepped = True
-            else:
-                self._disarm()
         if admitted:
             t = time.perf_counter()
             chunks = (prefill_chunks(admitted, self.config.prefill_tokens) if self.graphs is None
@@ -366,7 +337,7 @@ class Engine:
                 self.stats.prefills += 1
             self.stats.prefill_seconds += time.perf_counter() - t
         updated.extend(admitted)
-        running = [] if stepped else [r for r in self.scheduler.running if not r.finished]
+        running = [r for r in self.scheduler.running if not r.finished]
         if running and self._overlaps(running):
             t, self._committed_launched = time.perf_counter(), 0
             steady = self._inflight is not None  # not the step that restarts the pipeline
@@ -421,7 +392,6 @@ class Engine:
     def fail_all(self, error: str) -> None:
         """After an internal error: finish every live request with finish_reason "error"."""
         self._inflight = None  # whatever it computed is not committed
-        self._disarm()
         self._take_inbox()
         reqs = list(self.scheduler.waiting) + self.scheduler.running
         self.scheduler.waiting.clear()
@@ -466,7 +436,6 @@ class Engine:
         position. The padding rows' K/V land past each prompt, where masks never look and decoding
         overwrites them; they repeat the prompt's last token, so they are finite where the prompt
         is (a masked NaN still poisons attention: 0 * NaN)."""
-        self._disarm()
         dev = self.device
         lens = [len(r.prompt_ids) for r in reqs]
         T = max(lens)
@@ -621,8 +590,7 @@ class Engine:
             return False
         budget = self._decide_budget(len(running))
         self._budget_now = (len(running), budget)
-        # An armed step is already enqueued: a plain step runs as it (root-only trees), not overlapped.
-        return budget == 0 and (self.graphs.armed is None)
+        return budget == 0
 
     def _step_budget(self, bs: int) -> int:
         """The step's draft budget: the one _overlaps decided for this batch size, or the policy's."""
@@ -696,9 +664,8 @@ class Engine:
         return self.graphs is not None and all(
             r.params.greedy and r.grammar is None and not needs_processing(r) for r in running)
 
-    def _verify_step(self, running: list[Request], plain: frozenset[str] = frozenset(), arm: bool = True) -> None:
-        """One verify step of ``running`` (drafting, unless the policy says not to); ``arm``: the
-        next step may be armed while this one runs (EngineConfig.arm_steps)."""
+    def _verify_step(self, running: list[Request], plain: frozenset[str] = frozenset()) -> None:
+        """One verify step of ``running`` (drafting, unless the policy says not to)."""
         t0 = time.perf_counter()  # the step's wall time, drafting included, feeds the budget policy
         captures = self.graphs.captures if self.graphs is not None else 0
         slots = [r.slot for r in running]
@@ -711,12 +678,9 @@ class Engine:
             t1 = time.perf_counter()
             launch = self.graphs.launch_input(inp, bs)
             self._dispatch(hold=True)  # while the GPU runs the step
-            if arm:
-                self._arm_next(running, K, max_prefix)
             r = self.graphs.collect(launch, idle=self._await_remote if self.drafter is not None and self.drafter.pipelined_remote else None)
             tokens, num_nodes, predicted = packed.tokens, packed.num_nodes, packed.predicted
         else:
-            self._disarm()
             drafts = self._drafts(running)
             if plain:  # a retry after non-finite logits: these requests verify no draft this step
                 drafts = [(d[0][:0], d[1][:0], d[2][:0]) if r.req_id in plain else d for r, d in zip(running, drafts)]
@@ -743,11 +707,10 @@ class Engine:
         # 0 * NaN = NaN), so such a request verifies the step again without drafts, as plain decoding would.
         retry = frozenset(r.req_id for b, r in enumerate(running) if num_nodes[b] > 1 and bad_any[b])
         if retry:
-            self._disarm()
             for r in running:
                 if r.req_id in retry:
                     self.cache.clear(r.slot, r.cache_len)
-            return self._verify_step(running, plain | retry, arm)
+            return self._verify_step(running, plain | retry)
         accepted_total = 0
         # Each request's committed run (its accepted path's tokens, then the bonus) gathered for the
         # whole batch at once: accept_index holds the path's node indices into the flat [bs * K]
@@ -778,16 +741,12 @@ class Engine:
             req.accepted_tokens += min(n, self._commit_path(req, runs[b][:n + 1], logits[b] if req.params.logprobs is not None else None,
                                                              path_b, [slow[1][b][i] for i in path_b]))
             if bad_any[b]:  # NaN K/V in masked rows would still reach attention (0 * NaN)
-                self._disarm()
                 self.cache.clear(req.slot, 0 if req.finish_reason == "error" else req.cache_len)
         self._flush_extends()
         t3 = time.perf_counter()
         self.stats.commit_seconds += t3 - t2
-        # The step's wall time, commits included. A plain step that ran as the armed step after a
-        # drafting one is the switch into plain decoding, not its steady state (overlapped steps,
-        # BudgetPolicy.explore_run): not credited, as the drain before a drafting step is not.
-        switching = self._ran_armed and self.config.overlap_spec_plain
-        if not captured and self.drafter is not None and (self._drafted or not switching):
+        # The step's wall time, commits included.
+        if not captured and self.drafter is not None:
             self.policy.observe_delivered(bs, self._drafted, t3 - t0, bs + accepted_total)
         self.stats.draft_tokens += sum(num_nodes) - bs
         self.stats.accepted_tokens += accepted_total
@@ -799,7 +758,7 @@ class Engine:
         """The fast path's drafting: the corpus' padded rows summarized for the node choice, then
         pruned and packed in one native pass each (``verifier/step/csrc/step_rows.h``;
         ``verifier.step.tree_batch`` holds the numpy form, whose ~25 calls cost more than the work at
-        batch 1) straight into the step's pinned input: the armed step's if it fits, else a new one."""
+        batch 1) straight into the step's pinned input."""
         bs = len(running)
         budget = self._step_budget(bs)
         spec = [i for i, r in enumerate(running) if r.params.speculate and r.req_id not in plain]
@@ -822,46 +781,11 @@ class Engine:
             tokens = parents = np.zeros((bs, 0), np.int32)
             probs, counts = np.zeros((bs, 0), np.float32), np.zeros(bs, np.int32)
         K = self.graphs.nodes_bucket(1 + min(nodes, k), room)
-        inp = self.graphs.armed
-        self._ran_armed = False
-        if inp is not None:
-            if inp.fits(bs, inp.K, max_prefix + inp.K):
-                K, k = inp.K, min(k, inp.K - 1)  # its tree size: padded up to it, or cut to it
-                self._ran_armed = True
-            else:
-                self._disarm()
-                inp = None
-        if inp is None:
-            inp = self.graphs.step_input(bs, K, max_prefix + K)
+        inp = self.graphs.step_input(bs, K, max_prefix + K)
         host, K, num_nodes, predicted = _native.pack_plan(
             [r.last_token for r in running], tokens, parents, probs, counts, k, best_first,
             [r.cache_len for r in running], slots, K, rows=inp.B, scratch=self.graphs.scratch, out=inp.host)
         return PackedTrees(host, bs, K, num_nodes, predicted, rows=inp.B), inp
-
-    def _arm_next(self, running: list[Request], K: int, max_prefix: int) -> None:
-        """While the GPU runs this drafting step: the next one armed (``GraphRunner.arm``) for the
-        same requests, with room for the widest tree the policy can choose, where that costs at
-        most ARM_WIDE_COST times this step's tree size (small batches: the padding nodes of a
-        narrower draft are then nearly free, and no draft is ever cut). Its bucket of cache rows
-        covers everything this step can accept."""
-        if not (self.config.arm_steps and self._drafted):
-            return
-        if all(len(r.output_ids) + K >= r.params.max_tokens for r in running):
-            return  # the whole batch may be done after this step: nothing to arm for
-        bs, g = len(running), self.graphs
-        fixed = self.policy.fixed
-        widest = g.nodes_bucket(1 + (fixed if fixed is not None else self.config.max_budget), self.config.max_len)
-        cost = self.policy.cost
-        if widest > K and cost is not None and cost(bs * widest) > ARM_WIDE_COST * cost(bs * K):
-            return  # a larger batch: its step would pay for the room, or cut the next drafts
-        kv_len = max_prefix + K + widest
-        if kv_len <= self.config.max_len:
-            g.arm(bs, widest, kv_len)
-
-    def _disarm(self) -> None:
-        """Before device work of any other kind: an armed step would hold it behind its gate."""
-        if self.graphs is not None:
-            self.graphs.disarm()
 
     def _verify_general(self, running: list[Request], drafts, tb, slots: list[int], max_prefix: int):
         """The step with the logits processed on the way (penalties, grammar masks, sampling):

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "MAX_NODES", "NORM_LINEAR_MAX_ROWS", "NativeKernelError", "TreeIndices", "VerifyResult", "argmax_rows",
-    "compact_kv_cache", "open_gate", "wait_gate",
+    "compact_kv_cache",
     "decode_attention", "flatten_draft_tree", "native_available", "norm_linear", "rope_store_kv", "silu_mul",
     "tree_attention_mask", "tree_attention_mask_flat",
     "tree_indices_from_mask", "tree_indices_from_parents", "tree_speculative_sampling",
@@ -248,34 +248,6 @@ def silu_mul(gate_up: Tensor, *, allow_reference: bool | None = None, check: boo
     if _use_native(gate_up.device, "silu_mul", allow_reference):
         return _ops().silu_mul(gate_up)
     return reference.silu_mul(gate_up)
-
-
-def wait_gate(gate: Tensor, seq: int, timeout_ns: int, src: Tensor, dst: Tensor, B: int, K: int, scratch: int) -> None:
-    """Enqueues, on the current stream, the gate of an armed greedy step (csrc/step_gate.cu): the
-    stream waits until ``open_gate(gate, s)`` with ``s >= seq``, then ``src`` (the step's pinned
-    staging, [2 B K + 2 B] int64) is copied to ``dst`` (the graph's device input). After
-    ``timeout_ns`` it gives up: ``gate[1]`` becomes ``seq`` and ``dst`` the padding input (every row
-    isolated nodes of slot ``scratch``). ``gate``: pinned int64 [2] (the gate, the timeout status).
-    CUDA only: there is no reference (a CPU step runs when it is launched)."""
-    n = 2 * B * K + 2 * B
-    if not (gate.dtype == src.dtype == dst.dtype == torch.int64) or gate.numel() < 2:
-        raise ValueError("wait_gate: expected int64 tensors and a gate of 2 words")
-    if not (gate.is_pinned() and src.is_pinned() and dst.is_cuda and src.numel() >= n and dst.numel() >= n):
-        raise ValueError(f"wait_gate: expected a pinned gate and staging of >= {n} values and a CUDA input of as many")
-    if seq < 1 or timeout_ns < 0 or B < 1 or K < 1:
-        raise ValueError(f"wait_gate: expected seq >= 1, timeout_ns >= 0, B, K >= 1, got {seq}, {timeout_ns}, {B}, {K}")
-    from .native import library
-
-    library().call("ngk_wait_gate", gate.data_ptr(), gate.data_ptr() + 8, seq, timeout_ns, src.data_ptr(),
-                   dst.data_ptr(), B, K, scratch, torch.cuda.current_stream(dst.device).cuda_stream)
-
-
-def open_gate(gate: Tensor, seq: int) -> None:
-    """Opens an armed step's gate (``wait_gate``): the host's writes before it are visible to the
-    step. Host code with a memory fence; no stream work."""
-    from .native import library
-
-    library().call("ngk_open_gate", gate.data_ptr(), seq)
 
 
 def native_available() -> bool:

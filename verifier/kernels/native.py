@@ -27,8 +27,6 @@ _SIGNATURES = {
     "ngk_argmax_rows": [c_int, _P, c_int64, c_int64, _P, _P, _P],
     "ngk_silu_mul": [c_int, _P, _P, c_int64, c_int64, _P],
     "ngk_norm_linear": [c_int, c_int, c_int, _P, _P, _P, _P, c_float, _P, _P, _P, c_int, c_int, c_int, _P],
-    "ngk_wait_gate": [_P, _P, c_int64, c_int64, _P, _P, c_int, c_int, c_int64, _P],
-    "ngk_open_gate": [_P, c_int64],  # host only: no stream
 }
 
 

@@ -30,9 +30,7 @@ largest bucket still prefills eagerly.
 padding logic is tested on the CPU (tests/verifier/step/test_cuda_graphs.py).
 
 A greedy step's input is packed by the host straight into its graph's pinned staging buffer
-(``step_input``, then ``launch_input``). ``arm`` enqueues a step before its input exists, behind a
-gate kernel the host opens once it has packed the input (``kernels.wait_gate``; off by default in
-the engine, ``EngineConfig.arm_steps``: slower on the H200 so far).
+(``step_input``, then ``launch_input``).
 """
 
 from __future__ import annotations
@@ -128,21 +126,14 @@ class StepLaunch:
     event: torch.cuda.Event | None
     logits: Tensor  # [B, K, V]: the graph's buffer, overwritten by its next replay
     dev_out: Tensor  # the results on the device: a later step's input tokens can come from them
-    source: "StepInput | None" = None  # an armed step's input (a timed-out gate relaunches from it)
-
-
-# An armed step waits this long for its input before it runs as padding (and is relaunched): far
-# beyond any host work between two steps, so only a host that failed between arming and releasing
-# ever meets it, and then it costs this much once, never a hung stream.
-GATE_TIMEOUT_NS = 1_000_000_000
 
 
 @dataclass
 class StepInput:
-    """A greedy step's pinned input buffer (``GraphRunner.step_input`` / ``arm``), filled by the host
-    before ``GraphRunner.launch_input``: ``host`` = tokens [B, K], parents [B, K], prefix lens [B],
-    cache slots [B] (``tree_batch.PackedTrees``' layout for the bucket's B rows; rows past the batch
-    are padding). An armed input's step is already enqueued, waiting for its gate (``launch``)."""
+    """A greedy step's pinned input buffer (``GraphRunner.step_input``), filled by the host before
+    ``GraphRunner.launch_input``: ``host`` = tokens [B, K], parents [B, K], prefix lens [B], cache
+    slots [B] (``tree_batch.PackedTrees``' layout for the bucket's B rows; rows past the batch are
+    padding)."""
 
     B: int
     K: int
@@ -150,12 +141,6 @@ class StepInput:
     host: np.ndarray
     graph: "_StepGraph"
     turn: int
-    launch: StepLaunch | None = None  # armed: the step behind the gate
-    seq: int = 0  # armed: its gate number
-
-    def fits(self, bs: int, K: int, kv_len: int) -> bool:
-        """Whether a step of bs requests, K nodes each, attending kv_len rows can run as this one."""
-        return bs <= self.B and K == self.K and kv_len <= self.L
 
 
 @dataclass
@@ -221,13 +206,6 @@ class GraphRunner:
         self._pool = torch.cuda.graph_pool_handle() if self.capture else None
         self._warmed = False
         self._launches = 0  # greedy-step launches: they take the two staging/result buffers in turn
-        # Armed steps (``arm``): the gate word the host opens and the word a timed-out gate writes,
-        # pinned host memory the device polls; the pending armed step, if any.
-        self._gate = torch.zeros(2, dtype=torch.int64, pin_memory=True) if self.capture else None
-        self._gate_host = None if self._gate is None else self._gate.numpy()
-        self._seq = 0
-        self._armed: StepInput | None = None
-        self.gate_timeouts = 0  # armed steps whose gate timed out (relaunched)
         self.wait_seconds = 0.0  # host time blocked in collect(): the GPU had not finished the step
 
     def kv_bucket(self, kv_len: int) -> int:
@@ -262,7 +240,6 @@ class GraphRunner:
         buffer: valid until the next prefill of that bucket). Rows past a prompt, up to the length
         bucket, get the K/V of padding that repeats its last token (finite where the prompt is):
         masks never look there and decoding overwrites them."""
-        self.disarm()  # nothing may queue behind an armed step's gate
         n = len(prompts)
         T = max((len(p) for p in prompts), default=0)
         Tb = self.prefill_bucket(T)
@@ -320,7 +297,6 @@ class GraphRunner:
     def forward(self, input_ids: Tensor, fb: ForwardBatch) -> Tensor:
         if fb.mask is None:
             raise ValueError("GraphRunner: decode/verify forwards need an explicit mask (prefill runs eagerly)")
-        self.disarm()
         bs, K = input_ids.shape
         B, L = next_bucket(bs, self.batch_buckets), self.kv_bucket(fb.kv_len)
         g = self._graphs.get((B, K, L))
@@ -388,23 +364,7 @@ class GraphRunner:
 
     @torch.inference_mode()
     def launch_input(self, inp: StepInput, bs: int, tokens_from: StepLaunch | None = None) -> StepLaunch:
-        """Launches a filled ``step_input`` (or opens an armed one's gate) for its first bs rows."""
-        if inp.launch is not None:  # armed: the step is enqueued; the host's input lets it go
-            if inp is not self._armed:
-                raise RuntimeError("launch_input: this armed step was disarmed or already launched")
-            if tokens_from is not None or bs > inp.B:
-                raise ValueError(f"launch_input: an armed step takes up to {inp.B} requests and no tokens_from")
-            self._armed = None
-            inp.launch.bs = bs
-            if inp.launch.event is None:  # not captured (CPU): the armed step runs now, as launched
-                g = inp.graph
-                g.inp.copy_(g.staging[inp.turn])
-                g.logits, g.out = self._run_step(g, inp.B, inp.K, inp.L)
-                inp.launch.out, inp.launch.logits, inp.launch.dev_out = g.out, g.logits, g.out
-                return inp.launch
-            kernels.open_gate(self._gate, inp.seq)
-            return inp.launch
-        self.disarm()
+        """Launches a filled ``step_input`` for its first bs rows."""
         if inp.turn != self._launches % 2:
             raise RuntimeError("launch_input: another step was launched since this input was taken")
         B, K, g = inp.B, inp.K, inp.graph
@@ -429,54 +389,6 @@ class GraphRunner:
         event.record()
         return StepLaunch(B, K, bs, host_out, event, g.logits, g.out)
 
-    @property
-    def armed(self) -> StepInput | None:
-        """The armed step waiting for its input, if any (``arm``)."""
-        return self._armed
-
-    @torch.inference_mode()
-    def arm(self, bs: int, K: int, kv_len: int) -> StepInput | None:
-        """Enqueues the next greedy step before its input exists: behind a gate kernel
-        (``kernels.wait_gate``), its graph replay and the copy of its results. The host fills the
-        returned input's ``host`` and calls ``launch_input``, which opens the gate: the step starts
-        without a launch's host time and latency. Until then nothing else may be enqueued on the
-        stream (it would wait behind the gate): every other entry point here disarms first, and the
-        engine disarms before its own device work. None where arming does not apply (no captured
-        graphs, the bucket has no graph yet, a step is armed already). Without captured graphs
-        (the CPU) the armed step runs when it is launched: the engine's use of it is the same."""
-        if self._armed is not None:
-            return None
-        B, L = next_bucket(bs, self.batch_buckets), self.kv_bucket(kv_len)
-        g = self._steps.get((B, K, L))
-        if g is None:  # capturing takes tens of ms: a step that needs a new graph launches as usual
-            return None
-        turn = self._launches % 2
-        self._launches += 1
-        self._seq += 1
-        inp = StepInput(B, K, L, g.staging[turn].numpy(), g, turn, seq=self._seq)
-        if g.graph is None:
-            inp.launch = StepLaunch(B, K, bs, g.out, None, g.logits, g.out)
-        else:
-            kernels.wait_gate(self._gate, self._seq, GATE_TIMEOUT_NS, g.staging[turn], g.inp, B, K, self.scratch)
-            inp.launch = self._replay_step(g, turn, B, K, bs)
-        inp.launch.source = inp
-        self._armed = inp
-        return inp
-
-    def disarm(self) -> None:
-        """Lets a pending armed step go as padding (every row isolated nodes in the scratch slot):
-        its results are never read. A GPU step's time, spent so that other work can follow."""
-        inp, self._armed = self._armed, None
-        if inp is None or inp.launch.event is None:  # nothing armed, or nothing enqueued (CPU)
-            return
-        nk = inp.B * inp.K
-        h = inp.host
-        h[:nk] = 0
-        h[nk:2 * nk] = -1
-        h[2 * nk:2 * nk + inp.B] = 0
-        h[2 * nk + inp.B:2 * nk + 2 * inp.B] = self.scratch
-        kernels.open_gate(self._gate, inp.seq)
-
     @torch.inference_mode()
     def collect(self, launch: StepLaunch, idle=None) -> GreedyStepResult:
         """Waits for a launched step and returns its results (the host's own copy). ``idle()``, if
@@ -489,15 +401,6 @@ class GraphRunner:
                     pass
             launch.event.synchronize()
             self.wait_seconds += time.perf_counter() - t
-            src = launch.source
-            if src is not None and self._gate_host[1] == src.seq:  # its gate timed out: it ran as padding
-                self.gate_timeouts += 1
-                log.warning("an armed step's input came after %.1f s: relaunched", GATE_TIMEOUT_NS / 1e9)
-                self.disarm()
-                g = src.graph
-                g.inp.copy_(g.staging[src.turn], non_blocking=True)
-                launch = self._replay_step(g, src.turn, src.B, src.K, launch.bs)
-                return self.collect(launch)
         return GreedyStepResult.unpack(launch.out.numpy().copy(), launch.B, launch.K, launch.bs, launch.logits)
 
     def _load_step(self, inp: StepInput, host: np.ndarray, bs: int) -> None:
@@ -557,7 +460,6 @@ class GraphRunner:
         The first capture of a process also gets one run on the current stream first: a capture
         that was the process's first CUDA work (the engine's cost probe runs before any prefill)
         was invalidated on the device, while captures after eager forwards never were."""
-        self.disarm()
         dev = self.model.device
         if not self._warmed:
             run()

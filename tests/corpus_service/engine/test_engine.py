@@ -239,11 +239,18 @@ def test_typed_exceptions_are_value_errors():
         (lambda: c.start_request("b", [1]), ex.LimitExceededError),
         (lambda: c.remove_external_corpus("none"), ex.NotFoundError),
         (lambda: c.load_external_corpus_named("big", [[1, 2, 3, 4, 5]]), ex.LimitExceededError),
+        (lambda: c.draft(["a"], 100_000), ex.BudgetTooLargeError),  # a smaller budget will do
     ]
     for call, cls in cases:
         with pytest.raises(cls) as info:
             call()
         assert isinstance(info.value, ValueError)
+    with pytest.raises(ValueError, match="budget") as info:
+        c.draft(["a"], 0)
+    assert not isinstance(info.value, ex.BudgetTooLargeError)
+    from corpus_service.protocol.status import status_for
+
+    assert status_for(ex.BudgetTooLargeError("x")).name == "OUT_OF_RANGE"
 
 
 def test_start_without_learning_the_prompt():

@@ -16,7 +16,7 @@ from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2_grpc as pb_grpc
 from corpus_service.client import AsyncCorpusClient, CorpusClient, RemoteNgramCorpus
 from corpus_service.protocol import arrays
-from corpus_service.protocol.status import (CorpusAlreadyExists, CorpusInvalidArgument, CorpusNotFound,
+from corpus_service.protocol.status import (CorpusAlreadyExists, CorpusInvalidArgument, CorpusNotFound, CorpusOutOfRange,
                                             CorpusResourceExhausted)
 from tests.corpus_service.service_fixtures import TOKEN
 
@@ -180,7 +180,7 @@ def test_bad_session_steps_get_status_codes_and_keep_the_session(server):
         c.flush()
         cases = [
             (lambda: (c.start_request("bad", [5000]), c.flush()), CorpusInvalidArgument, "outside the vocabulary"),
-            (lambda: c.draft(["ok"], 33), CorpusInvalidArgument, "budget"),
+            (lambda: c.draft(["ok"], 33), CorpusOutOfRange, "budget"),
             (lambda: c.draft(["ok"] * 1, 0), ValueError, "budget"),
             (lambda: c.draft(["nope"], 3), ValueError, "unknown request"),
         ]
@@ -201,7 +201,7 @@ def test_a_refused_draft_keeps_the_steps_operations_pending(server):
     with CorpusClient(server.target, "small") as c:
         c.start_request("k", SENTENCE[:6])
         c.extend("k", SENTENCE[6:8])
-        with pytest.raises(CorpusInvalidArgument, match="draft.budget"):
+        with pytest.raises(CorpusOutOfRange, match="draft.budget"):  # by its code: a smaller budget will do
             c.draft(["k"], 33)
         assert c.has_request("k")
         c.extend("k", SENTENCE[8:9])

@@ -87,7 +87,8 @@ def ref_parse(session: Session, msg: pb.SessionRequest):
         ref_check_req_ids(draft, "draft", cfg.max_batch)
         if not 1 <= budget <= cfg.max_budget:
             raise CorpusError(f"draft.budget: expected an int in [1, {cfg.max_budget}], got {budget}",
-                              grpc.StatusCode.INVALID_ARGUMENT)
+                              grpc.StatusCode.OUT_OF_RANGE if budget > cfg.max_budget
+                              else grpc.StatusCode.INVALID_ARGUMENT)
         for rid in draft:
             if (rid not in live and rid not in started) or rid in finished:
                 raise CorpusError(f"draft: unknown request '{rid}' (never started on this stream, or finished)",

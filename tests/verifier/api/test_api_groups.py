@@ -7,7 +7,7 @@ answer 400, and POST /v1/policy-version moves the corpus' version forward."""
 import pytest
 from engine_fixtures import serve_api
 
-from verifier.draft.drafter import Drafter
+from verifier.draft.drafter import DraftConfig, Drafter
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef sub(a, b):"
 
@@ -70,7 +70,8 @@ def test_a_single_sample_starts_no_group(served):
 def test_remote_drafter_passes_the_group_to_the_corpus_service(corpus_server):
     # Through the real gRPC client: the remote corpus drafts b from its sibling a's tokens, and the
     # in-process fallback mirrors the group too.
-    drafter = Drafter(corpus_server.target, draft_timeout_s=5.0, client_timeout_s=5.0, remote_drafts="sync")
+    draft = DraftConfig(draft_timeout_s=5.0, corpus_timeout_s=5.0, remote_drafts="sync")
+    drafter = Drafter(corpus_server.target, draft)
     try:
         prompt = [5, 17, 9, 33, 2, 41, 8]
         for rid in ("a", "b"):

@@ -6,13 +6,13 @@ import pytest
 
 from verifier.api.body import ApiError
 from verifier.api.policy_version import PolicyAnnouncer
-from verifier.draft.drafter import Drafter
+from verifier.draft.drafter import DraftConfig, Drafter
 
 
 def test_announces_to_the_service_then_the_mirror(corpus_server):
     from corpus_service.client import CorpusClient
 
-    drafter = Drafter(corpus_server.target, client_timeout_s=5.0, remote_client="thread")
+    drafter = Drafter(corpus_server.target, DraftConfig(corpus_timeout_s=5.0, remote_client="thread"))
     try:
         announcer = PolicyAnnouncer(drafter, namespace="default")
         with CorpusClient(corpus_server.target) as c:
@@ -29,7 +29,7 @@ def test_announces_to_the_service_then_the_mirror(corpus_server):
 
 
 def test_unreachable_corpus_and_no_corpus():
-    drafter = Drafter("127.0.0.1:9", client_timeout_s=0.5, remote_client="thread")
+    drafter = Drafter("127.0.0.1:9", DraftConfig(corpus_timeout_s=0.5, remote_client="thread"))
     try:
         with pytest.raises(ApiError) as e:
             PolicyAnnouncer(drafter, timeout_s=0.5).announce(1)

@@ -47,7 +47,7 @@ def test_an_engine_with_a_wildly_wrong_probe_drafts_and_refreshes_its_model():
     forward time refreshes the model, and the counters are in the engine's stats."""
     lm = tiny_lm(vocab_size=16, seed=3)
     wrong = CostModel([1, 2, 4, 8], [1e-3, 0.1, 0.1, 0.1])
-    eng = Engine(lm.model, lm.codec, Drafter("local", vocab_size=16),
+    eng = Engine(lm.model, lm.codec, Drafter(vocab_size=16),
                  EngineConfig(max_batch=1, max_len=256, budget=None, max_budget=7), cost=wrong)
     prompts = [[1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4], [5, 6, 7, 5, 6, 7, 5, 6, 7]]
     reqs = eng.generate(prompts, SamplingParams(max_tokens=120, ignore_eos=True))

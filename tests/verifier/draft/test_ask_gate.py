@@ -6,7 +6,7 @@ import pytest
 
 from corpus_service.client import CorpusClient
 from verifier.draft.ask_gate import AskGate, AskGateConfig
-from verifier.draft.drafter import Drafter
+from verifier.draft.drafter import DraftConfig, Drafter
 
 
 def test_intervals_double_without_gain_up_to_the_maximum():
@@ -47,7 +47,7 @@ def test_config_is_validated():
         with pytest.raises(ValueError):
             AskGateConfig(**bad)
     with pytest.raises(ValueError, match="remote_asks"):
-        Drafter("local", remote_asks="sometimes")
+        Drafter("local", DraftConfig(remote_asks="sometimes"))
 
 
 def accept(tree, truth):
@@ -103,12 +103,12 @@ TEXT = list(range(300, 360))
 
 @pytest.mark.parametrize("client", ["process", "thread"])
 def test_asks_that_add_nothing_are_skipped_and_asks_that_add_tokens_are_kept(corpus_server, client):
-    gate = AskGateConfig(min_gain=0.02, window_tokens=16, max_interval=8)
+    gate = dict(remote_ask_min_gain=0.02, remote_ask_window_tokens=16, remote_ask_max_interval=8)
     with CorpusClient(corpus_server.target) as c:
         c.reset()
     # Alone on a fresh corpus: the request repeats its own prompt, which the mirror knows as well
     # as the corpus does. Remote trees add nothing, so the drafter asks less and less.
-    drafter = Drafter(corpus_server.target, client_timeout_s=5.0, remote_client=client, ask_gate=gate)
+    drafter = Drafter(corpus_server.target, DraftConfig(corpus_timeout_s=5.0, remote_client=client, **gate))
     try:
         pattern = [11, 12, 13, 14, 15, 16]
         run(drafter, "alone", pattern * 3, pattern * 20)
@@ -133,8 +133,8 @@ def test_asks_that_add_nothing_are_skipped_and_asks_that_add_tokens_are_kept(cor
 def test_always_asks_every_step(corpus_server):
     with CorpusClient(corpus_server.target) as c:
         c.reset()
-    drafter = Drafter(corpus_server.target, client_timeout_s=5.0, remote_asks="always",
-                      ask_gate=AskGateConfig(window_tokens=4, max_interval=8))
+    drafter = Drafter(corpus_server.target, DraftConfig(corpus_timeout_s=5.0, remote_asks="always",
+                                                        remote_ask_window_tokens=4, remote_ask_max_interval=8))
     try:
         pattern = [21, 22, 23, 24]
         run(drafter, "r", pattern * 3, pattern * 10)
@@ -146,10 +146,10 @@ def test_always_asks_every_step(corpus_server):
 def test_a_request_the_fleet_knows_is_asked_about_every_step_in_a_batch_that_gains_little(corpus_server):
     """At large batch a few requests the shared corpus knows would not lift the batch's share: the
     drafter asks about those requests every step (hot) while the gate keeps the others' asks rare."""
-    gate = AskGateConfig(min_gain=0.5, window_tokens=16, max_interval=8)  # a share the batch never reaches
+    gate = dict(remote_ask_min_gain=0.5, remote_ask_window_tokens=16, remote_ask_max_interval=8)  # never reached
     with CorpusClient(corpus_server.target) as c:
         c.reset()
-    drafter = Drafter(corpus_server.target, client_timeout_s=5.0, ask_gate=gate)
+    drafter = Drafter(corpus_server.target, DraftConfig(corpus_timeout_s=5.0, **gate))
     try:
         pattern = [41, 42, 43, 44, 45, 46]
         run(drafter, "warm", pattern * 3, pattern * 20)
@@ -178,7 +178,7 @@ def test_finished_requests_leave_no_ask_state(corpus_server):
         c.extend("other-1", TEXT)
         c.finish("other-1")
         c.synchronize()
-    drafter = Drafter(corpus_server.target, client_timeout_s=5.0)
+    drafter = Drafter(corpus_server.target, DraftConfig(corpus_timeout_s=5.0))
     try:
         run(drafter, "fleet", [7, 8] + TEXT[:4], TEXT[4:])
         assert drafter.stats.remote_gain_tokens > 10

@@ -19,7 +19,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from tests.corpus_service.service_fixtures import ServerProcess
 from verifier.config import VerifierConfig
 from verifier.draft.corpus_health import NamespaceMismatch, check_namespace, model_ids
-from verifier.draft.drafter import Drafter
+from verifier.draft.drafter import CorpusEndpoint, DraftConfig, Drafter
 
 REPO = Path(__file__).resolve().parents[3]
 SMOLLM2 = "smollm2:vocab=49152,tokenizer=smollm2"
@@ -140,8 +140,8 @@ def test_down_at_start_then_checked_then_a_mismatch_turns_remote_off(tmp_path, i
     port = _free_port()
     target = f"127.0.0.1:{port}"
     check = functools.partial(check_namespace, target, "smollm2", ids, timeout_s=30.0)
-    drafter = Drafter(target, namespace="smollm2", vocab_size=49152, client_timeout_s=2.0, remote_client=client,
-                      check=check)
+    draft = DraftConfig(corpus_timeout_s=2.0, remote_client=client)
+    drafter = Drafter(CorpusEndpoint(target, namespace="smollm2"), draft, vocab_size=49152, check=check)
     first = second = None
     try:
         h = drafter.health

@@ -9,8 +9,9 @@ import pytest
 from engine_fixtures import serve_api
 
 from tests.corpus_service.service_fixtures import ServerProcess
-from verifier.draft.corpus_process import REACHABLE_NOTE, ClientProcess, ClientSettings
-from verifier.draft.drafter import Drafter
+from verifier.draft.calls import Extend, StartRequest
+from verifier.draft.corpus_process import REACHABLE_NOTE, Note, ClientProcess, ClientSettings
+from verifier.draft.drafter import DraftConfig, Drafter
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add("
 
@@ -24,8 +25,8 @@ def _metric(text: str, name: str) -> float:
 def test_an_outage_is_said_once_and_shown_in_health_and_metrics(smollm2, tmp_path, caplog, client):
     caplog.set_level(logging.INFO)
     srv = ServerProcess(tmp_path).start()
-    drafter = Drafter(srv.target, vocab_size=smollm2.model.config.vocab_size, client_timeout_s=1.0,
-                      remote_client=client)
+    draft = DraftConfig(corpus_timeout_s=1.0, remote_client=client)
+    drafter = Drafter(srv.target, draft, vocab_size=smollm2.model.config.vocab_size)
     try:
         with serve_api(smollm2, budget=4, drafter=drafter) as api:
             def complete() -> None:
@@ -69,21 +70,22 @@ def test_the_client_process_reports_an_outage_once(tmp_path):
     srv = ServerProcess(tmp_path).start()
     proc = ClientProcess(ClientSettings(srv.target, timeout_s=1.0, breaker_cooldown_s=0.2))
     try:
-        proc.calls([("start_request", ("r", [1, 2, 3, 1, 2], None))])
+        proc.calls([StartRequest("r", [1, 2, 3, 1, 2])])
         assert proc.draft(["r"], 4, 4).result(timeout=20) is not None
         srv.kill()
         end = time.monotonic() + 3.0  # 3 s of commits: the child flushes (and fails) every 0.1 s
         while time.monotonic() < end:
-            proc.calls([("extend_many", ([("r", [3])],))])
+            proc.calls([Extend([("r", [3])])])
             proc.poll()
             time.sleep(0.02)
         notes = list(proc.errors)
-        assert len(notes) == 1 and notes[0].startswith("CorpusUnavailable"), notes
+        assert len(notes) == 1 and notes[0].code == "UNAVAILABLE", notes
+        assert notes[0].text.startswith("CorpusUnavailable"), notes
         srv.start(grpc_port=srv.grpc_port)
         deadline = time.monotonic() + 30  # no draft asked: the child's probe finds the corpus back
         while REACHABLE_NOTE not in proc.errors:
             assert time.monotonic() < deadline, proc.errors
-            proc.calls([("extend_many", ([("r", [3])],))])
+            proc.calls([Extend([("r", [3])])])
             proc.poll()
             time.sleep(0.05)
         assert proc.errors[1:] == [REACHABLE_NOTE], proc.errors
@@ -100,7 +102,7 @@ def test_a_flapping_corpus_is_counted_not_logged_per_flap(caplog, monkeypatch):
     now = [1000.0]
     monkeypatch.setattr(ch.time, "monotonic", lambda: now[0])
     h = ch.CorpusHealth("127.0.0.1:1", "smollm2")
-    down = "CorpusUnavailable: circuit open for another 0.12s"
+    down = Note("UNAVAILABLE", "CorpusUnavailable: circuit open for another 0.12s")
     with caplog.at_level(logging.WARNING, logger="verifier.corpus"):
         for _ in range(50):  # 50 flaps of 20 ms each, 20 ms apart
             h.failure(down)
@@ -118,8 +120,8 @@ def test_a_flapping_corpus_is_counted_not_logged_per_flap(caplog, monkeypatch):
         assert h.unreachable
         h.success()
         assert len(caplog.records) == 4 and "reachable again" in caplog.records[-1].getMessage()
-        h.failure("CorpusUnavailable: x", asked_at=now[0] - 1)  # asked before it ended: that outage's
+        h.failure(Note("UNAVAILABLE", "CorpusUnavailable: x"), asked_at=now[0] - 1)  # asked before it ended: that outage's
         assert not h.unreachable and h.outages == 51
         for i in range(20):  # a refused call (not an outage) is logged once per kind
-            h.failure(f"CorpusNotFound: unknown request 'r{i}'")
+            h.failure(Note("NOT_FOUND", f"CorpusNotFound: unknown request 'r{i}'"))
         assert len(caplog.records) == 5 and not h.unreachable

@@ -3,45 +3,26 @@ through a real server on 127.0.0.1, errors reported back, and a child that dies.
 
 import time
 
-import numpy as np
 import pytest
 
-from corpus_service.engine.corpus import DraftBatch
-from verifier.draft.corpus_process import ClientProcess, ClientSettings, _Frames, _frame, _trees_frame
-from verifier.draft.drafter import Drafter
-
-
-def test_frames_round_trip_split_anywhere():
-    b = DraftBatch(np.arange(6, dtype=np.int32).reshape(2, 3), np.array([[-1, 0, 1], [-1, -1, -1]], np.int32),
-                   np.array([[0.9, 0.5, 0.25], [0.5, 0, 0]], np.float32), np.array([3, 1], np.int32))
-    data = _frame(("calls", [("finish", ("r",))])) + _trees_frame(7, b, True) + _frame(("error", None, "x"))
-    frames = _Frames()
-    got = []
-    for i in range(0, len(data), 5):  # a pipe delivers arbitrary pieces
-        got += frames.feed(data[i:i + 5])
-    assert got[0] == ("calls", [("finish", ("r",))]) and got[2] == ("error", None, "x")
-    kind, ticket, arrays, capped = got[1]
-    assert (kind, ticket, capped) == ("result", 7, True)
-    for want, have in zip((b.tokens, b.parents, b.probs, b.counts), arrays):
-        assert have.dtype == want.dtype and np.array_equal(have, want)
-    arrays[0][0, 0] = 5  # the decoded arrays are the caller's to change
-    with pytest.raises(ValueError, match="frame kind"):
-        _Frames().feed(b"\x01\x00\x00\x00\x09x")
+from verifier.draft.calls import Extend, Finish, StartRequest
+from verifier.draft.corpus_process import ClientProcess, ClientSettings
+from verifier.draft.drafter import CorpusEndpoint, DraftConfig, Drafter
 
 
 def test_answers_through_a_real_server(corpus_server):
     proc = ClientProcess(ClientSettings(corpus_server.target, timeout_s=5.0))
     try:
-        proc.calls([("start_request", ("p1", [1, 2, 3, 4, 1, 2, 3], None))])
+        proc.calls([StartRequest("p1", [1, 2, 3, 4, 1, 2, 3])])
         t = proc.draft(["p1"], 4, 4)
         batch = t.result(timeout=20)
         assert batch is not None and not t.error and batch.tree(0)[0][:1] == [4]
         # An unknown request: the call's error comes back as a note; the draft's as its error.
-        proc.calls([("extend_many", ([("nobody", [1])],))])
+        proc.calls([Extend([("nobody", [1])])])
         t2 = proc.draft(["nobody"], 4, 4)
-        assert t2.result(timeout=20) is None and "unknown request" in t2.error
-        assert any("nobody" in e for e in proc.errors)
-        proc.calls([("finish", ("p1",))])
+        assert t2.result(timeout=20) is None and "unknown request" in t2.error.text
+        assert any("nobody" in e.text for e in proc.errors)
+        proc.calls([Finish("p1")])
     finally:
         proc.close()
     assert proc._proc.returncode == 0
@@ -60,15 +41,21 @@ def _steps_until(drafter: Drafter, done, extend: list[int], timeout: float = 30.
 
 
 def test_a_dead_child_is_replaced_and_the_live_requests_replayed(corpus_server):
-    drafter = Drafter(corpus_server.target, client_timeout_s=5.0)
+    from corpus_service.client import CorpusClient
+
+    with CorpusClient(corpus_server.target) as admin:
+        before = admin.stats()
+    drafter = Drafter(corpus_server.target, DraftConfig(corpus_timeout_s=5.0))
     try:
-        drafter.start_request("r", [5, 6, 7, 5, 6])
+        drafter.start_request("r", [5, 6, 7, 5, 6], prompt_key="rollout/replayed", policy_version=3)
+        drafter.start_request("r2", [1, 2, 3, 4], prompt_key="rollout/replayed", policy_version=3)
         drafter.start_request("gone", [1, 2, 3])
         drafter.draft(["r"], 4)
         drafter.dispatch()
         drafter._ahead[0].result(timeout=20)
         drafter.extend("r", [8])
-        first = drafter._proc
+        drafter.extend("r2", [4, 4])
+        first = drafter.source.proc
         first._proc.kill()  # the child dies (a bug, the OOM killer)
         first._proc.wait()
         drafter.finish("gone")  # finished while no child runs: not replayed
@@ -76,16 +63,26 @@ def test_a_dead_child_is_replaced_and_the_live_requests_replayed(corpus_server):
         assert "client process stopped" in first.dead
         _steps_until(drafter, lambda: drafter.stats.client_restarts == 1, [9])
         assert "client process stopped" in drafter.stats.last_error and drafter.stats.remote_errors >= 1
-        assert drafter._proc is not first and not drafter._proc.dead and first._proc.returncode is not None
+        assert drafter.source.proc is not first and not drafter.source.proc.dead and first._proc.returncode is not None
         remote = drafter.stats.remote_steps
         _steps_until(drafter, lambda: drafter.stats.remote_steps >= remote + 3, [9])  # remote drafts again
         # The new child's session holds r: its prompt and every token committed before and after
         # the death (a context ending in 9, 9 drafts 9; the prompt alone would draft 7), not "gone".
-        batch = drafter._proc.draft(["r"], 4, 4).result(timeout=20)
+        batch = drafter.source.proc.draft(["r"], 4, 4).result(timeout=20)
         assert batch is not None and batch.tree(0)[0][:1] == [9]
-        t = drafter._proc.draft(["gone"], 4, 4)
-        assert t.result(timeout=20) is None and "unknown request" in t.error
+        t = drafter.source.proc.draft(["gone"], 4, 4)
+        assert t.result(timeout=20) is None and "unknown request" in t.error.text
         drafter.finish("r")
+        drafter.finish("r2")
+        # The replayed starts kept their prompt key: both outputs join that one key's history on the
+        # server (without it, each prompt would be a key of its own).
+        deadline = time.monotonic() + 20
+        with CorpusClient(corpus_server.target) as admin:
+            while (after := admin.stats())["history_rollouts"] - before["history_rollouts"] < 2:
+                assert time.monotonic() < deadline, after
+                drafter.dispatch()
+                time.sleep(0.05)
+        assert after["history_keys"] - before["history_keys"] == 1
     finally:
         drafter.close()
 
@@ -93,30 +90,31 @@ def test_a_dead_child_is_replaced_and_the_live_requests_replayed(corpus_server):
 def test_a_replacement_that_fails_to_start_is_retried_with_backoff(corpus_server, monkeypatch):
     """A child that dies young (a crash loop) or a replacement that does not start: the next try
     waits, twice as long each time; drafting goes on in process meanwhile."""
-    import verifier.draft.drafter as drafter_module
+    import verifier.draft.sources as sources
 
-    drafter = Drafter(corpus_server.target, client_timeout_s=5.0)
+    drafter = Drafter(corpus_server.target, DraftConfig(corpus_timeout_s=5.0))
+    src = drafter.source
     try:
         drafter.start_request("r", [5, 6, 7, 5, 6])
-        first = drafter._proc
+        first = drafter.source.proc
         first._proc.kill()
         first._proc.wait()
-        real = drafter_module.ClientProcess
+        real = sources.ClientProcess
         tries = []
 
         def failing(settings):
             tries.append(time.monotonic())
             raise ValueError("no client for you")
 
-        monkeypatch.setattr(drafter_module, "ClientProcess", failing)
-        _steps_until(drafter, lambda: len(tries) >= 2 and drafter._restart is None, [9])
+        monkeypatch.setattr(sources, "ClientProcess", failing)
+        _steps_until(drafter, lambda: len(tries) >= 2 and src._restart is None, [9])
         # The child died young: the first try waits RESTART_DELAY_S, the next twice that.
-        assert tries[1] - tries[0] >= 2 * drafter_module.RESTART_DELAY_S
-        assert drafter._restart_delay == 8 * drafter_module.RESTART_DELAY_S
-        assert drafter.stats.client_restarts == 0 and drafter._proc is first
-        monkeypatch.setattr(drafter_module, "ClientProcess", real)
-        monkeypatch.setattr(drafter_module, "MAX_RESTART_DELAY_S", 2.0)  # the test's patience
-        drafter._restart_delay = min(drafter._restart_delay, 2.0)
+        assert tries[1] - tries[0] >= 2 * sources.RESTART_DELAY_S
+        assert src._restart_delay == 8 * sources.RESTART_DELAY_S
+        assert drafter.stats.client_restarts == 0 and src.proc is first
+        monkeypatch.setattr(sources, "ClientProcess", real)
+        monkeypatch.setattr(sources, "MAX_RESTART_DELAY_S", 2.0)  # the test's patience
+        src._restart_delay = min(src._restart_delay, 2.0)
         _steps_until(drafter, lambda: drafter.stats.client_restarts == 1, [9])
         drafter.finish("r")
     finally:
@@ -124,7 +122,8 @@ def test_a_replacement_that_fails_to_start_is_retried_with_backoff(corpus_server
 
 
 def test_sync_drafts_wait_for_the_child(corpus_server):
-    drafter = Drafter(corpus_server.target, client_timeout_s=5.0, remote_drafts="sync", draft_timeout_s=10.0)
+    draft = DraftConfig(corpus_timeout_s=5.0, remote_drafts="sync", draft_timeout_s=10.0)
+    drafter = Drafter(corpus_server.target, draft)
     try:
         drafter.start_request("s", [3, 4, 5, 3, 4])
         out = drafter.draft(["s"], 4)
@@ -136,7 +135,7 @@ def test_sync_drafts_wait_for_the_child(corpus_server):
 
 def test_bad_client_settings_raise_value_error_at_construction(tmp_path):
     with pytest.raises(ValueError, match="tls ca: cannot read"):
-        Drafter("127.0.0.1:1", tls=str(tmp_path / "missing-ca.pem"))
+        Drafter(CorpusEndpoint("127.0.0.1:1", tls=str(tmp_path / "missing-ca.pem")))
 
 
 def test_a_child_writing_garbage_is_stopped_not_trusted(corpus_server):
@@ -144,7 +143,7 @@ def test_a_child_writing_garbage_is_stopped_not_trusted(corpus_server):
     try:
         t = proc.draft(["nobody"], 4, 4)
         proc._frames.feed = lambda data: (_ for _ in ()).throw(ValueError("a frame of 4294967295 bytes"))
-        assert t.wait(20) and t.batch is None and "bad frame" in t.error
+        assert t.wait(20) and t.batch is None and "bad frame" in t.error.text
         assert "bad frame" in proc.dead
         proc._proc.wait(10)  # killed
     finally:
@@ -155,7 +154,7 @@ def test_a_child_writing_garbage_is_stopped_not_trusted(corpus_server):
 def test_a_corpus_refusing_deep_trees_caps_the_pipelined_depth(corpus_server, client):
     """The fixture's server serves at most 32 nodes: a deep ask of 2 x 20 = 40 is retried at the
     step's budget, and later asks go out at that budget."""
-    drafter = Drafter(corpus_server.target, client_timeout_s=5.0, remote_client=client)
+    drafter = Drafter(corpus_server.target, DraftConfig(corpus_timeout_s=5.0, remote_client=client))
     try:
         drafter.start_request("c", [1, 2, 3, 1, 2, 3, 1, 2])
         drafter.draft(["c"], 20)
@@ -173,10 +172,11 @@ def test_closing_during_a_restart_closes_the_replacement(corpus_server, monkeypa
     """A replacement still starting when the drafter closes is closed by its thread, not leaked."""
     import threading
 
-    import verifier.draft.drafter as drafter_module
+    import verifier.draft.sources as sources
 
-    drafter = Drafter(corpus_server.target, client_timeout_s=5.0)
-    real, made, release = drafter_module.ClientProcess, [], threading.Event()
+    drafter = Drafter(corpus_server.target, DraftConfig(corpus_timeout_s=5.0))
+    src = drafter.source
+    real, made, release = sources.ClientProcess, [], threading.Event()
 
     def slow(settings):
         release.wait(20)  # still starting when the drafter closes
@@ -185,11 +185,11 @@ def test_closing_during_a_restart_closes_the_replacement(corpus_server, monkeypa
 
     try:
         drafter.start_request("r", [5, 6, 7, 5, 6])
-        drafter._proc._proc.kill()
-        drafter._proc._proc.wait()
-        monkeypatch.setattr(drafter_module, "ClientProcess", slow)
-        _steps_until(drafter, lambda: drafter._restart is not None, [9])
-        pending = drafter._restart
+        drafter.source.proc._proc.kill()
+        drafter.source.proc._proc.wait()
+        monkeypatch.setattr(sources, "ClientProcess", slow)
+        _steps_until(drafter, lambda: src._restart is not None, [9])
+        pending = src._restart
     finally:
         drafter.close()
     release.set()
@@ -206,7 +206,7 @@ def test_commits_reach_the_corpus_without_draft_requests(corpus_server, client):
     from corpus_service.client import CorpusClient
 
     text = list(range(4101 + 20 * (client == "thread"), 4113 + 20 * (client == "thread")))
-    drafter = Drafter(corpus_server.target, client_timeout_s=5.0, remote_client=client)
+    drafter = Drafter(corpus_server.target, DraftConfig(corpus_timeout_s=5.0, remote_client=client))
     try:
         drafter.start_request("quiet", text[:3])
         drafter.extend_many([("quiet", text[3:])])
@@ -234,10 +234,11 @@ def test_commits_reach_the_corpus_without_draft_requests(corpus_server, client):
 _INSTALLED_PARENT = """
 import sys
 import corpus_service, verifier
+from verifier.draft.calls import StartRequest
 from verifier.draft.corpus_process import ClientProcess, ClientSettings
 
 proc = ClientProcess(ClientSettings(sys.argv[1], timeout_s=5.0))
-proc.calls([("start_request", ("p", [1, 2, 3, 1, 2], None))])
+proc.calls([StartRequest("p", [1, 2, 3, 1, 2])])
 batch = proc.draft(["p"], 4, 4).result(timeout=30)
 proc.close()
 print(corpus_service.__file__, verifier.__file__, batch.tree(0)[0][:1])
@@ -281,3 +282,18 @@ def test_a_plain_install_started_from_the_checkout_root(corpus_server, tmp_path)
                          timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.startswith(str(purelib / "corpus_service")) and out.stdout.strip().endswith("[3]"), out.stdout
+
+
+def test_a_refused_depth_is_known_by_its_code_not_its_text():
+    """Only OUT_OF_RANGE (the corpus' --max-budget) or the engine's BudgetTooLargeError asks again
+    at a step's budget; another refusal that happens to say "budget" is an error."""
+    from corpus_service.client import CorpusOutOfRange
+    from corpus_service.exceptions import BudgetTooLargeError
+    from corpus_service.protocol.status import CorpusInvalidArgument
+    from verifier.draft.corpus_process import _refused_depth
+
+    assert _refused_depth(CorpusOutOfRange("too deep"), 8, 4)
+    assert _refused_depth(BudgetTooLargeError("too deep"), 8, 4)
+    assert not _refused_depth(CorpusOutOfRange("too deep"), 4, 4)  # nothing smaller to ask for
+    assert not _refused_depth(CorpusInvalidArgument("draft.budget: expected an int >= 1"), 8, 4)
+    assert not _refused_depth(ValueError("budget"), 8, 4)

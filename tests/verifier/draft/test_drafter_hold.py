@@ -9,8 +9,9 @@ import time
 import pytest
 
 from corpus_service.client import CorpusClient
+from verifier.draft.corpus_process import FLUSH_AFTER_S
 from verifier.draft import drafter as drafter_mod
-from verifier.draft.drafter import Drafter
+from verifier.draft.drafter import DraftConfig, Drafter
 
 
 def learned(target: str, text: list[int], name: str) -> bool:
@@ -38,14 +39,15 @@ def test_held_commits_go_with_the_next_ask_after_the_hold_and_at_close(corpus_se
     monkeypatch.setattr(drafter_mod, "HOLD_CALLS_S", 60.0)  # held until an ask or close
     with CorpusClient(corpus_server.target) as c:
         c.reset()
-    drafter = Drafter(corpus_server.target, client_timeout_s=5.0, remote_client=client, remote_asks="always")
+    draft = DraftConfig(corpus_timeout_s=5.0, remote_client=client, remote_asks="always")
+    drafter = Drafter(corpus_server.target, draft)
     try:
         drafter.start_request("a", text_a[:3])
         drafter.dispatch()  # handed over now (no hold): the start
         drafter.extend_many([("a", text_a[3:])])
         drafter.finish("a")
         drafter.dispatch(hold=True)  # nothing needs them yet: held
-        time.sleep(3 * drafter_mod.FLUSH_AFTER_S)  # a client that had them would have sent them by now
+        time.sleep(3 * FLUSH_AFTER_S)  # a client that had them would have sent them by now
         assert not learned(corpus_server.target, text_a, "probe-a-early")
         # The next ask carries them (in order, before the draft request).
         drafter.start_request("b", [1, 2, 3])

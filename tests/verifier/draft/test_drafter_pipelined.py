@@ -7,7 +7,7 @@ import time
 import pytest
 
 from corpus_service.client import CorpusClient
-from verifier.draft.drafter import Drafter
+from verifier.draft.drafter import DraftConfig, Drafter
 
 TEXT = list(range(200, 240))
 
@@ -20,7 +20,7 @@ def test_shared_knowledge_arrives_one_step_late_and_re_rooted(corpus_server, cli
         other.extend("other-1", TEXT)
         other.finish("other-1")
         other.synchronize()
-    drafter = Drafter(corpus_server.target, client_timeout_s=5.0, remote_client=client)
+    drafter = Drafter(corpus_server.target, DraftConfig(corpus_timeout_s=5.0, remote_client=client))
     try:
         drafter.start_request("mine", [7, 8] + TEXT[:6])
         first = drafter.draft(["mine"], 4)  # nothing asked yet: this verifier's mirror alone
@@ -38,7 +38,7 @@ def test_shared_knowledge_arrives_one_step_late_and_re_rooted(corpus_server, cli
 
 @pytest.mark.parametrize("client", ["process", "thread"])
 def test_requests_the_remote_tree_was_not_asked_for_get_the_fresh_tree(corpus_server, client):
-    drafter = Drafter(corpus_server.target, client_timeout_s=5.0, remote_client=client)
+    drafter = Drafter(corpus_server.target, DraftConfig(corpus_timeout_s=5.0, remote_client=client))
     try:
         drafter.start_request("r", [5, 6, 7, 5, 6])
         drafter.draft(["r"], 4)
@@ -57,9 +57,9 @@ def test_requests_the_remote_tree_was_not_asked_for_get_the_fresh_tree(corpus_se
 
 def test_remote_drafts_mode_is_validated():
     with pytest.raises(ValueError, match="remote_drafts"):
-        Drafter("local", remote_drafts="eager")
+        Drafter("local", DraftConfig(remote_drafts="eager"))
     with pytest.raises(ValueError, match="remote_client"):
-        Drafter("local", remote_client="fork")
+        Drafter("local", DraftConfig(remote_client="fork"))
 
 
 def test_a_thread_client_lowers_the_gil_switch_interval_and_never_raises_it(corpus_server):
@@ -70,15 +70,15 @@ def test_a_thread_client_lowers_the_gil_switch_interval_and_never_raises_it(corp
     before = sys.getswitchinterval()
     try:
         sys.setswitchinterval(0.005)  # Python's default
-        Drafter("local").close()
+        Drafter().close()
         assert sys.getswitchinterval() == 0.005  # in-process drafting has no client thread
         Drafter(corpus_server.target).close()
         assert sys.getswitchinterval() == 0.005  # nor has the default client, in a child process
-        d = Drafter(corpus_server.target, remote_client="thread")
+        d = Drafter(corpus_server.target, DraftConfig(remote_client="thread"))
         d.close()
         assert sys.getswitchinterval() == pytest.approx(GIL_SWITCH_INTERVAL_S)
         sys.setswitchinterval(1e-4)  # a process that chose a shorter one keeps it
-        Drafter(corpus_server.target, remote_client="thread").close()
+        Drafter(corpus_server.target, DraftConfig(remote_client="thread")).close()
         assert sys.getswitchinterval() == pytest.approx(1e-4)
     finally:
         sys.setswitchinterval(before)
@@ -88,7 +88,7 @@ def test_a_thread_client_lowers_the_gil_switch_interval_and_never_raises_it(corp
 def test_await_ahead_takes_the_answer_in_while_the_gpu_would_run(corpus_server, client):
     """The engine calls await_ahead while the GPU runs a step: it reports an outstanding answer
     until the answer is in, and the next draft then merges it without waiting or polling."""
-    drafter = Drafter(corpus_server.target, client_timeout_s=5.0, remote_client=client)
+    drafter = Drafter(corpus_server.target, DraftConfig(corpus_timeout_s=5.0, remote_client=client))
     try:
         assert drafter.pipelined_remote
         assert drafter.await_ahead() is False  # nothing asked yet
@@ -113,7 +113,7 @@ def test_the_process_clients_await_never_sleeps(corpus_server, monkeypatch):
     """With the client in a child process, await_ahead is one non-blocking read: the engine polls
     the GPU between calls as tightly as a local step's event wait (a select() with a timeout
     sleeps for the kernel's timer slack, ~50 us, past the GPU's finish)."""
-    drafter = Drafter(corpus_server.target, client_timeout_s=5.0, remote_client="process")
+    drafter = Drafter(corpus_server.target, DraftConfig(corpus_timeout_s=5.0, remote_client="process"))
     try:
         drafter.start_request("r", [5, 6, 7, 5, 6])
         drafter.draft(["r"], 4)
@@ -129,7 +129,7 @@ def test_the_process_clients_await_never_sleeps(corpus_server, monkeypatch):
 
 
 def test_a_local_drafter_has_nothing_to_await():
-    drafter = Drafter("local")
+    drafter = Drafter()
     try:
         assert not drafter.pipelined_remote and drafter.await_ahead() is False
     finally:

@@ -5,7 +5,7 @@ import time
 
 from engine_fixtures import engine
 
-from verifier.draft.drafter import Drafter
+from verifier.draft.drafter import DraftConfig, Drafter
 from verifier.step.sampling import SamplingParams
 
 
@@ -13,8 +13,8 @@ def test_corpus_killed_mid_generation(smollm2, trace_rows, corpus_server):
     prompt = trace_rows[0]["prompt_ids"]
     params = SamplingParams(max_tokens=20, ignore_eos=True)
     (plain,) = engine(smollm2, None).generate([prompt], params)
-    drafter = Drafter(corpus_server.target, vocab_size=smollm2.model.config.vocab_size, draft_timeout_s=2.0,
-                      breaker_cooldown_s=0.5)
+    draft = DraftConfig(draft_timeout_s=2.0)
+    drafter = Drafter(corpus_server.target, draft, vocab_size=smollm2.model.config.vocab_size)
     eng = engine(smollm2, drafter)
     try:
         req = eng.add_request(prompt, params)

@@ -70,8 +70,8 @@ def test_start_up_corpus_drafts_for_the_first_request(smollm2, trace_rows, tmp_p
     plain = engine(smollm2, None).generate([prompt], params)[0]
     doc = smollm2.codec.decode(prompt + plain.output_ids)
     (tmp_path / "seen.jsonl").write_text(json.dumps({"text": doc}) + "\n")
-    cold = engine(smollm2, Drafter("local", vocab_size=smollm2.model.config.vocab_size)).generate([prompt], params)[0]
-    drafter = Drafter("local", vocab_size=smollm2.model.config.vocab_size)
+    cold = engine(smollm2, Drafter(vocab_size=smollm2.model.config.vocab_size)).generate([prompt], params)[0]
+    drafter = Drafter(vocab_size=smollm2.model.config.vocab_size)
     load_external_corpora(drafter.local, [str(tmp_path / "seen.jsonl")], smollm2.codec.tokenizer)
     warm = engine(smollm2, drafter).generate([prompt], params)[0]
     assert warm.output_ids == plain.output_ids == cold.output_ids

@@ -15,7 +15,7 @@ import time
 from engine_fixtures import engine
 
 from tests.corpus_service.service_fixtures import ServerProcess
-from verifier.draft.drafter import Drafter
+from verifier.draft.drafter import DraftConfig, Drafter
 from verifier.step.sampling import SamplingParams
 
 RESUME_S = 2.0
@@ -29,7 +29,7 @@ def test_kill9_while_serving_then_fast_resume(smollm2, trace_rows, tmp_path):
     srv = ServerProcess(tmp_path, "--max-budget", "32").start()
     # The production defaults except the draft deadline: on a loaded 2-core CI machine 50 ms is often
     # too short for a remote draft, and this test needs remote drafts to happen.
-    drafter = Drafter(srv.target, vocab_size=smollm2.model.config.vocab_size, draft_timeout_s=0.5)
+    drafter = Drafter(srv.target, DraftConfig(draft_timeout_s=0.5), vocab_size=smollm2.model.config.vocab_size)
     eng = engine(smollm2, drafter)
     try:
         reqs = [eng.add_request(p, PARAMS) for p in prompts]

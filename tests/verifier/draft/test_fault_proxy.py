@@ -11,7 +11,7 @@ import pytest
 from engine_fixtures import engine
 
 from tests.tcp_proxy import ProxyProcess
-from verifier.draft.drafter import Drafter
+from verifier.draft.drafter import DraftConfig, Drafter
 from verifier.step.sampling import SamplingParams
 
 DRAFT_TIMEOUT_S = 0.1
@@ -57,11 +57,12 @@ def _until_remote(eng, drafter, prompt, timeout: float = 60.0) -> None:
         eng.step()
 
 
-def test_proxy_stall_and_cut_mid_generation(smollm2, trace_rows, proxy):
+def test_proxy_stall_and_cut_mid_generation(smollm2, trace_rows, proxy, monkeypatch):
     prompt, fault_prompts = trace_rows[0]["prompt_ids"], [trace_rows[i]["prompt_ids"] for i in (1, 2)]
     plain = engine(smollm2, None).generate(fault_prompts, FAULT_PARAMS)
-    drafter = Drafter(proxy.address, vocab_size=smollm2.model.config.vocab_size, draft_timeout_s=DRAFT_TIMEOUT_S,
-                      client_timeout_s=CLIENT_TIMEOUT_S, breaker_cooldown_s=0.3)
+    monkeypatch.setattr("verifier.draft.sources.BREAKER_COOLDOWN_S", 0.3)
+    drafter = Drafter(proxy.address, DraftConfig(draft_timeout_s=DRAFT_TIMEOUT_S, corpus_timeout_s=CLIENT_TIMEOUT_S),
+                      vocab_size=smollm2.model.config.vocab_size)
     eng = engine(smollm2, drafter)
     waits: list[float] = []
     _timed(drafter, waits)

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from verifier.draft.drafter import Drafter
+from verifier.draft.drafter import DraftConfig, Drafter
 
 
 def _run(drafter: Drafter, tag: str) -> None:
@@ -45,7 +45,7 @@ def test_a_corpus_service_gets_key_and_version(corpus_server, client):
 
     with CorpusClient(corpus_server.target) as admin:
         before = admin.stats()
-        drafter = Drafter(corpus_server.target, client_timeout_s=5.0, remote_client=client)
+        drafter = Drafter(corpus_server.target, DraftConfig(corpus_timeout_s=5.0, remote_client=client))
         try:
             _run(drafter, client)
             assert drafter.local.prompt_history(f"rollout/{client}") == [(7, 3), (7, 3)]  # the mirror's

@@ -10,7 +10,7 @@ from engine_fixtures import engine
 from tests.corpus_service.certs import make_certs
 from tests.corpus_service.service_fixtures import ServerProcess
 from verifier.config import VerifierConfig
-from verifier.draft.drafter import Drafter
+from verifier.draft.drafter import CorpusEndpoint, DraftConfig, Drafter
 from verifier.step.sampling import SamplingParams
 
 DRAFT_TOKEN = "tok-verifier-draft-0123456789ab"
@@ -36,7 +36,8 @@ def test_verifier_drafts_over_tls_with_its_token(smollm2, trace_rows, secured_co
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     (plain,) = engine(smollm2, None).generate([prompt], params)
     vocab = smollm2.model.config.vocab_size
-    drafter = Drafter(srv.target, vocab_size=vocab, draft_timeout_s=5.0, token=DRAFT_TOKEN, tls=certs.ca)
+    draft = DraftConfig(draft_timeout_s=5.0)
+    drafter = Drafter(CorpusEndpoint(srv.target, token=DRAFT_TOKEN, tls=certs.ca), draft, vocab_size=vocab)
     try:
         (out,) = engine(smollm2, drafter).generate([prompt], params)
         assert out.output_ids == plain.output_ids
@@ -48,7 +49,8 @@ def test_verifier_drafts_over_tls_with_its_token(smollm2, trace_rows, secured_co
 @pytest.mark.parametrize("mode", ["pipelined", "sync"])
 def test_a_wrong_token_falls_back_in_process_and_is_not_shown(secured_corpus, mode):
     srv, certs = secured_corpus
-    wrong = Drafter(srv.target, draft_timeout_s=5.0, token=WRONG_TOKEN, tls=certs.ca, remote_drafts=mode)
+    draft = DraftConfig(draft_timeout_s=5.0, remote_drafts=mode)
+    wrong = Drafter(CorpusEndpoint(srv.target, token=WRONG_TOKEN, tls=certs.ca), draft)
     try:
         wrong.start_request("r", [5, 6, 7, 8, 5, 6])
         batch = wrong.draft(["r"], 4)  # drafted in process: the corpus never fails a request

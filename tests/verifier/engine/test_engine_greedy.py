@@ -4,7 +4,7 @@
 import pytest
 from engine_fixtures import GREEDY, engine
 
-from verifier.draft.drafter import Drafter
+from verifier.draft.drafter import DraftConfig, Drafter
 from verifier.step.sampling import SamplingParams
 
 
@@ -32,7 +32,7 @@ def check_lossless(eng, prompts, plain_outputs):
 
 def test_local_corpus_is_lossless_with_continuous_batching(smollm2, prompts, plain_outputs):
     """Two slots for four requests: they join and leave between steps; outputs do not change."""
-    drafter = Drafter("local", vocab_size=smollm2.model.config.vocab_size)
+    drafter = Drafter(vocab_size=smollm2.model.config.vocab_size)
     check_lossless(engine(smollm2, drafter, max_batch=2), prompts, plain_outputs)
     assert drafter.stats.local_steps > 0
 
@@ -42,7 +42,7 @@ def test_graph_path_is_lossless(smollm2, prompts, plain_outputs):
     requests in a bucket of 4), trees padded to node buckets, cache rows to KV buckets, and the
     whole greedy step (indices, mask, forward, verification, KV compaction) as one static-shape
     computation. Plain decoding on it and speculation on it both give the plain outputs."""
-    for drafter in (None, Drafter("local", vocab_size=smollm2.model.config.vocab_size)):
+    for drafter in (None, Drafter(vocab_size=smollm2.model.config.vocab_size)):
         eng = engine(smollm2, drafter, emulate_graphs=True)
         reqs = eng.generate(prompts[:3], GREEDY)
         assert [r.output_ids for r in reqs] == plain_outputs[:3]
@@ -52,8 +52,8 @@ def test_graph_path_is_lossless(smollm2, prompts, plain_outputs):
 
 @pytest.mark.parametrize("mode", ["pipelined", "sync"])
 def test_remote_corpus_is_lossless(smollm2, prompts, plain_outputs, corpus_server, mode):
-    drafter = Drafter(corpus_server.target, vocab_size=smollm2.model.config.vocab_size, draft_timeout_s=2.0,
-                      client_timeout_s=5.0, remote_drafts=mode)
+    draft = DraftConfig(draft_timeout_s=2.0, corpus_timeout_s=5.0, remote_drafts=mode)
+    drafter = Drafter(corpus_server.target, draft, vocab_size=smollm2.model.config.vocab_size)
     try:
         check_lossless(engine(smollm2, drafter), prompts, plain_outputs)
         assert drafter.stats.remote_steps > 0 and drafter.stats.fallback_steps == 0
@@ -68,7 +68,7 @@ def test_sampling_is_seeded_and_stops(smollm2, prompts):
               SamplingParams(max_tokens=10)]
     runs = []
     for _ in range(2):
-        drafter = Drafter("local", vocab_size=smollm2.model.config.vocab_size)
+        drafter = Drafter(vocab_size=smollm2.model.config.vocab_size)
         runs.append(engine(smollm2, drafter).generate(prompts[:2], params))
     (a, g), (a2, g2) = runs
     assert 1 <= len(a.output_ids) <= 10 and a.output_ids == a2.output_ids

@@ -14,7 +14,7 @@ from tiny_lm import one_thread, tiny_lm  # noqa: F401 (a fixture)
 @pytest.mark.parametrize("graphs", [False, True])
 def test_a_speculative_run_fills_the_phase_times(graphs):
     lm = tiny_lm(vocab_size=16, seed=3)
-    eng = Engine(lm.model, lm.codec, Drafter("local", vocab_size=16),
+    eng = Engine(lm.model, lm.codec, Drafter(vocab_size=16),
                  EngineConfig(max_batch=2, max_len=128, budget=3, max_budget=4, emulate_graphs=graphs))
     eng.generate([[1, 2, 3, 1, 2, 3], [4, 5, 4, 5, 4]], SamplingParams(max_tokens=12, ignore_eos=True))
     st = eng.stats

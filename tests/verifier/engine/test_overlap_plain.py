@@ -109,7 +109,7 @@ def test_a_speculative_engine_overlaps_its_plain_steps_and_drains_before_draftin
     lm = tiny_lm(vocab_size=16, seed=3)
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (14, 22, 9, 17, 30, 11, 25)]
     want = _engine(lm, overlap=False).generate(_prompts(), params)
-    drafter = Drafter("local", vocab_size=16)
+    drafter = Drafter(vocab_size=16)
     eng = Engine(lm.model, lm.codec, drafter, EngineConfig(max_batch=3, max_len=128, max_budget=4,
                                                            emulate_graphs=True, overlap_spec_plain=True))
     decisions = itertools.cycle([0, 0, 0, 4, 0, 4, 4])  # plain runs, and drafting steps between them
@@ -142,7 +142,7 @@ def test_plain_steps_are_credited_their_steady_state_not_the_switching():
     lm = tiny_lm(vocab_size=16, seed=3)
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     for on, pattern in ((True, [0, 4]), (True, [0, 0, 0, 4]), (False, [0, 4])):
-        eng = Engine(lm.model, lm.codec, Drafter("local", vocab_size=16),
+        eng = Engine(lm.model, lm.codec, Drafter(vocab_size=16),
                      EngineConfig(max_batch=2, max_len=128, max_budget=4, emulate_graphs=True, overlap_spec_plain=on))
         decisions = itertools.cycle(pattern)
         eng.policy.draft_budget = lambda bs: next(decisions)
@@ -186,7 +186,7 @@ def test_overlapped_plain_decoding_on_captured_graphs_cuda():
 
     from verifier.draft.drafter import Drafter
 
-    eng = Engine(lm.model, lm.codec, Drafter("local", vocab_size=64),
+    eng = Engine(lm.model, lm.codec, Drafter(vocab_size=64),
                  EngineConfig(max_batch=3, max_len=128, max_budget=4, overlap_spec_plain=True))
     decisions = itertools.cycle([0, 0, 4, 0, 4])
     eng.policy.draft_budget = lambda bs: next(decisions)

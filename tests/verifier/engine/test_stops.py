@@ -43,7 +43,7 @@ def test_min_tokens_masks_stop_tokens_per_node_and_speculation_keeps_it():
     assert stop not in expected[:5] and expected[:2] != free[:2]
     plain = Engine(lm.model, lm.codec, None, EngineConfig(max_batch=2, max_len=64, budget=0)).generate([prompt], params)[0]
     assert plain.output_ids == expected
-    drafter = Drafter("local", vocab_size=V)
+    drafter = Drafter(vocab_size=V)
     eng = Engine(lm.model, lm.codec, drafter, EngineConfig(max_batch=2, max_len=64, budget=6))
     eng.generate([prompt], SamplingParams(max_tokens=12, ignore_eos=True))  # the corpus learns `free`
     eng.generate([prompt], params)  # ... and `expected`
@@ -72,7 +72,7 @@ def test_stop_string_and_stop_token_inside_an_accepted_run(smollm2, trace_rows):
     j = _first_hit(codec, ids, stop_str)
     tok = ids[6]
     t = ids.index(tok)
-    drafter = Drafter("local", vocab_size=smollm2.model.config.vocab_size)
+    drafter = Drafter(vocab_size=smollm2.model.config.vocab_size)
     eng = engine(smollm2, drafter)
     eng.generate([prompt], SamplingParams(max_tokens=24))  # warm: the whole output is drafted next time
     # Plain decoding emits `ids` one token at a time and stops at the first hit: the expected output.

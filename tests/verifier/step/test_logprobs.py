@@ -19,7 +19,7 @@ def test_greedy_logprobs_equal_plain_decoding(smollm2, trace_rows):
     prompts = [r["prompt_ids"] for r in trace_rows[:1]]
     params = SamplingParams(max_tokens=16, logprobs=5)
     plain = engine(smollm2, None).generate(prompts, params)
-    eng = engine(smollm2, Drafter("local", vocab_size=smollm2.model.config.vocab_size))
+    eng = engine(smollm2, Drafter(vocab_size=smollm2.model.config.vocab_size))
     eng.generate(prompts, params)  # warm: the second pass drafts whole outputs
     spec = eng.generate(prompts, params)
     assert sum(r.accepted_tokens for r in spec) >= 8
@@ -39,7 +39,7 @@ def test_sampled_logprobs_are_the_penalized_model_distribution():
     lm = tiny_lm(vocab_size=16, seed=11)
     pen = dict(presence_penalty=0.3, frequency_penalty=0.5, repetition_penalty=1.2)
     prompt = [1, 2, 3, 1, 2, 3]
-    eng = Engine(lm.model, lm.codec, Drafter("local", vocab_size=16), EngineConfig(max_batch=8, max_len=64, budget=6))
+    eng = Engine(lm.model, lm.codec, Drafter(vocab_size=16), EngineConfig(max_batch=8, max_len=64, budget=6))
     params = [SamplingParams(max_tokens=10, temperature=0.9, seed=s, logprobs=3, ignore_eos=True, **pen) for s in range(24)]
     reqs = eng.generate([prompt] * 24, params)
     assert sum(r.accepted_tokens for r in reqs) > 0

@@ -32,7 +32,7 @@ def test_nan_logits_fail_the_request_where_plain_decoding_would():
     poisoned = copy.deepcopy(lm.model)
     with torch.no_grad():
         poisoned.embed_tokens.weight[out[j]] = float("nan")
-    drafter = Drafter("local", vocab_size=32)
+    drafter = Drafter(vocab_size=32)
     make_engine(lm.model, lm.codec, drafter).generate([prompt], GREEDY)  # the corpus learns `out`
     for eng in (make_engine(poisoned, lm.codec), make_engine(poisoned, lm.codec, drafter)):
         bad, fine = eng.generate([prompt, other], GREEDY)
@@ -54,7 +54,7 @@ def test_nan_in_the_prompt_fails_at_prefill():
     poisoned = copy.deepcopy(lm.model)
     with torch.no_grad():
         poisoned.embed_tokens.weight[9] = float("inf")
-    eng = make_engine(poisoned, lm.codec, Drafter("local", vocab_size=32))
+    eng = make_engine(poisoned, lm.codec, Drafter(vocab_size=32))
     bad, fine = eng.generate([[4, 9, 5], [4, 5, 6]], GREEDY)
     assert bad.output_ids == [] and bad.finish_reason == "error" and "output token 0" in bad.error
     assert fine.output_ids == make_engine(lm.model, lm.codec).generate([[4, 5, 6]], GREEDY)[0].output_ids

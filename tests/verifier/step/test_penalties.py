@@ -16,7 +16,7 @@ PENALTIES = dict(presence_penalty=0.4, frequency_penalty=0.6, repetition_penalty
 
 
 def tiny_engine(lm, spec: bool, budget: int = 6, max_batch: int = 8) -> Engine:
-    drafter = Drafter("local", vocab_size=lm.model.config.vocab_size) if spec else None
+    drafter = Drafter(vocab_size=lm.model.config.vocab_size) if spec else None
     return Engine(lm.model, lm.codec, drafter, EngineConfig(max_batch=max_batch, max_len=64,
                                                            budget=budget if spec else 0, max_budget=15))
 
@@ -92,7 +92,7 @@ def test_greedy_penalties_on_smollm2_speculative_equals_plain(smollm2, trace_row
     prompts = [r["prompt_ids"] for r in trace_rows[:1]]
     params = SamplingParams(max_tokens=16, **PENALTIES)
     plain = engine(smollm2, None).generate(prompts, params)
-    eng = engine(smollm2, Drafter("local", vocab_size=smollm2.model.config.vocab_size))
+    eng = engine(smollm2, Drafter(vocab_size=smollm2.model.config.vocab_size))
     eng.generate(prompts, params)
     again = eng.generate(prompts, params)
     assert [r.output_ids for r in again] == [r.output_ids for r in plain]
