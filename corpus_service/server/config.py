@@ -154,11 +154,13 @@ class ServiceConfig:
     blob_store: str | None = field(default=None, metadata={"help": (
         "snapshots and uploads shared by all replicas: a directory (unset = DATA_DIR/blobs) or nats-object://BUCKET")})
     # Every log message costs each replica a fixed share of its event loop (publish or fetch, decode,
-    # hand-off to the applier), whatever its size: with a 10k tokens/s commit stream, a replica served
-    # 0.68x the lookups per CPU-second of a single node at 2 ms batches and 0.94x at 10 ms (medians of
-    # 4 interleaved rounds, bench/replication.py lookups, 2026-12-03). 10 ms adds at most that much to
-    # commit-to-visible, well inside the 50 ms the replication targets allow.
-    log_batch_ms: float = field(default=10.0, metadata={"help": (
+    # hand-off to the applier), whatever its size. Larger batches buy lookups per CPU-second for
+    # commit-to-visible lag: with a 10k tokens/s commit stream a replica served 0.68x the lookups per
+    # CPU-second of a single node at 2 ms and 0.94x at 10 ms (2-core machine, 4 interleaved rounds), but
+    # at 10 ms the 16-core host measured a p99 lag of 50.3 ms with 2 replicas at 100k tokens/s
+    # (2026-12-03; 26.8 ms at 2 ms, 2026-12-02). The default keeps the lag target; docs/operations.md
+    # has the trade.
+    log_batch_ms: float = field(default=2.0, metadata={"help": (
         "commits are published in batches at most this old, milliseconds in (0, 10000]")})
     log_buffer_tokens: int = field(default=1 << 22, metadata={"help": (
         "committed tokens held while the broker is down or slower than the commits, int in [0, 2**34]; beyond, "
