@@ -79,21 +79,12 @@ void AcceptanceModel::observe(DraftRecord& rec, const int32_t* committed, size_t
   rec.armed = false;
   const size_t m = rec.tokens.size();
   if (m == 0 || n == 0 || !rec.cells) return;
-  // Node i (depth d) was tested iff its parent was accepted (or is the root) and the commit reached
-  // depth d; it was accepted iff it also equals the d-th committed token. Parents precede children.
-  thread_local std::vector<int32_t> depth;
-  thread_local std::vector<uint8_t> ok;
-  depth.resize(m), ok.resize(m);
+  const std::vector<int8_t>& ok = draft_outcomes(rec, committed, n);
   std::lock_guard<std::mutex> g(mu_);
   for (size_t i = 0; i < m; ++i) {
-    const int32_t par = rec.parents[i];
-    depth[i] = par < 0 ? 1 : depth[par] + 1;
-    ok[i] = 0;
-    const bool tested = (par < 0 || ok[par]) && static_cast<size_t>(depth[i]) <= n;
-    if (!tested) continue;
-    ok[i] = rec.tokens[i] == committed[depth[i] - 1];
-    bump(depth_[rec.depth_cell[i]], ok[i], p.window);
-    if (rec.token_cell[i] != kNoCell) bump(token_[rec.token_cell[i]], ok[i], p.window);
+    if (ok[i] < 0) continue;
+    bump(depth_[rec.depth_cell[i]], ok[i] == 1, p.window);
+    if (rec.token_cell[i] != kNoCell) bump(token_[rec.token_cell[i]], ok[i] == 1, p.window);
   }
 }
 

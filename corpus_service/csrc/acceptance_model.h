@@ -59,6 +59,25 @@ struct DraftRecord {
   void reset();        // disarms it too (a new request)
 };
 
+// What a commit says of each node of a draft: -1 not tested, 0 tested and rejected, 1 accepted. Node
+// i (depth d) was tested iff its parent was accepted (or is the root) and the commit reached depth d;
+// it was accepted iff it also equals the d-th committed token. Parents precede children. The result
+// is this thread's scratch, valid until the next call on the thread.
+inline const std::vector<int8_t>& draft_outcomes(const DraftRecord& rec, const int32_t* committed, size_t n) {
+  thread_local std::vector<int32_t> depth;
+  thread_local std::vector<int8_t> out;
+  const size_t m = rec.tokens.size();
+  depth.resize(m), out.resize(m);
+  for (size_t i = 0; i < m; ++i) {
+    const int32_t par = rec.parents[i];
+    depth[i] = par < 0 ? 1 : depth[par] + 1;
+    out[i] = -1;
+    if ((par < 0 || out[par] == 1) && static_cast<size_t>(depth[i]) <= n)
+      out[i] = rec.tokens[i] == committed[depth[i] - 1] ? 1 : 0;
+  }
+  return out;
+}
+
 class AcceptanceModel {
  public:
   AcceptanceModel();

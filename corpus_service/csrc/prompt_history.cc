@@ -397,16 +397,10 @@ SourceWeights::ClassStats SourceWeights::stats(int i) const {
 void SourceWeights::observe(const DraftRecord& rec, const int32_t* committed, size_t n, uint32_t window) {
   const size_t m = rec.tokens.size();
   if (m == 0 || n == 0 || rec.cls.size() != m) return;
-  thread_local std::vector<int32_t> depth;
-  thread_local std::vector<uint8_t> ok;
-  depth.resize(m), ok.resize(m);
+  const std::vector<int8_t>& ok = draft_outcomes(rec, committed, n);
   std::lock_guard<std::mutex> g(mu_);
   for (size_t i = 0; i < m; ++i) {
-    const int32_t par = rec.parents[i];
-    depth[i] = par < 0 ? 1 : depth[par] + 1;
-    ok[i] = 0;
-    if (!((par < 0 || ok[par]) && static_cast<size_t>(depth[i]) <= n)) continue;
-    ok[i] = rec.tokens[i] == committed[depth[i] - 1];
+    if (ok[i] < 0) continue;
     const int c = static_cast<int>(rec.cls[i]) - kSrcSibling;
     if (c < 0 || c >= kLearnedClasses) continue;
     ++tested_[c], accepted_[c] += ok[i];

@@ -136,19 +136,11 @@ void RankModel::observe(DraftRecord& rec, const int32_t* committed, size_t n, co
   if (!rec.armed || !rec.ranked) return;
   const size_t m = rec.tokens.size();
   if (m == 0 || n == 0) return;
-  // Node i (depth d) was tested iff its parent was accepted (or is the root) and the commit reached
-  // depth d; accepted iff it also equals the d-th committed token. Parents precede children.
-  thread_local std::vector<int32_t> depth;
-  thread_local std::vector<uint8_t> ok;
-  depth.resize(m), ok.resize(m);
+  const std::vector<int8_t>& ok = draft_outcomes(rec, committed, n);
   float acc = 0.0f, expected = 0.0f;
   std::lock_guard<std::mutex> g(mu_);
   for (size_t i = 0; i < m; ++i) {
-    const int32_t par = rec.parents[i];
-    depth[i] = par < 0 ? 1 : depth[par] + 1;
-    ok[i] = 0;
-    if (!((par < 0 || ok[par]) && static_cast<size_t>(depth[i]) <= n)) continue;
-    ok[i] = rec.tokens[i] == committed[depth[i] - 1];
+    if (ok[i] < 0) continue;
     acc += ok[i], expected += rec.q[i];
     const uint32_t* cells = &rec.rank_cells[kNodeCells * i];
     const float* f = &rec.feats[kFeatures * i];
