@@ -208,7 +208,8 @@ def _spawn(fn, *args):
 
 def _cluster(tmp: Path, nats: Nats, n: int, tag: str) -> list[Server]:
     blobs = tmp / f"blobs-{tag}"
-    servers = [Server(tmp / f"{tag}-r{i}", nats.url, f"bench-{tag}", blobs, f"r{i}",
+    extra = ("--log-batch-ms", str(ARGS.log_batch_ms)) if ARGS.log_batch_ms else ()
+    servers = [Server(tmp / f"{tag}-r{i}", nats.url, f"bench-{tag}", blobs, f"r{i}", extra=extra,
                       snapshot_interval_s=ARGS.snapshot_interval_s) for i in range(n)]
     for s in servers:
         s.wait_ready()
@@ -405,7 +406,7 @@ def _summary(result: dict) -> dict:
     return out
 
 
-ARGS = argparse.Namespace(snapshot_interval_s=5.0)
+ARGS = argparse.Namespace(snapshot_interval_s=5.0, log_batch_ms=None)
 
 
 def main() -> int:
@@ -418,6 +419,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=20.0, help="per measurement")
     ap.add_argument("--snapshot-interval-s", type=float, default=5.0,
                     help="replicas' snapshot interval in the lag and lookups parts (0 = snapshots off)")
+    ap.add_argument("--log-batch-ms", type=float, default=None,
+                    help="replicas' --log-batch-ms in the lag and lookups parts (default: the server's)")
     ap.add_argument("--rounds", type=int, default=3, help="lookup measurements per configuration (median)")
     ap.add_argument("--snapshot-mb", type=float, nargs="+", default=[64, 256, 1024], help="snapshot sizes (MB)")
     ap.add_argument("--snapshot-rate", type=float, default=50_000, help="tokens/s committed while a snapshot is written")
