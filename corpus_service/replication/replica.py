@@ -35,7 +35,7 @@ from corpus_service.replication.applier import Applier
 from corpus_service.replication.blobstore import open_blob_store
 from corpus_service.replication.bootstrap import plan
 from corpus_service.replication.chunker import Chunker
-from corpus_service.replication.events import decode
+from corpus_service.replication.events import CHUNK, POLICY, RANK, ROLLOUT, decode
 from corpus_service.replication.publisher import Publisher
 from corpus_service.replication.recovery import watch_stream
 from corpus_service.replication.snapshot_writer import SnapshotWriter
@@ -47,7 +47,19 @@ from corpus_service.server.state import ServiceState
 
 log = logging.getLogger("corpus_service.replication")
 FETCH_BATCH = 512  # messages applied together at most
-MAX_UNAPPLIED = 4096  # messages the broker sends ahead of the applied one
+MAX_UNAPPLIED = 4096  # messages the broker sends ahead of the acknowledged one
+# Acknowledgements (AckAll: one covers every message before it) go out every ACK_EVERY_MSGS applied
+# messages or ACK_EVERY_S seconds, and when the log is idle: one per applied batch cost a publish and a
+# flusher turn on the serving loop each (per-core lookups with replication, bench/replication.py).
+# Both stay far inside what the broker allows (MAX_UNAPPLIED unacknowledged, ack_wait 30 s).
+ACK_EVERY_MSGS = 256
+ACK_EVERY_S = 0.25
+# A batch of at most this many tokens, made only of engine events, is applied on the serving loop itself
+# (when no snapshot holds the applier's lock): a small chunk's insert costs less than the hop to a worker
+# thread and back. External corpora and resets go to a thread (an upload's blob is fetched through the
+# broker, on this loop).
+INLINE_APPLY_TOKENS = 16384
+INLINE_EVENTS = frozenset((CHUNK, ROLLOUT, RANK, POLICY))
 # How often the rank models' observations go to the log: a few hundred nodes per namespace per round at
 # a busy replica, and the model a fraction of a second behind the commits on every replica.
 RANK_DELTA_INTERVAL_S = 0.25
@@ -323,28 +335,33 @@ class Replica:
 
     # ------------------------------------------------------------------ consuming
 
-    async def _subscribe(self, start_seq: int):
-        """A push consumer from ``start_seq``: messages arrive as soon as they are stored. Acking the
-        last applied message (AckAll) lets the next ``MAX_UNAPPLIED`` through: the broker never
-        floods a replica that is applying a backlog."""
+    async def _subscribe(self, start_seq: int) -> tuple[object, "_Inbox"]:
+        """A push consumer from ``start_seq``: messages arrive as soon as they are stored. An
+        acknowledgement of the last applied message (AckAll) lets the next ``MAX_UNAPPLIED`` through:
+        the broker never floods a replica that is applying a backlog. Messages go to an ``_Inbox``
+        (a fresh one per subscription) by the subscription's callback."""
         cfg = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(1, start_seq),
                                  ack_policy=api.AckPolicy.ALL, max_ack_pending=MAX_UNAPPLIED, ack_wait=30.0,
                                  inactive_threshold=30.0)
-        return await self._js.subscribe(self.subject, stream=self.stream_name, config=cfg, manual_ack=True,
-                                        pending_msgs_limit=4 * MAX_UNAPPLIED)
+        inbox = _Inbox()
+        sub = await self._js.subscribe(self.subject, stream=self.stream_name, config=cfg, manual_ack=True, cb=inbox.put,
+                                       pending_msgs_limit=4 * MAX_UNAPPLIED)
+        return sub, inbox
 
     async def _consume(self) -> None:
-        sub, idle_behind = None, 0
+        sub = inbox = None
+        idle_behind = 0
+        acker = _Acker()
         while not self._stopping.is_set():
             try:
                 if sub is None:
-                    sub = await self._subscribe(self.applied_seq + 1)
-                msgs = [await sub.next_msg(timeout=0.5)]
-                while len(msgs) < FETCH_BATCH and sub.pending_msgs > 0:
-                    msgs.append(await sub.next_msg(timeout=0.5))
+                    sub, inbox = await self._subscribe(self.applied_seq + 1)
+                    acker = _Acker()
+                msgs = await inbox.take(0.5, FETCH_BATCH)
             except asyncio.CancelledError:
                 raise
             except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                await acker.flush()  # the log is idle: acknowledge what was applied
                 if await self._watch_stream():
                     sub = await self._drop(sub)  # the stream was recreated: follow its new incarnation
                     continue
@@ -362,29 +379,38 @@ class Replica:
                     await asyncio.sleep(0.25)
                 continue
             idle_behind = 0
-            batches, last_seq, pending = [], self.applied_seq, self.pending
+            batches, last_seq, pending, last_msg, tokens = [], self.applied_seq, self.pending, None, 0
+            out_of_order, inline = False, True
             for m in msgs:
-                seq = m.metadata.sequence.stream
+                meta = m.metadata
+                seq = meta.sequence.stream
                 if seq <= last_seq:
                     continue  # already applied (redelivered, or a resubscription repeats the start)
                 if seq != last_seq + 1 and not await self._is_retention_gap(last_seq, seq):
+                    out_of_order = True
                     break  # this client dropped messages: apply what came in order, resubscribe below
                 try:
-                    batches.append(decode(m.data))
+                    b = decode(m.data)
+                    batches.append(b)
+                    tokens += b.num_tokens()
+                    inline = inline and all(ev[0] in INLINE_EVENTS for ev in b.events)
                 except ValueError as e:
                     log.error("log message %d skipped: %s", seq, e)
-                last_seq, pending = seq, m.metadata.num_pending
-            if last_seq != self.applied_seq:
-                await asyncio.to_thread(self._apply, batches, last_seq)
+                last_seq, pending, last_msg = seq, meta.num_pending, m
+            if last_msg is not None:
+                if inline and tokens <= INLINE_APPLY_TOKENS and self._apply_lock.acquire(blocking=False):
+                    try:
+                        self._apply_locked(batches, last_seq)
+                    finally:
+                        self._apply_lock.release()
+                else:
+                    await asyncio.to_thread(self._apply, batches, last_seq)
                 self.pending = pending
                 self.stream_last = max(self.stream_last, last_seq + pending)
                 self._applied.set()
                 self._applied = asyncio.Event()
-                try:
-                    await msgs[-1].ack() if msgs[-1].metadata.sequence.stream == last_seq else None
-                except Exception:  # noqa: BLE001 - an unacked message is redelivered and skipped
-                    pass
-            if msgs[-1].metadata.sequence.stream > last_seq:
+                await acker.applied(last_msg, len(msgs))
+            if out_of_order:
                 sub = await self._drop(sub)
             self._update_ready()
 
@@ -411,8 +437,11 @@ class Replica:
 
     def _apply(self, batches, last_seq: int) -> None:
         with self._apply_lock:
-            self.applier.apply(batches)
-            self.applied_seq = last_seq
+            self._apply_locked(batches, last_seq)
+
+    def _apply_locked(self, batches, last_seq: int) -> None:
+        self.applier.apply(batches)
+        self.applied_seq = last_seq
         now = time.time_ns()
         for b in batches:
             if b.t_ns:
@@ -516,3 +545,52 @@ class Replica:
 
     def status(self, with_digest: bool = False) -> dict:
         return status(self, with_digest)
+
+
+class _Inbox:
+    """A subscription's delivered messages, appended by its callback: the apply loop takes all that
+    arrived at once. (``next_msg`` would cost two asyncio tasks per message in nats-py 2.16, on the
+    loop that serves lookups.) Bounded by the consumer: the broker stops at ``MAX_UNAPPLIED``
+    unacknowledged messages."""
+
+    def __init__(self) -> None:
+        self.msgs: deque = deque()
+        self._arrived = asyncio.Event()
+
+    async def put(self, msg) -> None:
+        self.msgs.append(msg)
+        self._arrived.set()
+
+    async def take(self, timeout: float, limit: int) -> list:
+        """Up to ``limit`` messages, waiting at most ``timeout`` s for the first (TimeoutError)."""
+        if not self.msgs:
+            self._arrived.clear()
+            async with asyncio.timeout(timeout):
+                await self._arrived.wait()
+        n = min(limit, len(self.msgs))
+        return [self.msgs.popleft() for _ in range(n)]
+
+
+class _Acker:
+    """Acknowledges applied messages (AckAll) every ``ACK_EVERY_MSGS`` messages or ``ACK_EVERY_S``
+    seconds, and when the log goes idle. An unacknowledged applied message costs nothing but its
+    redelivery after a reconnect, which the sequence check skips."""
+
+    def __init__(self) -> None:
+        self._last = None  # the newest applied message not acknowledged yet
+        self._count = 0
+        self._since = time.monotonic()
+
+    async def applied(self, msg, n: int) -> None:
+        self._last = msg
+        self._count += n
+        if self._count >= ACK_EVERY_MSGS or time.monotonic() - self._since >= ACK_EVERY_S:
+            await self.flush()
+
+    async def flush(self) -> None:
+        msg, self._last, self._count, self._since = self._last, None, 0, time.monotonic()
+        if msg is not None:
+            try:
+                await msg.ack()
+            except Exception:  # noqa: BLE001 - an unacknowledged message is redelivered and skipped
+                pass
