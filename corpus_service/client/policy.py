@@ -97,11 +97,6 @@ class RetryPolicy:
         return err.code == grpc.StatusCode.UNAVAILABLE and attempt < self.retries and time_left > self.delay(attempt)
 
 
-# The server's errors about a step's draft request start so (corpus_service/server/session.py), and it
-# raises them only after every operation of the step passed its checks.
-DRAFT_ERROR_PREFIX = "draft"
-
-
 def check_response(resp: pb.SessionResponse) -> None:
     if resp.HasField("error"):
         raise to_exception(code_from_value(resp.error.code), resp.error.message)
@@ -118,7 +113,7 @@ def settle_step(breaker, log, stream, resp: pb.SessionResponse) -> pb.SessionRes
     try:
         check_response(resp)
     except CorpusError:
-        if not resp.error.message.startswith(DRAFT_ERROR_PREFIX):
+        if not resp.error.draft_only:  # set by the server only after every other operation passed its checks
             log.discard()
         raise
     stream.replayed = True

@@ -22,6 +22,11 @@ class CorpusError(Exception):
             self.code = code
 
 
+class DraftRefused(CorpusError):
+    """A session step refused for its draft request alone (``Error.draft_only``): its other
+    operations passed their checks and were not applied."""
+
+
 class CorpusInvalidArgument(CorpusError, ValueError):
     code = grpc.StatusCode.INVALID_ARGUMENT
 

@@ -21,7 +21,7 @@ from corpus_service._proto.ngram_corpus.v1 import corpus_pb2_grpc as pb_grpc
 from corpus_service.admin.catalog import Catalog
 from corpus_service.names import check_corpus_name
 from corpus_service.protocol import arrays
-from corpus_service.protocol.status import CorpusError, message_for, status_for
+from corpus_service.protocol.status import CorpusError, DraftRefused, message_for, status_for
 from corpus_service.security.auth import AuthError, Principal, Role, current_principal
 from corpus_service.security.rate_limit import RateLimited, RateLimiter, peer_host
 from corpus_service.server.handlers import Malformed
@@ -156,7 +156,8 @@ class CorpusServicer(pb_grpc.CorpusServicer):
                     code = status_for(e)
                     if code == grpc.StatusCode.INTERNAL:
                         log.exception("session step failed")
-                    out = pb.SessionResponse(seq=msg.seq, error=pb.Error(code=code.value[0], message=message_for(e)))
+                    out = pb.SessionResponse(seq=msg.seq, error=pb.Error(code=code.value[0], message=message_for(e),
+                                                                         draft_only=isinstance(e, DraftRefused)))
                     steps.labels("Session", code.name).inc()
                 latency.observe(time.perf_counter() - t0)
                 # Written here, not yielded: when the client cancels while it is not reading, the

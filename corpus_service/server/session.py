@@ -17,7 +17,7 @@ from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
 from corpus_service.engine.corpus import NgramCorpus
 from corpus_service.engine.prompt_keys import MAX_POLICY_VERSION, prompt_key_error
 from corpus_service.protocol import arrays
-from corpus_service.protocol.status import CorpusError
+from corpus_service.protocol.status import CorpusError, DraftRefused
 from corpus_service.server.live_budget import REQUEST_CHARGE_BYTES
 from corpus_service.server.policy_versions import publish_rollout
 from corpus_service.server.state import ServiceState
@@ -222,24 +222,27 @@ class Session:
                     raise CorpusError(f"{field}: unknown request '{rid}' (never started on this stream, or finished)",
                                       grpc.StatusCode.NOT_FOUND)
         budget = msg.draft.budget
-        # The draft request is checked last, and its errors start with "draft": a client keeps the
-        # step's (valid, unapplied) operations pending when only its draft was refused
-        # (client_policy.settle_step).
+        # The draft request is checked last, and refused as DraftRefused (Error.draft_only): a client
+        # keeps the step's (valid, unapplied) operations pending when only its draft was refused
+        # (corpus_service.client.policy.settle_step).
         if draft:
             # The common step extends and drafts the same batch: its ids were checked above.
-            draft_set = extend_set if draft == extend[0] else _checked_id_set(draft, "draft", max_batch)
+            try:
+                draft_set = extend_set if draft == extend[0] else _checked_id_set(draft, "draft", max_batch)
+            except CorpusError as e:
+                raise DraftRefused(str(e), e.code) from e
             if not 1 <= budget <= cfg.max_budget:
                 # Above the maximum: OUT_OF_RANGE, so that a client asking for deep trees (a pipelined
                 # verifier) knows by the code that a smaller budget will do.
-                raise CorpusError(f"draft.budget: expected an int in [1, {cfg.max_budget}], got {budget}",
-                                  grpc.StatusCode.OUT_OF_RANGE if budget > cfg.max_budget
-                                  else grpc.StatusCode.INVALID_ARGUMENT)
+                raise DraftRefused(f"draft.budget: expected an int in [1, {cfg.max_budget}], got {budget}",
+                                   grpc.StatusCode.OUT_OF_RANGE if budget > cfg.max_budget
+                                   else grpc.StatusCode.INVALID_ARGUMENT)
             missing = draft_set.difference(live)
             if (missing and not started.issuperset(missing)) or (finished and not finished.isdisjoint(draft_set)):
                 rid = _first_unknown(draft, live, started, finished)
                 if rid is not None:
-                    raise CorpusError(f"draft: unknown request '{rid}' (never started on this stream, or finished)",
-                                      grpc.StatusCode.NOT_FOUND)
+                    raise DraftRefused(f"draft: unknown request '{rid}' (never started on this stream, or finished)",
+                                       grpc.StatusCode.NOT_FOUND)
         if num_tokens or started:  # last: a step refused here changes nothing, like every refusal above
             tb = self.state.token_bytes[ns]
             charge = num_tokens * tb + len(started) * REQUEST_CHARGE_BYTES

@@ -109,3 +109,30 @@ def test_state_is_replayed_after_restart_and_kill(tmp_path):
         c.close()
         if srv.alive():
             srv.stop()
+
+
+def test_a_step_refused_for_its_draft_alone_keeps_its_operations(tmp_path):
+    """The server marks a refusal of the draft request alone (Error.draft_only, not its text): the
+    client keeps the step's start and extends pending and sends them with its next step; a step
+    refused for an operation drops them (they would be refused again)."""
+    from corpus_service.client import CorpusOutOfRange
+    from corpus_service.protocol.status import CorpusError
+
+    srv = ServerProcess(tmp_path, "--max-budget", "8", "--namespace", "default:vocab=100").start()
+    c = CorpusClient(srv.target, timeout=5.0)
+    try:
+        c.start_request("r", [7, 8, 9, 10, 11, 7, 8])
+        c.extend("r", [9])
+        with pytest.raises(CorpusOutOfRange):
+            c.draft(["r"], 9)  # deeper than the server's --max-budget
+        assert c.draft(["r"], 5).tree(0)[0][:2] == [10, 11]  # started and extended by the retry
+
+        c.start_request("s", [3, 4, 5, 3, 4, 500])  # refused by the server: outside the vocabulary
+        with pytest.raises(CorpusError, match="vocabulary"):
+            c.draft(["r"], 5)
+        with pytest.raises(ValueError, match="unknown request id 's'"):  # the refused start was dropped
+            c.draft(["s"], 5)
+        assert c.draft(["r"], 5).tree(0)[0][:2] == [10, 11]
+    finally:
+        c.close()
+        srv.stop()

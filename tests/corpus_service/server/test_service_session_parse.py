@@ -12,7 +12,7 @@ import pytest
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
 from corpus_service.engine.corpus import DraftBatch
 from corpus_service.protocol import arrays
-from corpus_service.protocol.status import CorpusError
+from corpus_service.protocol.status import CorpusError, DraftRefused
 from corpus_service.server.config import ServiceConfig
 from corpus_service.server.session import MAX_REQ_ID_CHARS, Session, extend_packed
 from corpus_service.server.state import ServiceState
@@ -84,16 +84,24 @@ def ref_parse(session: Session, msg: pb.SessionRequest):
                                   grpc.StatusCode.NOT_FOUND)
     budget = msg.draft.budget
     if draft:  # last: a step refused only for its draft had valid operations (client_policy.settle_step)
-        ref_check_req_ids(draft, "draft", cfg.max_batch)
-        if not 1 <= budget <= cfg.max_budget:
-            raise CorpusError(f"draft.budget: expected an int in [1, {cfg.max_budget}], got {budget}",
-                              grpc.StatusCode.OUT_OF_RANGE if budget > cfg.max_budget
-                              else grpc.StatusCode.INVALID_ARGUMENT)
-        for rid in draft:
-            if (rid not in live and rid not in started) or rid in finished:
-                raise CorpusError(f"draft: unknown request '{rid}' (never started on this stream, or finished)",
-                                  grpc.StatusCode.NOT_FOUND)
+        try:
+            ref_check_draft(session, draft, budget, live, started, finished)
+        except CorpusError as e:  # marked for the client (Error.draft_only)
+            raise DraftRefused(str(e), e.code) from e
     return ns, restore, start, extend, finish, draft, budget
+
+
+def ref_check_draft(session, draft, budget, live, started, finished):
+    cfg = session.state.config
+    ref_check_req_ids(draft, "draft", cfg.max_batch)
+    if not 1 <= budget <= cfg.max_budget:
+        raise CorpusError(f"draft.budget: expected an int in [1, {cfg.max_budget}], got {budget}",
+                          grpc.StatusCode.OUT_OF_RANGE if budget > cfg.max_budget
+                          else grpc.StatusCode.INVALID_ARGUMENT)
+    for rid in draft:
+        if (rid not in live and rid not in started) or rid in finished:
+            raise CorpusError(f"draft: unknown request '{rid}' (never started on this stream, or finished)",
+                              grpc.StatusCode.NOT_FOUND)
 
 
 def ref_pack_runs(msg, req_ids, runs):

@@ -65,12 +65,14 @@ class DraftTrees(_message.Message):
     def __init__(self, budget: _Optional[int] = ..., counts: _Optional[bytes] = ..., tokens: _Optional[bytes] = ..., parents: _Optional[bytes] = ..., probs: _Optional[bytes] = ...) -> None: ...
 
 class Error(_message.Message):
-    __slots__ = ("code", "message")
+    __slots__ = ("code", "message", "draft_only")
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_ONLY_FIELD_NUMBER: _ClassVar[int]
     code: int
     message: str
-    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+    draft_only: bool
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., draft_only: _Optional[bool] = ...) -> None: ...
 
 class SessionResponse(_message.Message):
     __slots__ = ("seq", "drafts", "error")
