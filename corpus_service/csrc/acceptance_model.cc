@@ -22,6 +22,7 @@ uint32_t accepted_of(uint32_t v) { return v & 0xffffu; }
 void DraftRecord::start_draft() {
   tokens.clear(), parents.clear(), depth_cell.clear(), token_cell.clear(), q.clear(), cls.clear();
   feats.clear(), rank_cells.clear();
+  out_tokens.clear(), out_parents.clear(), out_feats.clear(), out_cells.clear();
   cells = false;
   ranked = false;
   armed = true;

@@ -53,6 +53,11 @@ struct DraftRecord {
   std::vector<float> feats;              // RankModel::kFeatures per node
   std::vector<uint32_t> rank_cells;      // RankModel::kNodeCells per node
   bool ranked = false;                   // feats/rank_cells were filled (rank model on)
+  // The best nodes the draft left out (RankParams::left_out), best first: token, parent (an index into
+  // tokens; -1 the root), features and cells. The commit labels those under an accepted parent.
+  std::vector<int32_t> out_tokens, out_parents;
+  std::vector<float> out_feats;
+  std::vector<uint32_t> out_cells;
   float req_accepted = 0.0f, req_expected = 0.0f;
 
   void start_draft();  // empties the node lists and arms the record

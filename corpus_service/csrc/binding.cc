@@ -172,7 +172,9 @@ PYBIND11_MODULE(_native, m) {
       .def_readwrite("learning_rate", &RankParams::learning_rate)
       .def_readwrite("request_decay", &RankParams::request_decay)
       .def_readwrite("window", &RankParams::window)
-      .def_readwrite("learn", &RankParams::learn);
+      .def_readwrite("learn", &RankParams::learn)
+      .def_readwrite("left_out", &RankParams::left_out)
+      .def_readwrite("pair_rate", &RankParams::pair_rate);
 
   py::class_<HistoryConfig>(m, "HistoryConfig")
       .def(py::init<>())

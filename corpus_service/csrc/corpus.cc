@@ -49,6 +49,8 @@ Corpus::Corpus(CorpusConfig cfg)
     throw std::invalid_argument("rank request_decay must be in [0, 1]");
   if (!(cfg_.rank.prior >= 0.0f && cfg_.rank.token_prior >= 0.0f && cfg_.rank.pair_prior >= 0.0f))
     throw std::invalid_argument("rank priors must be >= 0");
+  if (cfg_.rank.left_out < 0 || cfg_.rank.left_out > 256) throw std::invalid_argument("rank left_out must be in [0, 256]");
+  if (!(cfg_.rank.pair_rate >= 0.0f && cfg_.rank.pair_rate <= 1.0f)) throw std::invalid_argument("rank pair_rate must be in [0, 1]");
   // Validate the other order sets eagerly so a bad config fails at construction.
   TokenIndex probe_own(cfg_.own_orders), probe_ext(cfg_.external_orders);
   if (cfg_.max_candidates < 1 || cfg_.max_candidates > 1024)

@@ -142,7 +142,10 @@ int DraftTree::select(int budget, float min_prob, DraftMode mode, const ScorePar
   while (!heap.empty() && taken < budget) {
     Entry e = heap.top();
     heap.pop();
-    if (mode != DraftMode::kBfs && e.prob < min_prob) break;
+    if (mode != DraftMode::kBfs && e.prob < min_prob) {
+      heap.push(e);  // the best node left out, for the record below
+      break;
+    }
     tokens.push_back(nodes_[e.node].token);
     parents.push_back(e.parent_out);
     probs.push_back(e.prob);
@@ -168,6 +171,19 @@ int DraftTree::select(int budget, float min_prob, DraftMode mode, const ScorePar
     }
     ++taken;
     push_children(e.node, static_cast<int32_t>(tokens.size() - out_base - 1), e.prob);
+  }
+  if (rank && record) {
+    // The best nodes left out, best first: where the budget cut, the ranking decided, and the commit
+    // labels those under an accepted parent (rank_model.h).
+    for (int k = 0; k < rank->params->left_out && !heap.empty(); ++k) {
+      const Entry e = heap.top();
+      heap.pop();
+      const size_t c = static_cast<size_t>(e.node);
+      record->out_tokens.push_back(nodes_[e.node].token);
+      record->out_parents.push_back(e.parent_out);
+      record->out_feats.insert(record->out_feats.end(), &rank_feats_[c * kF], &rank_feats_[c * kF] + kF);
+      record->out_cells.insert(record->out_cells.end(), &rank_cells_[c * kC], &rank_cells_[c * kC] + kC);
+    }
   }
   return taken;
 }

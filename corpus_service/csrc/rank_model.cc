@@ -132,32 +132,105 @@ void RankModel::learn_one(const uint32_t* cells, bool ok, const float* f, const 
   if (ok) accepted_.fetch_add(1, std::memory_order_relaxed);
 }
 
+void RankModel::pair_step(const float* fa, const float* fr, const RankParams& p) {
+  // One AdaGrad step of the pairwise log loss -log sigmoid(w . (f_a - f_r)): the accepted sibling
+  // should score above the rejected one. Features equal among siblings (bias, depth, request) cancel.
+  float d[kFeatures], z = 0.0f;
+  for (int i = 0; i < kFeatures; ++i) d[i] = fa[i] - fr[i], z += w_[i].load(std::memory_order_relaxed) * d[i];
+  const float err = 1.0f - sigmoid(z);
+  for (int i = 0; i < kFeatures; ++i) {
+    const float g = err * d[i];
+    g2_[i] += static_cast<double>(g) * g;
+    const float step = p.pair_rate * g / static_cast<float>(std::sqrt(g2_[i] + 1.0));
+    w_[i].store(w_[i].load(std::memory_order_relaxed) + step, std::memory_order_relaxed);
+  }
+}
+
+void RankModel::apply_words(const int32_t* words, size_t n, const RankParams& p) {
+  // Group by group (a node without kSiblingFlag starts one): each node's log-loss step, then the
+  // group's pairwise steps, so the order of the updates is a function of the words alone.
+  const size_t nodes = n / kDeltaWords;
+  thread_local std::vector<float> f;  // the features, bit-cast back to floats
+  f.resize(nodes * kFeatures);
+  for (size_t i = 0; i < nodes; ++i)
+    std::memcpy(&f[i * kFeatures], &words[i * kDeltaWords + kNodeCells + 1], sizeof(float) * kFeatures);
+  auto feats = [&](size_t i) { return &f[i * kFeatures]; };
+  auto accepted = [&](size_t i) { return (words[i * kDeltaWords + kNodeCells] & 1) != 0; };
+  for (size_t s = 0; s < nodes;) {
+    size_t e = s + 1;
+    while (e < nodes && (words[e * kDeltaWords + kNodeCells] & kSiblingFlag)) ++e;
+    for (size_t i = s; i < e; ++i) {
+      uint32_t cells[kNodeCells];
+      for (int k = 0; k < kNodeCells; ++k) cells[k] = static_cast<uint32_t>(words[i * kDeltaWords + k]);
+      learn_one(cells, accepted(i), feats(i), p);
+    }
+    if (p.pair_rate > 0.0f)
+      for (size_t a = s; a < e; ++a)
+        if (accepted(a))
+          for (size_t r = s; r < e; ++r)
+            if (!accepted(r)) pair_step(feats(a), feats(r), p);
+    s = e;
+  }
+}
+
 void RankModel::observe(DraftRecord& rec, const int32_t* committed, size_t n, const RankParams& p) {
   if (!rec.armed || !rec.ranked) return;
   const size_t m = rec.tokens.size();
   if (m == 0 || n == 0) return;
   const std::vector<int8_t>& ok = draft_outcomes(rec, committed, n);
+  // The labelled nodes: the drafted ones the commit tested, and the left-out ones under an accepted
+  // parent (or the root) within the commit's depth, labelled by the committed token at their depth.
+  // Index i < m: drafted node i; i >= m: left-out node i - m. Grouped by parent for the pairwise steps.
+  thread_local std::vector<int32_t> depth;
+  thread_local std::vector<std::pair<int32_t, int32_t>> labelled;  // (parent, index)
+  thread_local std::vector<int8_t> label;
+  depth.resize(m);
+  labelled.clear();
   float acc = 0.0f, expected = 0.0f;
-  std::lock_guard<std::mutex> g(mu_);
   for (size_t i = 0; i < m; ++i) {
+    depth[i] = rec.parents[i] < 0 ? 1 : depth[rec.parents[i]] + 1;
     if (ok[i] < 0) continue;
     acc += ok[i], expected += rec.q[i];
-    const uint32_t* cells = &rec.rank_cells[kNodeCells * i];
-    const float* f = &rec.feats[kFeatures * i];
-    if (p.learn) {
-      learn_one(cells, ok[i], f, p);
-      continue;
-    }
-    if (queue_.size() + kDeltaWords > kMaxDelta * kDeltaWords) {  // nobody exports: keep the newest
-      queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(queue_.size() / 2));
-      dropped_.fetch_add(kMaxDelta / 2, std::memory_order_relaxed);
-    }
-    for (int k = 0; k < kNodeCells; ++k) queue_.push_back(static_cast<int32_t>(cells[k]));
-    queue_.push_back(ok[i]);
-    for (int k = 0; k < kFeatures; ++k) {
+    labelled.emplace_back(rec.parents[i], static_cast<int32_t>(i));
+  }
+  const size_t mo = rec.out_tokens.size();
+  label.assign(mo, -1);
+  for (size_t j = 0; j < mo; ++j) {
+    const int32_t par = rec.out_parents[j];
+    const size_t d = par < 0 ? 1 : static_cast<size_t>(depth[par]) + 1;
+    if ((par >= 0 && ok[par] != 1) || d > n) continue;
+    label[j] = rec.out_tokens[j] == committed[d - 1] ? 1 : 0;
+    labelled.emplace_back(par, static_cast<int32_t>(m + j));
+  }
+  std::stable_sort(labelled.begin(), labelled.end(),
+                   [](const auto& x, const auto& y) { return x.first < y.first; });
+  thread_local std::vector<int32_t> words;
+  words.clear();
+  for (size_t k = 0; k < labelled.size(); ++k) {
+    const size_t i = static_cast<size_t>(labelled[k].second);
+    const bool drafted = i < m;
+    const uint32_t* cells = drafted ? &rec.rank_cells[kNodeCells * i] : &rec.out_cells[kNodeCells * (i - m)];
+    const float* f = drafted ? &rec.feats[kFeatures * i] : &rec.out_feats[kFeatures * (i - m)];
+    const int32_t sibling = k > 0 && labelled[k - 1].first == labelled[k].first ? kSiblingFlag : 0;
+    for (int c = 0; c < kNodeCells; ++c) words.push_back(static_cast<int32_t>(cells[c]));
+    words.push_back((drafted ? ok[i] : label[i - m]) | sibling);
+    for (int c = 0; c < kFeatures; ++c) {
       int32_t word;
-      std::memcpy(&word, &f[k], 4);
-      queue_.push_back(word);
+      std::memcpy(&word, &f[c], 4);
+      words.push_back(word);
+    }
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  if (p.learn) {
+    apply_words(words.data(), words.size(), p);  // what a replica would apply from the exported delta
+  } else {
+    for (size_t i = 0; i < words.size(); i += kDeltaWords) {
+      if (queue_.size() + kDeltaWords > kMaxDelta * kDeltaWords) {  // nobody exports: keep the newest
+        queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(queue_.size() / 2));
+        dropped_.fetch_add(kMaxDelta / 2, std::memory_order_relaxed);
+      }
+      queue_.insert(queue_.end(), words.begin() + static_cast<std::ptrdiff_t>(i),
+                    words.begin() + static_cast<std::ptrdiff_t>(i + kDeltaWords));
     }
   }
   rec.req_accepted = rec.req_accepted * p.request_decay + acc;
@@ -185,8 +258,8 @@ void RankModel::apply_delta(const int32_t* words, size_t n, const RankParams& p)
     for (int k = 0; k < kNodeCells; ++k)
       if (words[i + k] < 0 || words[i + k] >= kCells)
         throw std::invalid_argument("rank delta: cell " + std::to_string(words[i + k]) + " out of range");
-    if (words[i + kNodeCells] != 0 && words[i + kNodeCells] != 1)
-      throw std::invalid_argument("rank delta: accepted flag not 0 or 1");
+    if (words[i + kNodeCells] < 0 || words[i + kNodeCells] > (1 | kSiblingFlag))
+      throw std::invalid_argument("rank delta: flag word " + std::to_string(words[i + kNodeCells]) + " not in [0, 3]");
     for (int k = 0; k < kFeatures; ++k) {
       float v;
       std::memcpy(&v, &words[i + kNodeCells + 1 + k], 4);
@@ -194,13 +267,7 @@ void RankModel::apply_delta(const int32_t* words, size_t n, const RankParams& p)
     }
   }
   std::lock_guard<std::mutex> g(mu_);
-  for (size_t i = 0; i < n; i += kDeltaWords) {
-    uint32_t cells[kNodeCells];
-    for (int k = 0; k < kNodeCells; ++k) cells[k] = static_cast<uint32_t>(words[i + k]);
-    float f[kFeatures];
-    std::memcpy(f, &words[i + kNodeCells + 1], sizeof(f));
-    learn_one(cells, words[i + kNodeCells] != 0, f, p);
-  }
+  apply_words(words, n, p);
 }
 
 void RankModel::save(ByteWriter& w) const {

@@ -19,7 +19,14 @@
 //                                    occurrence among its siblings' (prompt lookup drafts the latest)
 // (A accepted, T tested in the cell). w starts at [0, 0, 1, 1, 1, 1, 0, ...]: the calibrated estimate
 // with its token, pair and triple levels; each tested node then takes one AdaGrad step of the log loss.
-// Measured (docs/ranking.md): +1.1-1.7% MAT on the dev traces at B = 7 and 15, about twice what the
+// What it learns from: the drafted nodes a commit tested, and the best nodes the budget left out
+// (RankParams::left_out) whose parent was accepted: the commit labels them as well (the committed token
+// at their depth), and they are where the budget cut, which the drafted nodes alone never show. Each
+// accepted node then takes a pairwise step against each rejected sibling, drafted or left out,
+//     w += rate (1 - sigmoid(w . (f_a - f_r))) (f_a - f_r)        (AdaGrad, as above)
+// which moves only the order of siblings, where the decision is (the log loss also rewards features
+// on nodes that never decide a tree). Both together: +0.3% / +0.8% MAT at B = 7 on the dev traces.
+// Measured (docs/ranking.md): +0.8-2.5% MAT on the dev traces at B = 7 and 15, about twice what the
 // (q, depth) and token calibration alone gains; a wider candidate search under it gained nothing.
 // The tree takes nodes best-first by the product of these along the path (a product of numbers <= 1:
 // the path probability never grows with depth, so best-first yields the top connected tree), over
@@ -30,7 +37,8 @@
 // relaxed atomic loads; commits update them under one mutex. Determinism: the same sequence of calls
 // gives the same drafts (the updates are a function of the calls alone). Replicas: export_delta()
 // hands out what this engine observed since the last call, apply_delta() adds one (any replica's)
-// to the tables, so replicas that apply the same deltas in the same order hold the same model.
+// to the tables, so replicas that apply the same deltas in the same order hold the same model; an
+// engine that learns locally applies the same words it would export, so both learn alike.
 #pragma once
 
 #include <atomic>
@@ -57,6 +65,8 @@ struct RankParams {
   float request_decay = 0.9f;    // per step, of the request's accepted and expected sums
   uint32_t window = 1u << 15;    // a cell's counts are halved when its tests reach this (<= 2^15)
   bool learn = true;             // learn from this engine's commits (false: only from apply_delta)
+  int left_out = 16;             // the best nodes a draft left out that its commit labels (0: none, <= 256)
+  float pair_rate = 0.3f;        // of the pairwise steps between accepted and rejected siblings (0: none)
 };
 
 // What the tree knows about one child when it ranks it.
@@ -91,9 +101,11 @@ class RankModel {
   // followed it: updates the record's request sums and, with p.learn, the cells and the weights, and
   // queues the same updates for export_delta(). Does not disarm the record.
   void observe(DraftRecord& rec, const int32_t* committed, size_t n, const RankParams& p);
-  // Observations since the last call: per tested node its cells, whether it was accepted and its
-  // features (kFeatures floats), flattened as int32 words (floats bit-cast). At most kMaxDelta nodes
-  // are queued; beyond that the oldest half is dropped (counted in dropped()).
+  // Observations since the last call: per labelled node its cells, a flag word and its features
+  // (kFeatures floats), flattened as int32 words (floats bit-cast). The flag: bit 0 accepted, bit 1
+  // (kSiblingFlag) the node is a sibling of the one before it (same draft, same parent), so a delta
+  // carries the sibling groups the pairwise steps need; deltas without bit 1 learn as before. At
+  // most kMaxDelta nodes are queued; beyond that the oldest half is dropped (counted in dropped()).
   std::vector<int32_t> export_delta();
   // Applies a delta (any replica's export_delta) as if its nodes were observed here.
   void apply_delta(const int32_t* words, size_t n, const RankParams& p);
@@ -108,7 +120,8 @@ class RankModel {
   uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
   size_t queued() const;
 
-  static constexpr size_t kDeltaWords = kNodeCells + 1 + kFeatures;  // cells, accepted, features
+  static constexpr size_t kDeltaWords = kNodeCells + 1 + kFeatures;  // cells, flag, features
+  static constexpr int32_t kSiblingFlag = 2;
   static constexpr size_t kMaxDelta = 1 << 16;          // queued nodes at most (5 MB)
 
  private:
@@ -120,6 +133,8 @@ class RankModel {
   mutable std::mutex mu_;
   std::vector<int32_t> queue_;  // export_delta's pending words (under mu_)
   void learn_one(const uint32_t* cells, bool accepted, const float* feats, const RankParams& p);  // under mu_
+  void pair_step(const float* accepted, const float* rejected, const RankParams& p);               // under mu_
+  void apply_words(const int32_t* words, size_t n, const RankParams& p);  // checked words, under mu_
 };
 
 }  // namespace ngc

@@ -82,7 +82,7 @@ class CorpusConfig:
     # acceptance and the own-context vs shared estimates, learned from every commit of the namespace;
     # nodes are taken best-first by the product of its predictions over the whole candidate tree.
     # False drafts exactly as without it; True takes precedence over `feedback` (whose calibration it
-    # contains). +1.1-1.7% MAT on the dev traces for 1.7-2x the draft time at B = 15 (docs/ranking.md).
+    # contains). +0.8-2.5% MAT on the dev traces for about 2x the draft time at B = 15 (docs/ranking.md).
     rank_model: bool = False
     rank_prior: float = 32.0  # pseudo-observations of q per (q, depth) cell
     rank_token_prior: float = 16.0  # ... of the cell estimate per token cell
@@ -93,6 +93,12 @@ class CorpusConfig:
     # False: this engine does not learn from its own commits, it queues them for export_rank_delta()
     # (a replica: every replica learns from the deltas in the commit log, this one's included).
     rank_learn_local: bool = True
+    # It also learns from the best nodes a draft left out (the commit labels those under an accepted
+    # parent: where the budget cut) and takes a pairwise step between each accepted node and its
+    # rejected siblings (it orders siblings, where the decision is): +0.3% / +0.8% MAT at B = 7 on
+    # the dev traces (docs/ranking.md). 0 turns either off.
+    rank_left_out: int = 16  # left-out nodes per draft, best first (<= 256)
+    rank_pair_rate: float = 0.3  # of the pairwise steps' AdaGrad
     min_prob: float = 0.0  # early stop: no node below this path probability (0 = always fill)
     # Candidates weighing less than weak_weight read only weak_depth continuation tokens: their deep
     # nodes never rank within a budget (unchanged MAT on the dev traces, less work per draft).
@@ -161,6 +167,7 @@ class CorpusConfig:
             "max_request_tokens": (1, 1 << 31),
             "feedback_window": (2, 1 << 15),
             "rank_window": (2, 1 << 15),
+            "rank_left_out": (0, 256),
             "draft_threads": (1, 64),
             "history_max_rollouts": (1, 1 << 16),
             "history_max_key_tokens": (1024, 1 << 30),
@@ -175,7 +182,7 @@ class CorpusConfig:
         for name in ("feedback", "learned_copy_growth", "learn_source_weights", "rank_model", "rank_learn_local"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
-        for name in ("rank_learning_rate", "rank_request_decay"):
+        for name in ("rank_learning_rate", "rank_request_decay", "rank_pair_rate"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
                 raise ValueError(f"{name}: expected a number in [0, 1], got {v!r}")
@@ -240,6 +247,7 @@ class CorpusConfig:
         rank.enabled, rank.prior, rank.token_prior = self.rank_model, self.rank_prior, self.rank_token_prior
         rank.pair_prior, rank.learning_rate = self.rank_pair_prior, self.rank_learning_rate
         rank.request_decay, rank.window, rank.learn = self.rank_request_decay, self.rank_window, self.rank_learn_local
+        rank.left_out, rank.pair_rate = self.rank_left_out, self.rank_pair_rate
         c.rank = rank
         c.learned_max_tokens = int(self.learned_max_bytes / self.bytes_per_token()) if self.learned_max_bytes else 0
         return c

@@ -200,9 +200,83 @@ def test_replicas_learn_the_same_model_from_deltas():
     assert r1.draft(["q"], 7).tree(0) == r2.draft(["q"], 7).tree(0)
 
 
+def test_local_learning_equals_learning_from_its_own_deltas():
+    # An engine that learns locally applies exactly the words it would export: a replica that learns
+    # only from the log holds the same model (left-out nodes and pairwise steps included).
+    local = NgramCorpus(CorpusConfig(rank_model=True, history_max_bytes=0))
+    remote = NgramCorpus(CorpusConfig(rank_model=True, rank_learn_local=False, history_max_bytes=0))
+    rng = np.random.default_rng(5)
+    prompt = rng.integers(0, 20, 60).tolist()
+    for c in (local, remote):
+        c.start_request_unlearned("t", prompt)
+    for _ in range(80):
+        commit = rng.integers(0, 20, 2).tolist()
+        for c in (local, remote):
+            c.draft(["t"], 7)
+            c.extend("t", commit)
+        remote.apply_rank_delta(remote.export_rank_delta())
+        np.testing.assert_array_equal(local.rank_weights(), remote.rank_weights())
+    assert local.stats()["rank_tested_nodes"] == remote.stats()["rank_tested_nodes"] > 0
+
+
+def node_words(accepted: int, feats: list[float], sibling: bool = False) -> np.ndarray:
+    """One node of a delta: cells 0, 100, 200, 300, the flag word, the features (bit-cast floats)."""
+    f = np.zeros(W - 5, np.float32)
+    f[: len(feats)] = feats
+    return np.concatenate([np.array([0, 100, 200, 300, accepted | (2 if sibling else 0)], np.int32), f.view(np.int32)])
+
+
+def test_sibling_groups_in_a_delta_take_pairwise_steps():
+    # An accepted and a rejected node that differ only in feature 3 (the token level): as siblings
+    # (flag bit 1 on the second) they also take a pairwise step, which moves only the weights of the
+    # features that differ; as strangers (an old-format delta) they take the log-loss steps alone.
+    acc, rej = node_words(1, [1.0, 0.5, 0.5, 1.0]), node_words(0, [1.0, 0.5, 0.5, -1.0])
+    siblings = np.concatenate([acc, node_words(0, [1.0, 0.5, 0.5, -1.0], sibling=True)])
+    strangers = np.concatenate([acc, rej])
+    weights = {}
+    for name, delta, rate in (("siblings", siblings, 0.3), ("strangers", strangers, 0.3), ("off", siblings, 0.0)):
+        c = NgramCorpus(CorpusConfig(rank_model=True, rank_pair_rate=rate))
+        c.apply_rank_delta(delta)
+        assert c.stats()["rank_tested_nodes"] == 2 and c.stats()["rank_accepted_nodes"] == 1
+        weights[name] = c.rank_weights()
+    np.testing.assert_array_equal(weights["strangers"], weights["off"])
+    moved = np.flatnonzero(weights["siblings"] != weights["strangers"])
+    assert 3 in moved and weights["siblings"][3] > weights["strangers"][3]  # towards the accepted one
+
+
+def firsts_with_budget_one(**config) -> list[int]:
+    """replay_rounds' situation drafted with one node: only the own context's x(i) is ever drafted,
+    while the verifier always commits the learned corpus' y(i). Returns each round's drafted token."""
+    c = NgramCorpus(CorpusConfig(learn_prompts=False, flush_tokens=8, history_max_bytes=0, rank_model=True, **config))
+    c.start_request("L", [1])
+    for i in range(ROUNDS):
+        c.extend("L", [a(i), b(i), y(i), 1] * 3)
+    c.finish("L")
+    c.synchronize()
+    prompt = [t for i in range(ROUNDS) for t in (a(i), b(i), x(i), 1)]
+    c.start_request("r", prompt + [a(0), b(0)])
+    firsts = []
+    for i in range(ROUNDS):
+        toks, _, _ = c.draft(["r"], 1).tree(0)
+        firsts.append(toks[0])
+        c.extend("r", [y(i), a(i + 1), b(i + 1)])
+    return firsts
+
+
+def test_left_out_nodes_are_learned_from():
+    # With one node drafted the model sees only x rejected; the left-out y, labelled by the commit,
+    # shows what would have been accepted, so it switches to y sooner.
+    without = firsts_with_budget_one(rank_left_out=0, rank_pair_rate=0.0)
+    with_left_out = firsts_with_budget_one()
+    switch = [next((i for i, t in enumerate(f) if t == y(i)), ROUNDS) for f in (without, with_left_out)]
+    assert switch[1] < switch[0], (without, with_left_out)
+    assert with_left_out[-3:] == [y(i) for i in range(ROUNDS - 3, ROUNDS)]
+
+
 @pytest.mark.parametrize("words", [np.arange(5, dtype=np.int32),  # not a whole node
                                    np.full(W, 1 << 30, np.int32),  # a cell out of range
-                                   np.array([0, 0, 0, 0, 2] + [0] * (W - 5), np.int32),  # accepted not 0/1
+                                   np.array([0, 0, 0, 0, 4] + [0] * (W - 5), np.int32),  # flag not in [0, 3]
+                                   np.array([0, 0, 0, 0, -1] + [0] * (W - 5), np.int32),  # flag negative
                                    np.array([0] * 5 + [0x7fc00000] * (W - 5), np.int32),  # features NaN
                                    np.zeros((2, W), np.int32),  # not 1-D
                                    np.zeros(W, np.float32)])  # not integers
@@ -259,7 +333,9 @@ def test_reset_clears_the_model():
                                           ("rank_learning_rate", 2.0), ("rank_learning_rate", float("nan")),
                                           ("rank_request_decay", -0.1), ("rank_prior", -1.0),
                                           ("rank_token_prior", float("inf")), ("rank_pair_prior", -2.0),
-                                          ("rank_window", 1), ("rank_window", 1 << 16)])
+                                          ("rank_window", 1), ("rank_window", 1 << 16),
+                                          ("rank_left_out", -1), ("rank_left_out", 257), ("rank_left_out", 1.5),
+                                          ("rank_pair_rate", 1.5), ("rank_pair_rate", float("nan"))])
 def test_bad_config_is_refused(field, value):
     with pytest.raises(ValueError, match=field):
         CorpusConfig(**{field: value})
