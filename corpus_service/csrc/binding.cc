@@ -404,6 +404,15 @@ PYBIND11_MODULE(_native, m) {
              py::gil_scoped_release nogil;
              c.put(std::move(v));
            })
+      .def("learn_documents",
+           [](Corpus& c, py::handle docs) {
+             if (!py::isinstance<py::sequence>(docs) || py::isinstance<py::str>(docs))
+               throw py::type_error("documents: expected a sequence of token sequences");
+             std::vector<std::vector<int32_t>> v;
+             for (auto s : py::reinterpret_borrow<py::sequence>(docs)) v.push_back(to_tokens(s, "documents"));
+             py::gil_scoped_release nogil;
+             c.learn_documents(std::move(v));
+           })
       .def("synchronize", &Corpus::synchronize, py::call_guard<py::gil_scoped_release>())
       .def("reset", &Corpus::reset, py::call_guard<py::gil_scoped_release>())
       .def("begin_external", &Corpus::begin_external, py::arg("name"), py::arg("replace") = false)

@@ -18,6 +18,9 @@ constexpr int kTailKey = 8;
 // A batch_put document that no put call continued for this many calls is considered finished.
 constexpr uint64_t kOpenDocIdleCalls = 2;
 constexpr size_t kMaxOpenDocs = 1 << 16;
+// The doc serial of a learned document that belongs to no request (learn_documents): request serials
+// count up from 0 and never reach it.
+constexpr uint64_t kNoRequestDoc = UINT64_MAX;
 // Finished request states kept warm for reuse, and the largest one worth keeping.
 constexpr size_t kMaxPooled = 64;
 constexpr size_t kMaxPooledTokens = 1 << 16;
@@ -741,6 +744,21 @@ void Corpus::put(std::vector<std::vector<int32_t>> sequences) {
     std::lock_guard<std::mutex> g(q_mu_);
     queue_.push_back(Item{true, {}, std::move(sequences)});
     ++enqueued_;
+  }
+  q_cv_.notify_one();
+}
+
+void Corpus::learn_documents(std::vector<std::vector<int32_t>> documents) {
+  for (size_t i = 0; i < documents.size(); ++i) check_tokens(documents[i].data(), documents[i].size(), "documents");
+  {
+    std::lock_guard<std::mutex> g(q_mu_);
+    for (auto& d : documents) {
+      if (d.empty()) continue;
+      // No request's chunk: a doc serial no request takes, and last without keep, so nothing links
+      // to it or is remembered for it (apply_chunk).
+      queue_.push_back(Item{false, LearnChunk{std::move(d), 0, kNoRequestDoc, true, false}, {}});
+      ++enqueued_;
+    }
   }
   q_cv_.notify_one();
 }

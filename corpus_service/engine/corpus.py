@@ -502,6 +502,12 @@ class NgramCorpus:
         occurrence is counted once."""
         self._native.put(batch_tokens)
 
+    def learn_documents(self, documents: Sequence[Sequence[int] | np.ndarray]) -> None:
+        """Queues each sequence as one closed document of the learned corpus, in order
+        (asynchronous; see ``synchronize``): what ``batch_put([seq])`` followed by two empty
+        ``batch_put([])`` calls stores, in one call. A replica applies its log's chunks so."""
+        self._native.learn_documents(documents)
+
     def synchronize(self) -> None:
         """Waits until every queued insert is applied."""
         self._native.synchronize()

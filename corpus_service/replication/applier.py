@@ -34,6 +34,9 @@ class Applier:
     def apply(self, batches: list[Batch]) -> None:
         """Applies messages in order; returns once their chunks are visible to drafts."""
         touched = set()
+        # Consecutive chunks of a namespace go to its engine in one call (learn_documents); any other
+        # event of that namespace sends them first, so every event applies in log order.
+        chunks_of: dict[str, list[np.ndarray]] = {}
         for batch in batches:
             chunks = iter(batch.tokens)
             for ev in batch.events:
@@ -43,35 +46,42 @@ class Applier:
                     self.skipped_events += 1  # every replica of one cluster serves the same namespaces
                     log.warning("log event for unknown namespace %r skipped", ns)
                     continue
-                corpus = self.state.corpus(ns)
                 if kind == CHUNK:
-                    corpus.batch_put([tokens])
-                    corpus.batch_put([])
-                    corpus.batch_put([])
+                    chunks_of.setdefault(ns, []).append(tokens)
                     self.applied_tokens += tokens.size
                     touched.add(ns)
-                elif kind == EXTERNAL:
-                    self._on_external(ev)
-                elif kind == REMOVE:
-                    self._on_remove(ev)
-                elif kind == RESET:
-                    corpus.reset()
-                elif kind == ROLLOUT:  # ["h", NS, KEY, VERSION, OUTPUT, N]
-                    try:
-                        corpus.add_rollout(ev[2], ev[3], tokens, ev[4])
-                    except ValueError as e:  # a bad event from a foreign writer: every replica skips it
-                        self.skipped_events += 1
-                        log.warning("log rollout event skipped: %s", e)
-                elif kind == RANK:  # ["a", NS, N]: a replica's rank model observations, learned by all
-                    try:
-                        corpus.apply_rank_delta(tokens)
-                    except ValueError as e:  # a bad event from a foreign writer: every replica skips it
-                        self.skipped_events += 1
-                        log.warning("log rank model event skipped: %s", e)
-                elif kind == POLICY:
-                    corpus.advance_policy_version(ev[2])
+                    continue
+                pending = chunks_of.pop(ns, None)
+                if pending:
+                    self.state.corpus(ns).learn_documents(pending)
+                self._apply_event(kind, ns, ev, tokens)
+        for ns, pending in chunks_of.items():
+            self.state.corpus(ns).learn_documents(pending)
         for ns in sorted(touched):
             self.state.corpus(ns).synchronize()
+
+    def _apply_event(self, kind: str, ns: str, ev: list, tokens: np.ndarray | None) -> None:
+        corpus = self.state.corpus(ns)
+        if kind == EXTERNAL:
+            self._on_external(ev)
+        elif kind == REMOVE:
+            self._on_remove(ev)
+        elif kind == RESET:
+            corpus.reset()
+        elif kind == ROLLOUT:  # ["h", NS, KEY, VERSION, OUTPUT, N]
+            try:
+                corpus.add_rollout(ev[2], ev[3], tokens, ev[4])
+            except ValueError as e:  # a bad event from a foreign writer: every replica skips it
+                self.skipped_events += 1
+                log.warning("log rollout event skipped: %s", e)
+        elif kind == RANK:  # ["a", NS, N]: a replica's rank model observations, learned by all
+            try:
+                corpus.apply_rank_delta(tokens)
+            except ValueError as e:  # a bad event from a foreign writer: every replica skips it
+                self.skipped_events += 1
+                log.warning("log rank model event skipped: %s", e)
+        elif kind == POLICY:
+            corpus.advance_policy_version(ev[2])
 
 
 def digest(state: ServiceState) -> str:

@@ -414,3 +414,30 @@ def test_extend_runs_reads_lists_natively_and_is_all_or_nothing():
         c.finish_batch(["x", "y"])
         c.synchronize()
     assert a.learned_tokens().tolist() == b.learned_tokens().tolist()
+
+
+def test_learn_documents_stores_what_closed_puts_store():
+    """A replica applies its log's chunks with learn_documents: each one closed document, the same
+    stored tokens and drafts as batch_put([doc]) followed by two empty puts (its previous way)."""
+    rng = np.random.default_rng(5)
+    phrases = [rng.integers(0, 50, int(rng.integers(1, 20))) for _ in range(30)]
+    docs = [np.concatenate([phrases[i] for i in rng.integers(0, 30, int(rng.integers(1, 6)))]) for _ in range(200)]
+    docs += [docs[3], docs[3][:4], np.array([7], np.int64)]  # repeated and shorter than a put's tail key
+    a, b = NgramCorpus(CorpusConfig(vocab_size=50)), NgramCorpus(CorpusConfig(vocab_size=50))
+    for d in docs:
+        a.batch_put([d])
+        a.batch_put([])
+        a.batch_put([])
+    for i in range(0, len(docs), 17):
+        b.learn_documents(docs[i:i + 17])
+    b.learn_documents([])
+    a.synchronize(), b.synchronize()
+    assert a.learned_tokens().tolist() == b.learned_tokens().tolist()
+    for i, d in enumerate(docs[:40]):
+        for c in (a, b):
+            c.start_request(f"r{i}", d[: max(1, d.size // 2)])
+        assert a.draft([f"r{i}"], 8).tree(0) == b.draft([f"r{i}"], 8).tree(0)
+    with pytest.raises(ValueError, match="documents"):
+        b.learn_documents([[1, 2, 50]])  # outside the vocabulary
+    with pytest.raises(TypeError):
+        b.learn_documents("abc")
