@@ -213,3 +213,32 @@ def test_greedy_step_idle_work_runs_while_the_gpu_works_cuda():
     for a, b in zip((plain.accept_index, plain.accept_token_num, plain.predicts, plain.bad),
                     (busy.accept_index, busy.accept_token_num, busy.predicts, busy.bad)):
         assert np.array_equal(a, b)
+
+
+@pytest.mark.gpu
+def test_processed_steps_replay_captured_forward_graphs_cuda():
+    """Steps whose logits are processed (a presence penalty) on a CUDA engine: the forward part
+    replays as a captured forward graph of the step's buckets; the penalty, verification and KV
+    compaction run eagerly. The greedy outputs equal plain decoding's on an engine without graphs
+    (the same functions, eagerly, at the exact shapes)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from tiny_lm import tiny_lm_cuda
+
+    from verifier.draft.drafter import Drafter
+    from verifier.engine.core import Engine, EngineConfig
+    from verifier.step.sampling import SamplingParams
+
+    lm = tiny_lm_cuda(vocab_size=64, seed=5)
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 4, 5, 4], [6, 7, 8, 6, 7, 8]]
+    params = SamplingParams(max_tokens=24, ignore_eos=True, presence_penalty=0.5)
+    # The same kernels in both engines (no norm_linear, no compiled elementwise ops): only the
+    # graphs' padding differs.
+    same = dict(max_batch=4, max_len=128, max_budget=4, native_linear="off", compile=False)
+    want = [r.output_ids for r in Engine(lm.model, lm.codec, None, EngineConfig(budget=0, cuda_graphs=False, **same))
+            .generate(prompts, params)]
+    eng = Engine(lm.model, lm.codec, Drafter(vocab_size=64), EngineConfig(budget=4, **same))
+    for _ in range(2):  # the second round drafts from the first one's outputs
+        assert [r.output_ids for r in eng.generate(prompts, params)] == want
+    assert eng.stats.spec_steps > 0 and eng.stats.accepted_tokens > 0
+    assert eng.graphs._forwards and all(g.graph is not None for g in eng.graphs._forwards.values())
