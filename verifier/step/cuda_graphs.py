@@ -107,6 +107,8 @@ class StepForward:
 
     def rows(self, bs: int) -> "StepForward":
         """The first bs rows (a graph bucket's padding rows left out)."""
+        if bs == self.tokens.shape[0]:
+            return self
         i = self.idx
         return StepForward(self.tokens[:bs], self.prefix[:bs], self.slots[:bs], self.tree_mask[:bs],
                            kernels.TreeIndices(i.positions.view(self.tokens.shape)[:bs].reshape(-1),
