@@ -36,17 +36,19 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from verifier.budget.cost_probe import chain_step  # noqa: E402
 from verifier.draft.drafter import DraftConfig, Drafter, auto_draft_threads  # noqa: E402
 from verifier.engine.core import Engine, EngineConfig  # noqa: E402
-from verifier.model import ForwardBatch, KVCache, ModelConfig, build_model, load_model  # noqa: E402
+from verifier.model import KVCache, ModelConfig, build_model, load_model  # noqa: E402
 from verifier.model import fusion  # noqa: E402
 from verifier.model.loader import DTYPES  # noqa: E402
-from verifier.step.cuda_graphs import GraphRunner, probe_native_linear  # noqa: E402
+from verifier.step.cuda_graphs import GraphRunner, forward_part, probe_native_linear  # noqa: E402
 from verifier.step.sampling import SamplingParams  # noqa: E402
 from verifier.step.structured_spec import GrammarSpec  # noqa: E402
 
@@ -391,15 +393,15 @@ def timed(device: torch.device, fn) -> float:
 
 
 def forward_time(model, cache: KVCache, bs: int, T: int, prefix: int, repeats: int, graphs=None) -> float:
-    """Median seconds of one forward of bs requests x T tokens over a prefix (the engine's verify
-    forward: explicit boolean mask, logits of every token), replayed from a CUDA graph when a
-    GraphRunner is given (as the engine's steps are)."""
+    """Median seconds of one forward of bs requests x T tokens over a prefix (the forward part of
+    the engine's verify step: tree indices, mask, logits of every token), replayed as a forward
+    graph when a GraphRunner is given (as the engine's steps are)."""
     dev = model.device
-    rows = (prefix + torch.arange(T, device=dev)).expand(bs, T)
-    mask = torch.ones(bs, T, prefix + T, dtype=torch.bool, device=dev).tril(prefix)
-    fb = ForwardBatch(rows, rows, torch.arange(bs, device=dev), prefix + T, mask, (0, bs))
-    ids = torch.randint(0, model.config.vocab_size, (bs, T), device=dev)
-    run = (lambda: model(ids, cache, fb)) if graphs is None else (lambda: graphs.forward(ids, fb))
+    host = chain_step(bs, T, prefix)  # chains of T nodes: the causal mask over each prefix
+    host[:bs * T] = np.random.default_rng(0).integers(0, model.config.vocab_size, bs * T)
+    inp = torch.from_numpy(host).to(dev)
+    run = ((lambda: forward_part(model, cache, inp, bs, T, prefix + T, slot_range=(0, bs))) if graphs is None
+           else (lambda: graphs.forward_step(host, bs, T, prefix + T)))
     run()
     sync(dev)
     return statistics.median(timed(dev, run) for _ in range(repeats))

@@ -3,7 +3,7 @@
 real shape (default SmolLM2-135M), bf16, on the GPU.
 
 For batch B and K tree nodes per request it times (medians over --repeats, after warm-up):
-- ``replay``: the captured forward graph alone (GraphRunner.forward's graph);
+- ``replay``: the captured forward part alone (GraphRunner.forward_step's forward graph);
 - ``step``: the whole one-graph greedy step (GraphRunner.greedy_step: copy in, replay, copy out);
 with the native kernels (verifier.kernels: RoPE/KV-store, attention, and norm_linear for steps of
 at most 32 tokens) and the layers' other elementwise ops compiled (verifier.model.fusion); as
@@ -36,9 +36,9 @@ sys.path.insert(0, str(ROOT))
 from tokenizers import Tokenizer, models  # noqa: E402
 
 from bench.common import write_report  # noqa: E402
-from verifier import kernels  # noqa: E402
+from verifier.budget.cost_probe import chain_step  # noqa: E402
 from verifier.engine.core import Engine, EngineConfig  # noqa: E402
-from verifier.model import ForwardBatch, ModelConfig, TextCodec, build_model, fusion  # noqa: E402
+from verifier.model import ModelConfig, TextCodec, build_model, fusion  # noqa: E402
 from verifier.step.cuda_graphs import next_bucket  # noqa: E402
 from verifier.step.sampling import SamplingParams  # noqa: E402
 from verifier.step.tree_batch import pack_trees  # noqa: E402
@@ -96,15 +96,12 @@ def profile(model, codec, batches: list[int], ks: list[int], prefix: int, repeat
     L = eng.graphs.kv_bucket(prefix + max(ks))
     for B in batches:
         for K in ks:
-            ids = torch.zeros(B, K, dtype=torch.int64, device=dev)
-            pos = (prefix + torch.arange(K, device=dev)).expand(B, K).contiguous()
-            tree = torch.ones(K, K, dtype=torch.bool, device=dev).tril().expand(B, K, K).contiguous()
-            mask = kernels.tree_attention_mask(tree, torch.full((B,), prefix, device=dev), L)
-            fb = ForwardBatch(pos, pos, torch.arange(B, device=dev), L, mask)
+            host = chain_step(B, K, prefix)  # chains of K nodes after the prefix, as the greedy step's below
+            forward = lambda: eng.graphs.forward_step(host, B, K, L)  # noqa: E731
             for _ in range(3):
-                eng.graphs.forward(ids, fb)
-            graph = eng.graphs._graphs[(next_bucket(B, eng.graphs.batch_buckets), K, L)].graph
-            replay = graph.replay if graph is not None else (lambda: eng.graphs.forward(ids, fb))
+                forward()
+            graph = eng.graphs._forwards[(next_bucket(B, eng.graphs.batch_buckets), K, L)].graph
+            replay = graph.replay if graph is not None else forward
             chain = (np.arange(K - 1), np.arange(K - 1) - 1, np.ones(K - 1, np.float32))
             packed = pack_trees([5] * B, [chain] * B, [prefix] * B, list(range(B)), K)
             for _ in range(3):

@@ -15,10 +15,12 @@ import math
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from ..model import ForwardBatch, KVCache, Transformer
+from ..model import KVCache, Transformer
+from ..step.cuda_graphs import forward_part
 from .cost_model import CostModel
 
 log = logging.getLogger(__name__)
@@ -29,28 +31,38 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-Forward = Callable[[Tensor, ForwardBatch], Tensor]
+# (packed step input of bs rows, bs, K, cache rows attended) -> logits: GraphRunner.forward_step.
+Forward = Callable[[np.ndarray, int, int, int], Tensor]
+
+
+def chain_step(bs: int, T: int, prefix_len: int) -> np.ndarray:
+    """The packed input (``tree_batch.PackedTrees.host``) of a step of bs requests, each a chain of
+    T nodes (token 0) after prefix_len cache rows, in slots 0 .. bs - 1."""
+    return np.concatenate([np.zeros(bs * T), np.tile(np.arange(-1, T - 1), bs), np.full(bs, prefix_len),
+                           np.arange(bs)]).astype(np.int64)
 
 
 def forward_timer(model: Transformer, cache: KVCache, bs: int, T: int, prefix_len: int,
                   forward: Forward | None = None) -> Callable[[], float]:
-    """A function timing one forward of bs requests x T tree nodes over a prefix of prefix_len
-    (seconds), after one untimed warm-up (which captures the graph of this shape). ``forward``
-    replaces the eager model call (the engine passes its CUDA-graph runner, which steps use)."""
-    run = forward or (lambda ids, fb: model(ids, cache, fb))
+    """A function timing the forward part of a verify step of bs requests x T tree nodes (a chain)
+    over a prefix of prefix_len (seconds), after one untimed warm-up (which captures the graph of
+    this shape). ``forward`` replaces the eager forward part (the engine passes its CUDA-graph
+    runner's, which steps use)."""
     dev = model.device
     bs = min(bs, cache.num_slots)
     prefix_len = max(0, min(prefix_len, cache.max_len - T))
-    rows = (prefix_len + torch.arange(T, device=dev)).expand(bs, T)
-    mask = torch.ones(bs, T, prefix_len + T, dtype=torch.bool, device=dev).tril(prefix_len)
-    fb = ForwardBatch(rows, rows, torch.arange(bs, device=dev), prefix_len + T, mask, (0, bs))
-    ids = torch.zeros(bs, T, dtype=torch.int64, device=dev)
-    run(ids, fb)
+    host = chain_step(bs, T, prefix_len)
+    if forward is None:
+        inp = torch.from_numpy(host).to(dev)
+        run = lambda: forward_part(model, cache, inp, bs, T, prefix_len + T, slot_range=(0, bs))  # noqa: E731
+    else:
+        run = lambda: forward(host, bs, T, prefix_len + T)  # noqa: E731
+    run()
 
     def timed() -> float:
         _sync(dev)
         t = time.perf_counter()
-        run(ids, fb)
+        run()
         _sync(dev)
         return time.perf_counter() - t
 

@@ -27,13 +27,14 @@ from ..draft.drafter import Drafter
 from ..model import ForwardBatch, KVCache, TextCodec, Transformer
 from ..model import fusion
 from ..step import _native
-from ..step.cuda_graphs import GraphRunner, GreedyStepResult, StepInput, StepLaunch, probe_native_linear
-from ..step.grammar import GrammarCompiler, finish_if_complete, mask_logits, prune_drafts, settle
+from ..step.cuda_graphs import (GraphRunner, GreedyStepResult, StepForward, StepInput, StepLaunch, forward_part,
+                                 greedy_tail, keep_accepted, probe_native_linear)
+from ..step.grammar import GrammarCompiler, finish_if_complete, mask_logits, settle
 from ..step.logprobs import row_logprobs
 from ..step.numerics import error_message, nonfinite_rows
 from ..step.penalties import needs_processing, process_logits
 from ..step.sampling import SamplingParams, sample, target_probs
-from ..step.tree_batch import PackedTrees, build_tree_batch, prune_tree
+from ..step.tree_batch import PackedTrees
 from .request import Request, Status, append_run, append_tokens, stop_tokens
 from .scheduler import Scheduler
 
@@ -224,7 +225,7 @@ class Engine:
         if fixed is None and cost is None:
             cost = measure_cost_model(model, self.cache, config.max_batch, config.max_budget + 1,
                                       time_budget_s=config.cost_probe_s,
-                                      forward=None if self.graphs is None else self.graphs.forward)
+                                      forward=None if self.graphs is None else self.graphs.forward_step)
         self.policy = BudgetPolicy(config.max_budget, fixed, cost)
         if self.graphs is not None:
             self.policy.node_bucket = lambda k: self.graphs.nodes_bucket(k, config.max_len)
@@ -561,23 +562,6 @@ class Engine:
             extends, self._extends = self._extends, []
             self._corpus_call(self.drafter.extend_many, extends)
 
-    def _drafts(self, running: list[Request]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        empty = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32))
-        drafts = [empty] * len(running)
-        budget = self._step_budget(len(running))
-        spec = [i for i, r in enumerate(running) if r.params.speculate]
-        self._drafted = budget > 0 and bool(spec)
-        if budget <= 0 or not spec:
-            return drafts
-        batch = self._corpus_call(self.drafter.draft, [running[i].req_id for i in spec], budget)
-        for j, i in enumerate(spec):
-            n = int(batch.counts[j])
-            drafts[i] = (batch.tokens[j, :n].astype(np.int64), batch.parents[j, :n].astype(np.int64), batch.probs[j, :n])
-        drafts = prune_drafts(running, drafts)  # structured output: nodes the grammar rejects cost nothing
-        k = self.policy.choose_nodes([d[2] for d in drafts])
-        room = min(self.config.max_len - r.cache_len - 1 for r in running)  # rows prefix .. prefix + K - 1
-        return [prune_tree(*d, max(0, min(k, room))) for d in drafts]
-
     def _overlaps(self, running: list[Request]) -> bool:
         """Whether this step runs plain and overlapped: no drafter, or the budget policy does not
         draft this step (its decision is kept for the step: deciding has side effects)."""
@@ -658,11 +642,15 @@ class Engine:
         self._flush_extends()
         return list(inflight.reqs)
 
+    @staticmethod
+    def _greedy_only(running: list[Request]) -> bool:
+        """Whether the step is the forward part and the greedy tail alone: greedy requests whose
+        logits need no processing (penalties, min_tokens, grammar masks)."""
+        return all(r.params.greedy and r.grammar is None and not needs_processing(r) for r in running)
+
     def _fast_greedy(self, running: list[Request]) -> bool:
-        """Whether the whole step can replay as one graph (GraphRunner.greedy_step): greedy
-        requests whose logits need no processing (penalties, min_tokens, grammar masks)."""
-        return self.graphs is not None and all(
-            r.params.greedy and r.grammar is None and not needs_processing(r) for r in running)
+        """Whether the whole step can replay as one graph (GraphRunner.greedy_step)."""
+        return self.graphs is not None and self._greedy_only(running)
 
     def _verify_step(self, running: list[Request], plain: frozenset[str] = frozenset()) -> None:
         """One verify step of ``running`` (drafting, unless the policy says not to)."""
@@ -670,29 +658,20 @@ class Engine:
         captures = self.graphs.captures if self.graphs is not None else 0
         slots = [r.slot for r in running]
         max_prefix = max(r.cache_len for r in running)
-        if self._fast_greedy(running):
-            packed, inp = self._packed_drafts(running, plain, slots, max_prefix)
+        fast = self._fast_greedy(running)
+        packed, inp = self._plan(running, plain, slots, max_prefix, fast)
+        bs, K = packed.bs, packed.K
+        if fast:
             if self.device.type != "cuda":  # a CPU forward is synchronous: hand over the corpus calls first
                 self._dispatch(hold=True)
-            bs, K = packed.bs, packed.K
             t1 = time.perf_counter()
             launch = self.graphs.launch_input(inp, bs)
             self._dispatch(hold=True)  # while the GPU runs the step
             r = self.graphs.collect(launch, idle=self._await_remote if self.drafter is not None and self.drafter.pipelined_remote else None)
-            tokens, num_nodes, predicted = packed.tokens, packed.num_nodes, packed.predicted
         else:
-            drafts = self._drafts(running)
-            if plain:  # a retry after non-finite logits: these requests verify no draft this step
-                drafts = [(d[0][:0], d[1][:0], d[2][:0]) if r.req_id in plain else d for r, d in zip(running, drafts)]
-            K_min = 1
-            if self.graphs is not None:  # pad to the graph bucket where the padding rows fit
-                K_min = self.graphs.nodes_bucket(1 + max(len(d[0]) for d in drafts), self.config.max_len - max_prefix)
-            tb = build_tree_batch([r.last_token for r in running], drafts, [r.cache_len for r in running], self.device,
-                                  slots, K_min)
-            bs, K = tb.tokens.shape
             t1 = time.perf_counter()
-            r = self._verify_general(running, drafts, tb, slots, max_prefix)
-            tokens, num_nodes, predicted = tb.tokens_host, tb.num_nodes, tb.predicted
+            r = self._verify_general(running, packed, inp, max_prefix)
+        tokens, num_nodes, predicted = packed.tokens, packed.num_nodes, packed.predicted
         t2 = time.perf_counter()
         self.stats.pack_seconds += t1 - t0
         self.stats.forward_seconds += t2 - t1
@@ -753,12 +732,15 @@ class Engine:
         if K > 1:
             self.policy.observe(predicted, accepted_total)
 
-    def _packed_drafts(self, running: list[Request], plain: frozenset[str], slots: list[int],
-                       max_prefix: int) -> tuple[PackedTrees, StepInput]:
-        """The fast path's drafting: the corpus' padded rows summarized for the node choice, then
-        pruned and packed in one native pass each (``verifier/step/csrc/step_rows.h``;
-        ``verifier.step.tree_batch`` holds the numpy form, whose ~25 calls cost more than the work at
-        batch 1) straight into the step's pinned input."""
+    def _plan(self, running: list[Request], plain: frozenset[str], slots: list[int], max_prefix: int,
+              fast: bool) -> tuple[PackedTrees, StepInput | None]:
+        """Every step's drafting and plan: the corpus' padded rows (pruned to what each request's
+        grammar accepts) summarized for the node choice, then pruned and packed in one native
+        pass each (``verifier/step/csrc/step_rows.h``; ``verifier.step.tree_batch`` holds the numpy
+        form, whose ~25 calls cost more than the work at batch 1). With graphs the plan is written
+        straight into the pinned input of the step's graph (a greedy step's where ``fast``, else a
+        forward graph's) at its buckets; without, at the step's exact shape (no padding to add
+        compute on the CPU). Requests in ``plain`` verify no draft (a retry after non-finite logits)."""
         bs = len(running)
         budget = self._step_budget(bs)
         spec = [i for i, r in enumerate(running) if r.params.speculate and r.req_id not in plain]
@@ -769,59 +751,78 @@ class Engine:
         if budget > 0 and spec:
             batch = self._corpus_call(self.drafter.draft, [running[i].req_id for i in spec], budget)
             tokens, parents, probs, counts = batch.tokens, batch.parents, batch.probs, batch.counts
-            if len(spec) < bs:  # some requests do not speculate: their rows stay empty
+            grammar = [i for i in spec if running[i].grammar is not None]
+            if len(spec) < bs or grammar:  # rows of their own: empty ones for requests that do not speculate
                 W = tokens.shape[1]
                 tokens, parents = np.zeros((bs, W), np.int32), np.full((bs, W), -1, np.int32)
                 probs, counts = np.zeros((bs, W), np.float32), np.zeros(bs, np.int32)
                 tokens[spec], parents[spec], probs[spec], counts[spec] = batch.tokens, batch.parents, batch.probs, batch.counts
+                for i in grammar:  # structured output: nodes the grammar rejects cost nothing
+                    n = int(counts[i])
+                    t, p, q = running[i].grammar.prune_draft(tokens[i, :n], parents[i, :n], probs[i, :n])
+                    m = len(t)
+                    tokens[i, :m], parents[i, :m], probs[i, :m], counts[i] = t, p, q, m
+                    tokens[i, m:], parents[i, m:], probs[i, m:] = 0, -1, 0.0
             nodes, best_first, sums = _native.summarize_rows(probs, counts)
             k = self.policy.choose_nodes_summary(bs, nodes, sums)
             k = max(0, min(k, room - 1))  # rows prefix .. prefix + K - 1
         else:
             tokens = parents = np.zeros((bs, 0), np.int32)
             probs, counts = np.zeros((bs, 0), np.float32), np.zeros(bs, np.int32)
-        K = self.graphs.nodes_bucket(1 + min(nodes, k), room)
-        inp = self.graphs.step_input(bs, K, max_prefix + K)
+        inp = None
+        if self.graphs is None:
+            K, rows, scratch, out = 1, 0, 0, None
+        else:
+            K = self.graphs.nodes_bucket(1 + min(nodes, k), room)
+            inp = self.graphs.step_input(bs, K, max_prefix + K, forward_only=not fast)
+            rows, scratch, out = inp.B, self.graphs.scratch, inp.host
         host, K, num_nodes, predicted = _native.pack_plan(
             [r.last_token for r in running], tokens, parents, probs, counts, k, best_first,
-            [r.cache_len for r in running], slots, K, rows=inp.B, scratch=self.graphs.scratch, out=inp.host)
-        return PackedTrees(host, bs, K, num_nodes, predicted, rows=inp.B), inp
+            [r.cache_len for r in running], slots, K, rows=rows, scratch=scratch, out=out)
+        return PackedTrees(host, bs, K, num_nodes, predicted, rows=rows), inp
 
-    def _verify_general(self, running: list[Request], drafts, tb, slots: list[int], max_prefix: int):
-        """The step with the logits processed on the way (penalties, grammar masks, sampling):
-        the forward replays as a graph where there is one, the rest runs eagerly. Returns the
-        results on the host as greedy_step does."""
-        dev = self.device
-        bs, K = tb.tokens.shape
-        consecutive = slots == list(range(slots[0], slots[0] + bs))
-        write_rows = tb.prefix_lens[:, None] + torch.arange(K, device=dev)
-        kv_len = max_prefix + K
-        if self.graphs is not None:
-            kv_len = self.graphs.kv_bucket(kv_len)
-        fb = ForwardBatch(tb.indices.positions.view(bs, K), write_rows, tb.slots, kv_len,
-                          kernels.tree_attention_mask(tb.mask, tb.prefix_lens, kv_len),
-                          (slots[0], bs) if consecutive else None)
+    def _verify_general(self, running: list[Request], packed: PackedTrees, inp: StepInput | None, max_prefix: int):
+        """A step that is not one greedy-step graph: the forward part replayed as a forward graph
+        where there are graphs (``inp``), else run eagerly at the step's shape; then either the
+        greedy tail (greedy requests without logit processing, no graphs), or the logits processed
+        on the way (penalties, grammar masks) and verified greedily or by tree rejection sampling,
+        eagerly. Returns the results on the host as greedy_step does."""
+        bs, K = packed.bs, packed.K
         if self.device.type != "cuda":  # a CPU forward is synchronous: hand over the corpus calls first
             self._dispatch(hold=True)
-        logits = self.model(tb.tokens, self.cache, fb) if self.graphs is None else self.graphs.forward(tb.tokens, fb)
+        greedy_only = inp is None and self._greedy_only(running)
+        if inp is not None:
+            f = self.graphs.launch_forward(inp, bs)
+        else:
+            slots = packed.slots.tolist()
+            consecutive = slots == list(range(slots[0], slots[0] + bs))
+            # Logits in the model's dtype for the greedy tail (as a greedy-step graph reads them).
+            f = forward_part(self.model, self.cache, torch.from_numpy(packed.host).to(self.device), bs, K,
+                             max_prefix + K, float_logits=not greedy_only,
+                             slot_range=(slots[0], bs) if consecutive else None)
         self._dispatch(hold=True)  # while the GPU runs the forward
+        if greedy_only:
+            return GreedyStepResult.unpack(greedy_tail(self.cache, f).cpu().numpy(), bs, K, bs, f.logits)
+        logits = f.logits
         bad = nonfinite_rows(logits)  # before penalties: min_tokens puts -inf in on purpose
-        process_logits(logits, running, tb.tokens, tb.mask, self.eos_ids)
-        mask_logits(running, drafts, logits)  # structured output: each node's grammar mask
-        idx = tb.indices
+        process_logits(logits, running, f.tokens, f.tree_mask, self.eos_ids)
+        if any(r.grammar is not None for r in running):  # structured output: each node's grammar mask
+            n, tok, par = packed.num_nodes, packed.tokens, packed.parents
+            mask_logits(running, [(tok[b, 1:n[b]], par[b, 1:n[b]] - 1) for b in range(bs)], logits)
+        idx = f.idx
         if all(r.params.greedy for r in running):
-            res = kernels.verify_tree_greedy(tb.tokens, idx.retrive_index, idx.retrive_next_token,
+            res = kernels.verify_tree_greedy(f.tokens, idx.retrive_index, idx.retrive_next_token,
                                              idx.retrive_next_sibling, logits.argmax(-1), K)
         else:
-            res = self._verify_sampled(running, tb, logits)
-        if K > 1:  # with the root alone there is nothing to move
-            self.cache.keep_accepted(fb.slots, tb.prefix_lens, K, res.accept_index, res.accept_token_num)
+            res = self._verify_sampled(running, f)
+        keep_accepted(self.cache, f, res)
         # One device-to-host copy (each copy is a sync).
         flat = GreedyStepResult.pack(res.accept_index, res.accept_token_num, res.predicts, bad).cpu().numpy()
         return GreedyStepResult.unpack(flat, bs, K, bs, logits)
 
-    def _verify_sampled(self, running: list[Request], tb, logits: torch.Tensor):
+    def _verify_sampled(self, running: list[Request], f: StepForward):
         """Exact tree rejection sampling; greedy rows use one-hot targets (the same as greedy)."""
+        logits = f.logits
         bs, K, V = logits.shape
         flat = logits.reshape(bs * K, V)
         probs = target_probs(flat, *self._param_tensors(running, K))
@@ -833,7 +834,7 @@ class Engine:
             g = r.generator
             coins.append(torch.rand(K, generator=g) if g is not None else torch.zeros(K))
             final.append(torch.rand(1, generator=g) if g is not None else torch.zeros(1))
-        idx = tb.indices
+        idx = f.idx
         return kernels.tree_speculative_sampling(
-            tb.tokens, idx.retrive_index, idx.retrive_next_token, idx.retrive_next_sibling,
+            f.tokens, idx.retrive_index, idx.retrive_next_token, idx.retrive_next_sibling,
             torch.stack(coins).to(self.device), torch.cat(final).to(self.device), probs, K)

@@ -26,11 +26,18 @@ eager prefill of SmolLM2 costs ~21 ms of kernel launches from Python whatever it
 the H200 host), against 1.2-2.6 ms of GPU work for up to 8,192 tokens; a prompt longer than the
 largest bucket still prefills eagerly.
 
-``static_forward`` runs exactly the padded computation a graph replays, without capturing, so the
-padding logic is tested on the CPU (tests/verifier/step/test_cuda_graphs.py).
+Every verify step runs through the same two parts (module functions below), whatever its path:
+- ``forward_part``: the packed step input (``verifier.step._native.pack_plan``'s layout: tokens,
+  parents, prefix lens, cache slots) -> tree indices, attention mask, forward -> logits;
+- ``greedy_tail``: argmax and non-finite check, greedy tree verification, KV compaction, the
+  results packed for one copy to the host.
+A greedy step whose logits need no processing is both parts captured as one graph; any other step
+(penalties, grammar masks, logprobs' processing, sampling) replays the forward part as a graph and
+processes the logits eagerly. Without capture (the CPU, tests) the runner runs the same functions
+eagerly on the same padded input, and an engine without a runner calls them on its exact shapes.
 
-A greedy step's input is packed by the host straight into its graph's pinned staging buffer
-(``step_input``, then ``launch_input``).
+A step's input is packed by the host straight into its graph's pinned staging buffer
+(``step_input``, then ``launch_input`` or ``launch_forward``).
 """
 
 from __future__ import annotations
@@ -87,21 +94,71 @@ def pow2_buckets(lo: int, hi: int) -> tuple[int, ...]:
 
 
 @dataclass
-class _Graph:
-    graph: torch.cuda.CUDAGraph | None
-    ids: Tensor  # [B, K] int64
-    positions: Tensor  # [B, K] int64
-    write_rows: Tensor  # [B, K] int64
+class StepForward:
+    """The forward part's outputs for B rows of K nodes (``forward_part``); a forward graph's
+    buffers, valid until its next replay."""
+
+    tokens: Tensor  # [B, K] int64
+    prefix: Tensor  # [B] int64 cache rows before each tree
     slots: Tensor  # [B] int64
-    mask: Tensor  # [B, K, L] bool
-    pad_rows: Tensor  # [B, K] 0 .. K-1: the padding rows' positions and scratch-slot rows
-    pad_mask: Tensor  # [B, K, L] the padding rows' pattern (attend to themselves)
-    logits: Tensor | None = None  # [B, K, V] float32, written by replay
+    tree_mask: Tensor  # [B, K, K] bool ancestor-or-self
+    idx: kernels.TreeIndices
+    logits: Tensor  # [B, K, V]
+
+    def rows(self, bs: int) -> "StepForward":
+        """The first bs rows (a graph bucket's padding rows left out)."""
+        if bs == self.tokens.shape[0]:
+            return self
+        i = self.idx
+        return StepForward(self.tokens[:bs], self.prefix[:bs], self.slots[:bs], self.tree_mask[:bs],
+                           kernels.TreeIndices(i.positions.view(self.tokens.shape)[:bs].reshape(-1),
+                                               *(t[:bs] for t in i[1:])), self.logits[:bs])
+
+
+@torch.inference_mode()
+def forward_part(model: Transformer, cache: KVCache, inp: Tensor, B: int, K: int, L: int, float_logits: bool = True,
+                 slot_range: tuple[int, int] | None = None) -> StepForward:
+    """A verify step's forward from its packed input ``inp`` [2 B K + 2 B] (tokens, parents,
+    prefix lens, slots; ``tree_batch.PackedTrees``' layout): tree indices and mask, then the
+    forward attending L cache rows. ``float_logits``: float32 logits (processing and sampling
+    read them); the greedy tail reads the model's dtype as it is. ``slot_range``: the slots are
+    consecutive (a view instead of a gather; eager steps only, a graph's slots are data)."""
+    m = B * K
+    tokens, parents = inp[:m].view(B, K), inp[m:2 * m].view(B, K)
+    prefix, slots = inp[2 * m:2 * m + B], inp[2 * m + B:2 * m + 2 * B]
+    tree_mask, idx = kernels.tree_indices_from_parents(parents, prefix)
+    write_rows = prefix[:, None] + torch.arange(K, device=prefix.device)
+    fb = ForwardBatch(idx.positions.view(B, K), write_rows, slots, L, kernels.tree_attention_mask(tree_mask, prefix, L),
+                      slot_range)
+    logits = model(tokens, cache, fb, float_logits=float_logits)
+    return StepForward(tokens, prefix, slots, tree_mask, idx, logits)
+
+
+def keep_accepted(cache: KVCache, f: StepForward, res) -> None:
+    """The accepted path's K/V moved to the rows after each prefix (``KVCache.keep_accepted``)."""
+    K = f.tokens.shape[1]
+    if K > 1:  # with the root alone there is nothing to move
+        cache.keep_accepted(f.slots, f.prefix, K, res.accept_index, res.accept_token_num)
+
+
+@torch.inference_mode()
+def greedy_tail(cache: KVCache, f: StepForward) -> Tensor:
+    """A greedy step after its forward part: argmax and non-finite check (one kernel on CUDA; the
+    reference on the CPU, or without the library), tree verification and KV compaction; returns
+    the results packed (``GreedyStepResult.pack``)."""
+    K = f.tokens.shape[1]
+    native = not f.logits.is_cuda or kernels.native_available()
+    predict, bad = kernels.argmax_rows(f.logits) if native else reference.argmax_rows(f.logits)
+    i = f.idx
+    res = kernels.verify_tree_greedy(f.tokens, i.retrive_index, i.retrive_next_token, i.retrive_next_sibling, predict, K)
+    keep_accepted(cache, f, res)
+    return GreedyStepResult.pack(res.accept_index, res.accept_token_num, res.predicts, bad)
 
 
 @dataclass
 class _StepGraph:
-    """A whole greedy verify step as one graph: packed trees in, verification results out."""
+    """A verify step's graph: packed trees in; a greedy step's verification results out (the
+    forward part and the greedy tail), or a forward graph's ``StepForward`` (the forward part)."""
 
     graph: torch.cuda.CUDAGraph | None
     inp: Tensor  # [2 B K + 2 B] int64: tokens, parents, prefix lens, slots (tree_batch.PackedTrees)
@@ -112,6 +169,7 @@ class _StepGraph:
     out: Tensor | None = None  # [3 B K + B] int64: accept_index, accept_token_num, predicts, bad
     logits: Tensor | None = None  # [B, K, V] in the model's dtype
     host_out: list[Tensor] | None = None  # CUDA: two pinned copies of ``out``, used in turn
+    fwd: StepForward | None = None  # a forward graph's outputs (float32 logits)
 
 
 @dataclass
@@ -130,10 +188,10 @@ class StepLaunch:
 
 @dataclass
 class StepInput:
-    """A greedy step's pinned input buffer (``GraphRunner.step_input``), filled by the host before
-    ``GraphRunner.launch_input``: ``host`` = tokens [B, K], parents [B, K], prefix lens [B], cache
-    slots [B] (``tree_batch.PackedTrees``' layout for the bucket's B rows; rows past the batch are
-    padding)."""
+    """A step's pinned input buffer (``GraphRunner.step_input``), filled by the host before
+    ``GraphRunner.launch_input`` (a greedy step) or ``launch_forward`` (a forward graph):
+    ``host`` = tokens [B, K], parents [B, K], prefix lens [B], cache slots [B]
+    (``tree_batch.PackedTrees``' layout for the bucket's B rows; rows past the batch are padding)."""
 
     B: int
     K: int
@@ -141,6 +199,7 @@ class StepInput:
     host: np.ndarray
     graph: "_StepGraph"
     turn: int
+    forward_only: bool = False
 
 
 @dataclass
@@ -177,9 +236,8 @@ class GreedyStepResult:
 
 
 class GraphRunner:
-    """Replays captured forwards for decode/verify steps; ``forward`` takes what the eager model
-    takes (ids [bs, K] and a ForwardBatch with a mask) and returns logits [bs, K, V]. The returned
-    tensor is the graph's output buffer: valid until the next forward."""
+    """Replays captured decode/verify steps (greedy steps and forward graphs, both from packed
+    step input) and prefills."""
 
     def __init__(self, model: Transformer, cache: KVCache, max_batch: int, scratch_slot: int,
                  min_kv: int = 256, capture: bool = True, max_nodes: int = 16, max_prefill: int = 2048,
@@ -192,8 +250,8 @@ class GraphRunner:
         self.batch_buckets = pow2_buckets(1, max_batch)
         self.kv_buckets = pow2_buckets(min(min_kv, cache.max_len), cache.max_len)
         self.node_buckets = pow2_buckets(1, max_nodes)
-        self._graphs: dict[tuple[int, int, int], _Graph] = {}
-        self._steps: dict[tuple[int, int, int], _StepGraph] = {}
+        self._steps: dict[tuple[int, int, int], _StepGraph] = {}  # greedy steps
+        self._forwards: dict[tuple[int, int, int], _StepGraph] = {}  # forward graphs (logits processed eagerly)
         self._prefills: dict[tuple[int, int], _PrefillGraph] = {}
         # Prefills replay as graphs up to this many tokens per prompt (the bucket's): an eager
         # prefill of a small model is bound by launching ~450 kernels from Python (21-25 ms for
@@ -218,7 +276,7 @@ class GraphRunner:
 
     @property
     def num_graphs(self) -> int:
-        return len(self._graphs) + len(self._steps) + len(self._prefills)
+        return len(self._forwards) + len(self._steps) + len(self._prefills)
 
     def prefill_bucket(self, T: int) -> int | None:
         """The padded length of a prefill of prompts of at most T tokens, or None: too long for a graph."""
@@ -294,22 +352,6 @@ class GraphRunner:
         return g
 
     @torch.inference_mode()
-    def forward(self, input_ids: Tensor, fb: ForwardBatch) -> Tensor:
-        if fb.mask is None:
-            raise ValueError("GraphRunner: decode/verify forwards need an explicit mask (prefill runs eagerly)")
-        bs, K = input_ids.shape
-        B, L = next_bucket(bs, self.batch_buckets), self.kv_bucket(fb.kv_len)
-        g = self._graphs.get((B, K, L))
-        if g is None:
-            g = self._graphs[(B, K, L)] = self._build(B, K, L)
-        self._load(g, input_ids, fb, bs, L)
-        if g.graph is None:  # CPU (tests): the same padded computation, eagerly
-            g.logits = self._run(g, L)
-        else:
-            g.graph.replay()
-        return g.logits[:bs]
-
-    @torch.inference_mode()
     def capture_greedy_steps(self, node_buckets: tuple[int, ...] | None = None) -> int:
         """Captures the greedy-step graph of every (batch, nodes, KV) bucket up front, so that no
         step of a request pays for a capture (tens of milliseconds each); returns how many."""
@@ -325,7 +367,7 @@ class GraphRunner:
     @property
     def captures(self) -> int:
         """Graphs captured so far (a step that captured one took longer than its replays will)."""
-        return len(self._graphs) + len(self._steps) + len(self._prefills)
+        return len(self._forwards) + len(self._steps) + len(self._prefills)
 
     @torch.inference_mode()
     def greedy_step(self, host: np.ndarray, bs: int, K: int, kv_len: int, while_busy=None,
@@ -352,21 +394,48 @@ class GraphRunner:
         self._load_step(inp, host, bs)
         return self.launch_input(inp, bs, tokens_from)
 
-    def step_input(self, bs: int, K: int, kv_len: int) -> StepInput:
-        """The input buffer of the next greedy step of bs requests with K nodes each (its graph
-        captured if it is new), for the host to fill and ``launch_input`` to launch."""
+    def step_input(self, bs: int, K: int, kv_len: int, forward_only: bool = False) -> StepInput:
+        """The input buffer of the next step of bs requests with K nodes each (its graph captured
+        if it is new), for the host to fill: a greedy step's (``launch_input`` launches it), or
+        with ``forward_only`` a forward graph's (``launch_forward``)."""
         B, L = next_bucket(bs, self.batch_buckets), self.kv_bucket(kv_len)
-        g = self._steps.get((B, K, L))
+        graphs = self._forwards if forward_only else self._steps
+        g = graphs.get((B, K, L))
         if g is None:
-            g = self._steps[(B, K, L)] = self._build_step(B, K, L)
+            g = graphs[(B, K, L)] = self._build_step(B, K, L, forward_only)
         turn = self._launches % 2
-        return StepInput(B, K, L, g.staging[turn].numpy(), g, turn)
+        return StepInput(B, K, L, g.staging[turn].numpy(), g, turn, forward_only)
+
+    @torch.inference_mode()
+    def launch_forward(self, inp: StepInput, bs: int) -> StepForward:
+        """Runs a filled forward-only ``step_input`` (the forward part of the step); returns its
+        first bs rows' outputs, on the device (the graph's buffers: valid until its next replay)."""
+        if not inp.forward_only or inp.turn != self._launches % 2:
+            raise RuntimeError("launch_forward: expected the latest forward-only step_input")
+        g = inp.graph
+        self._launches += 1
+        g.inp.copy_(g.staging[inp.turn], non_blocking=True)  # ordered before the replay on this stream
+        if g.graph is None:
+            g.fwd = forward_part(self.model, self.cache, g.inp, inp.B, inp.K, inp.L)
+        else:
+            g.graph.replay()
+        return g.fwd.rows(bs)
+
+    def forward_step(self, host: np.ndarray, bs: int, K: int, kv_len: int) -> Tensor:
+        """The forward part of a step of bs rows (``host``: a ``tree_batch.PackedTrees.host`` of
+        bs rows) replayed as its forward graph; returns the logits [bs, K, V] (float32, the
+        graph's buffer). The start-up cost probe and the benchmarks time steps' forwards so."""
+        inp = self.step_input(bs, K, kv_len, forward_only=True)
+        self._load_step(inp, host, bs)
+        return self.launch_forward(inp, bs).logits
 
     @torch.inference_mode()
     def launch_input(self, inp: StepInput, bs: int, tokens_from: StepLaunch | None = None) -> StepLaunch:
         """Launches a filled ``step_input`` for its first bs rows."""
         if inp.turn != self._launches % 2:
             raise RuntimeError("launch_input: another step was launched since this input was taken")
+        if inp.forward_only:
+            raise RuntimeError("launch_input: a forward-only step_input is launched by launch_forward")
         B, K, g = inp.B, inp.K, inp.graph
         self._launches += 1
         g.inp.copy_(g.staging[inp.turn], non_blocking=True)  # ordered before the replay on this stream
@@ -419,25 +488,12 @@ class GraphRunner:
             dst[2 * m + B + bs:] = self.scratch
 
     def _run_step(self, g: _StepGraph, B: int, K: int, L: int) -> tuple[Tensor, Tensor]:
-        m = B * K
-        tokens, parents = g.inp[:m].view(B, K), g.inp[m:2 * m].view(B, K)
-        prefix, slots = g.inp[2 * m:2 * m + B], g.inp[2 * m + B:]
-        tree_mask, idx = kernels.tree_indices_from_parents(parents, prefix)
-        write_rows = prefix[:, None] + torch.arange(K, device=prefix.device)
-        fb = ForwardBatch(idx.positions.view(B, K), write_rows, slots, L, kernels.tree_attention_mask(tree_mask, prefix, L))
         # Logits in the model's dtype: the argmax kernel reads them as they are (a float32 copy is
         # exact, so it would change nothing but the step's time); logprobs convert the rows they use.
-        logits = self.model(tokens, self.cache, fb, float_logits=False)
-        # argmax + non-finite check: one kernel on CUDA (the reference on the CPU, or without the library)
-        native = not logits.is_cuda or kernels.native_available()
-        predict, bad = kernels.argmax_rows(logits) if native else reference.argmax_rows(logits)
-        res = kernels.verify_tree_greedy(tokens, idx.retrive_index, idx.retrive_next_token, idx.retrive_next_sibling,
-                                         predict, K)
-        if K > 1:  # with the root alone there is nothing to move
-            self.cache.keep_accepted(slots, prefix, K, res.accept_index, res.accept_token_num)
-        return logits, GreedyStepResult.pack(res.accept_index, res.accept_token_num, res.predicts, bad)
+        f = forward_part(self.model, self.cache, g.inp, B, K, L, float_logits=False)
+        return f.logits, greedy_tail(self.cache, f)
 
-    def _build_step(self, B: int, K: int, L: int) -> _StepGraph:
+    def _build_step(self, B: int, K: int, L: int, forward_only: bool = False) -> _StepGraph:
         dev = self.model.device
         size = 2 * B * K + 2 * B
         staging = torch.zeros(size, dtype=torch.int64, pin_memory=self.capture)
@@ -446,9 +502,13 @@ class GraphRunner:
         g = _StepGraph(None, staging.to(dev), [staging, staging.clone().pin_memory() if self.capture else staging.clone()])
         if not self.capture:
             return g
-        g.host_out = [torch.empty(3 * B * K + B, dtype=torch.int64, pin_memory=True) for _ in range(2)]
         # Warm-ups and capture run on the padding input above (every row in the scratch slot), so
         # no request's K/V moves.
+        if forward_only:
+            g.graph, g.fwd = self._capture(lambda: forward_part(self.model, self.cache, g.inp, B, K, L))
+            log.debug("captured a forward graph for batch %d, %d nodes, %d cache rows", B, K, L)
+            return g
+        g.host_out = [torch.empty(3 * B * K + B, dtype=torch.int64, pin_memory=True) for _ in range(2)]
         g.graph, (g.logits, g.out) = self._capture(lambda: self._run_step(g, B, K, L))
         log.debug("captured a greedy-step graph for batch %d, %d nodes, %d cache rows", B, K, L)
         return g
@@ -482,43 +542,6 @@ class GraphRunner:
         if self.upload_at_capture:
             graph.replay()
         return graph, out
-
-    def _load(self, g: _Graph, input_ids: Tensor, fb: ForwardBatch, bs: int, L: int) -> None:
-        g.ids[:bs].copy_(input_ids)
-        g.positions[:bs].copy_(fb.positions)
-        g.write_rows[:bs].copy_(fb.write_rows)
-        g.slots[:bs].copy_(fb.slots)
-        m = fb.mask
-        if m.shape[-1] == L:
-            g.mask[:bs].copy_(m)
-        else:
-            g.mask[:bs, :, :m.shape[-1]].copy_(m)
-            g.mask[:bs, :, m.shape[-1]:].fill_(False)
-        if bs < g.ids.shape[0]:  # rows a larger batch left behind: back to padding
-            g.ids[bs:].zero_()
-            g.positions[bs:].copy_(g.pad_rows[bs:])
-            g.write_rows[bs:].copy_(g.pad_rows[bs:])
-            g.slots[bs:].fill_(self.scratch)
-            g.mask[bs:].copy_(g.pad_mask[bs:])
-
-    def _run(self, g: _Graph, L: int) -> Tensor:
-        fb = ForwardBatch(g.positions, g.write_rows, g.slots, L, g.mask, None)
-        return self.model(g.ids, self.cache, fb)
-
-    def _build(self, B: int, K: int, L: int) -> _Graph:
-        dev = self.model.device
-        rows = torch.arange(K, device=dev).expand(B, K).contiguous()
-        pad_mask = torch.zeros(B, K, L, dtype=torch.bool, device=dev)
-        pad_mask[:, torch.arange(K), torch.arange(K)] = True  # a padding node attends to itself only
-        g = _Graph(None, torch.zeros(B, K, dtype=torch.int64, device=dev), rows.clone(), rows.clone(),
-                   torch.full((B,), self.scratch, dtype=torch.int64, device=dev), pad_mask.clone(),
-                   pad_rows=rows, pad_mask=pad_mask)
-        if not self.capture:
-            return g
-        # The padding rows write only into the scratch slot, so no request's K/V moves.
-        g.graph, g.logits = self._capture(lambda: self._run(g, L))
-        log.debug("captured a CUDA graph for batch %d, %d nodes, %d cache rows", B, K, L)
-        return g
 
 
 def probe_native_linear(model: Transformer, cache: KVCache, slot: int, repeats: int = 30) -> dict[str, float]:

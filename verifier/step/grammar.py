@@ -178,10 +178,6 @@ def _children(parents: np.ndarray) -> list[list[int]]:
 # ------------------------------------------------------------------ the engine's hooks
 
 
-def prune_drafts(reqs: list[Request], drafts: list) -> list:
-    return [d if r.grammar is None else r.grammar.prune_draft(*d) for r, d in zip(reqs, drafts)]
-
-
 @torch.inference_mode()  # the logits are inference tensors (updated in place)
 def mask_logits(reqs: list[Request], drafts: list | None, logits: torch.Tensor) -> torch.Tensor:
     """logits [bs, K, V] (or [bs, V] with no drafts): every node of a structured request masked to

@@ -1,5 +1,8 @@
 """Per-step tree batches: prune each request's draft to its best nodes and pad the batch to K.
 
+The engine plans every step with the native ``verifier.step._native.pack_plan``
+(``csrc/step_rows.h``); the numpy functions here are its references (tests compare the two).
+
 A draft is (tokens, parents, probs) with parent -1 = the root (the request's last token) and
 parents before children. Path probabilities never grow from a parent to its child, so the k nodes
 with the highest probability (ties broken by position) always include their ancestors: a closed
@@ -11,9 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
-
-from verifier import kernels
 
 PAD_PARENT = -2  # below -1: an isolated padding node, never verified (flatten_draft_tree)
 
@@ -32,20 +32,6 @@ def prune_tree(tokens: np.ndarray, parents: np.ndarray, probs: np.ndarray, k: in
         keep = np.arange(k)
         return tokens[:k], parents[:k], probs[:k]
     return tokens[keep], new_parents, probs[keep]
-
-
-@dataclass
-class TreeBatch:
-    """Tensors of one verify step (bs requests, K nodes each, node 0 = root)."""
-
-    tokens: torch.Tensor  # [bs, K] int64
-    mask: torch.Tensor  # [bs, K, K] bool ancestor-or-self
-    indices: kernels.TreeIndices
-    prefix_lens: torch.Tensor  # [bs] int64
-    num_nodes: list[int]  # real nodes per request incl. the root
-    predicted: float  # sum of the verified draft nodes' path probabilities
-    tokens_host: np.ndarray | None = None  # [bs, K] int64, the same as ``tokens`` (no copy back)
-    slots: torch.Tensor | None = None  # [bs] int64 cache slots, when given
 
 
 def best_first_rows(probs: np.ndarray) -> bool:
@@ -182,16 +168,3 @@ def pack_trees(last_tokens: list[int], drafts: list[tuple[np.ndarray, np.ndarray
             predicted += float(np.sum(prob))
     packed.predicted = predicted
     return packed
-
-
-def build_tree_batch(last_tokens: list[int], drafts: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
-                     prefix_lens: list[int], device: torch.device, slots: list[int] | None = None,
-                     num_nodes: int = 1) -> TreeBatch:
-    """``num_nodes``: pad every tree to at least this many nodes (a CUDA-graph bucket)."""
-    packed = pack_trees(last_tokens, drafts, prefix_lens, slots, num_nodes)
-    bs, K = packed.bs, packed.K
-    dev = torch.from_numpy(packed.host).to(device)
-    prefix = dev[2 * bs * K:2 * bs * K + bs]
-    mask, indices = kernels.tree_indices_from_parents(dev[bs * K:2 * bs * K].view(bs, K), prefix)
-    return TreeBatch(dev[:bs * K].view(bs, K), mask, indices, prefix, packed.num_nodes, packed.predicted,
-                     packed.tokens, None if slots is None else dev[2 * bs * K + bs:])

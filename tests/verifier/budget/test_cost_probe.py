@@ -5,12 +5,14 @@ wrong still drafts, its model refreshed from the steps it ran (issue 26, point 3
 import time
 
 import pytest
+import torch
 
 from verifier.budget.cost_probe import measure_cost_model
 from verifier.budget.policy import CostModel
 from verifier.draft.drafter import Drafter
 from verifier.engine.core import Engine, EngineConfig
 from verifier.model import KVCache
+from verifier.step.cuda_graphs import forward_part
 from verifier.step.sampling import SamplingParams
 
 from tiny_lm import one_thread, tiny_lm  # noqa: F401 (a fixture)
@@ -28,11 +30,11 @@ def test_a_spell_of_load_during_the_probe_does_not_make_a_size_look_dear():
     cache = KVCache(cfg.num_layers, 1, 64, cfg.num_kv_heads, cfg.head_dim, "cpu", lm.model.dtype)
     calls = [0]
 
-    def loaded_forward(ids, fb):
+    def loaded_forward(host, bs, K, kv_len):  # the probe's packed step, through the step's forward part
         calls[0] += 1
         if 6 <= calls[0] <= 8:
             time.sleep(SPELL_S)
-        return lm.model(ids, cache, fb)
+        return forward_part(lm.model, cache, torch.from_numpy(host), bs, K, kv_len).logits
 
     cm = measure_cost_model(lm.model, cache, max_batch=1, max_nodes=8, prefix_len=16, time_budget_s=30.0,
                             forward=loaded_forward)

@@ -2,7 +2,7 @@
 (fp32, CPU, the real SmolLM2) with the in-process corpus and with a real corpus server."""
 
 import pytest
-from engine_fixtures import GREEDY, engine
+from engine_fixtures import GREEDY, MAX_TOKENS, engine
 
 from verifier.draft.drafter import DraftConfig, Drafter
 from verifier.step.sampling import SamplingParams
@@ -73,3 +73,30 @@ def test_sampling_is_seeded_and_stops(smollm2, prompts):
     (a, g), (a2, g2) = runs
     assert 1 <= len(a.output_ids) <= 10 and a.output_ids == a2.output_ids
     assert g.output_ids == g2.output_ids and a.finish_reason in ("length", "stop")
+
+
+def test_processed_steps_share_the_plan_and_forward_part(smollm2, prompts):
+    """Steps whose logits are processed (a presence penalty) are planned by pack_plan like every
+    step: with graphs (``emulate_graphs``) into a forward graph's padded input (batch, node and
+    cache-row buckets), without graphs at the step's exact shape (K = the widest tree, no node
+    bucket: padding would add compute on the CPU). The logits are processed and verified eagerly,
+    and both give plain decoding's outputs."""
+    params = SamplingParams(max_tokens=MAX_TOKENS, presence_penalty=0.5)
+    plain = [r.output_ids for r in engine(smollm2, None).generate(prompts[:3], params)]
+    for graphs in (False, True):
+        eng = engine(smollm2, Drafter(vocab_size=smollm2.model.config.vocab_size), emulate_graphs=graphs)
+        shapes, plan = [], eng._plan
+
+        def recording(*args, plan=plan, shapes=shapes):
+            packed, inp = plan(*args)
+            shapes.append((packed.K, max(packed.num_nodes), inp))
+            return packed, inp
+
+        eng._plan = recording
+        reqs = eng.generate(prompts[:3], params)
+        assert [r.output_ids for r in reqs] == plain
+        assert eng.stats.accepted_tokens > 0 and any(K > 1 for K, _, _ in shapes)
+        if graphs:
+            assert all(inp is not None and inp.forward_only and inp.K == K for K, _, inp in shapes)
+        else:
+            assert all(inp is None and K == widest for K, widest, inp in shapes)

@@ -1,8 +1,10 @@
-"""The CUDA-graph runner's padded forward: batch rows padded to a bucket write only into the
-scratch slot, KV buckets attend nothing extra, and the logits of the real rows equal the eager
-forward's. On the CPU the runner computes exactly what a graph would replay (without capturing);
-on a CUDA machine the same checks run against captured graphs (``-m gpu``)."""
+"""The CUDA-graph runner's padded forward part (a forward graph from packed step input): batch
+rows padded to a bucket write only into the scratch slot, KV buckets attend nothing extra, and the
+logits of the real rows equal the eager forward's. On the CPU the runner computes exactly what a
+graph would replay (without capturing); on a CUDA machine the same checks run against captured
+graphs (``-m gpu``)."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -42,6 +44,14 @@ def _step(device, slots, prefixes, K, kv_len):
     return ids, ForwardBatch(rows, rows, torch.tensor(slots, device=device), kv_len, mask, None)
 
 
+def _packed_chains(ids, prefixes, slots) -> np.ndarray:
+    """The packed step input (``tree_batch.PackedTrees.host``) of ``_step``'s chains: row b's K
+    tokens ids[b], node i a child of node i - 1, after prefixes[b] cache rows of slots[b]."""
+    bs, K = ids.shape
+    return np.concatenate([ids.cpu().numpy().reshape(-1), np.tile(np.arange(-1, K - 1), bs), prefixes,
+                           slots]).astype(np.int64)
+
+
 def _check(device, capture):
     model, (eager_cache, graph_cache) = _setup(device)
     runner = GraphRunner(model, graph_cache, MAX_BATCH, scratch_slot=MAX_BATCH, min_kv=16, capture=capture)
@@ -52,9 +62,7 @@ def _check(device, capture):
         kv_len = max(prefixes) + K
         ids, fb = _step(device, slots, prefixes, K, kv_len)
         want = model(ids, eager_cache, fb)
-        fb_bucket = ForwardBatch(fb.positions, fb.write_rows, fb.slots, runner.kv_bucket(kv_len),
-                                 torch.nn.functional.pad(fb.mask, (0, runner.kv_bucket(kv_len) - kv_len)), None)
-        got = runner.forward(ids, fb_bucket if K != 3 else fb)  # K = 3: the runner pads the mask itself
+        got = runner.forward_step(_packed_chains(ids, prefixes, slots), len(slots), K, kv_len)
         assert got.shape == want.shape
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
         # Every request slot holds exactly what the eager forward wrote; only the scratch slot differs.
@@ -67,14 +75,15 @@ def test_padded_forward_matches_eager_cpu():
     _check("cpu", capture=False)
 
 
-def test_runner_rejects_prefill_and_bad_scratch():
+def test_runner_rejects_bad_scratch_and_mixed_launches():
     model, (cache, _) = _setup("cpu")
     with pytest.raises(ValueError, match="scratch_slot"):
         GraphRunner(model, cache, MAX_BATCH, scratch_slot=MAX_BATCH + 1)
     runner = GraphRunner(model, cache, MAX_BATCH, scratch_slot=MAX_BATCH)
-    rows = torch.arange(4)[None]
-    with pytest.raises(ValueError, match="explicit mask"):
-        runner.forward(torch.zeros(1, 4, dtype=torch.int64), ForwardBatch(rows, rows, torch.tensor([0]), 4))
+    with pytest.raises(RuntimeError, match="launch_forward"):  # a forward graph's input is not a greedy step's
+        runner.launch_input(runner.step_input(1, 2, 8, forward_only=True), 1)
+    with pytest.raises(RuntimeError, match="forward-only"):
+        runner.launch_forward(runner.step_input(1, 2, 8), 1)
 
 
 @pytest.mark.gpu
@@ -151,8 +160,6 @@ def test_graph_prefill_chunks_group_by_length_bucket():
 def _two_runners_and_chains_cuda():
     """Two graph runners over identical bf16 caches (random contents) and a packed greedy step of
     three requests with chains of K nodes; returns (runners, packed, forward ids, its ForwardBatch, kv rows)."""
-    import numpy as np
-
     from verifier.step.tree_batch import pack_rows
 
     torch.manual_seed(0)
@@ -179,7 +186,7 @@ def test_greedy_step_logits_stay_in_the_model_dtype_cuda():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     runners, packed, ids, fb, rows = _two_runners_and_chains_cuda()
-    want = runners[0].forward(ids, fb)
+    want = runners[0].forward_step(packed.host, packed.bs, packed.K, rows)
     r = runners[1].greedy_step(packed.host, packed.bs, packed.K, rows)
     assert r.logits.dtype == torch.bfloat16 and want.dtype == torch.float32
     assert torch.equal(r.logits.float(), want)
@@ -193,8 +200,6 @@ def test_greedy_step_idle_work_runs_while_the_gpu_works_cuda():
     the results are those of a step without it (same cache contents, same inputs)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    import numpy as np
-
     runners, packed, _, _, rows = _two_runners_and_chains_cuda()
     calls = []
 
@@ -208,3 +213,32 @@ def test_greedy_step_idle_work_runs_while_the_gpu_works_cuda():
     for a, b in zip((plain.accept_index, plain.accept_token_num, plain.predicts, plain.bad),
                     (busy.accept_index, busy.accept_token_num, busy.predicts, busy.bad)):
         assert np.array_equal(a, b)
+
+
+@pytest.mark.gpu
+def test_processed_steps_replay_captured_forward_graphs_cuda():
+    """Steps whose logits are processed (a presence penalty) on a CUDA engine: the forward part
+    replays as a captured forward graph of the step's buckets; the penalty, verification and KV
+    compaction run eagerly. The greedy outputs equal plain decoding's on an engine without graphs
+    (the same functions, eagerly, at the exact shapes)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from tiny_lm import tiny_lm_cuda
+
+    from verifier.draft.drafter import Drafter
+    from verifier.engine.core import Engine, EngineConfig
+    from verifier.step.sampling import SamplingParams
+
+    lm = tiny_lm_cuda(vocab_size=64, seed=5)
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 4, 5, 4], [6, 7, 8, 6, 7, 8]]
+    params = SamplingParams(max_tokens=24, ignore_eos=True, presence_penalty=0.5)
+    # The same kernels in both engines (no norm_linear, no compiled elementwise ops): only the
+    # graphs' padding differs.
+    same = dict(max_batch=4, max_len=128, max_budget=4, native_linear="off", compile=False)
+    want = [r.output_ids for r in Engine(lm.model, lm.codec, None, EngineConfig(budget=0, cuda_graphs=False, **same))
+            .generate(prompts, params)]
+    eng = Engine(lm.model, lm.codec, Drafter(vocab_size=64), EngineConfig(budget=4, **same))
+    for _ in range(2):  # the second round drafts from the first one's outputs
+        assert [r.output_ids for r in eng.generate(prompts, params)] == want
+    assert eng.stats.spec_steps > 0 and eng.stats.accepted_tokens > 0
+    assert eng.graphs._forwards and all(g.graph is not None for g in eng.graphs._forwards.values())

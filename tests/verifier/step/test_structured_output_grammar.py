@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from verifier.engine.request import Request
-from verifier.step.grammar import GrammarCompiler, mask_logits, prune_drafts
+from verifier.step.grammar import GrammarCompiler, mask_logits
 from verifier.step.sampling import SamplingParams
 from verifier.step.structured_spec import GrammarSpec, from_openai
 
@@ -96,7 +96,7 @@ def test_mask_logits_batches_every_node_and_leaves_free_requests_alone(tok, comp
     constrained.grammar = compiler.matcher(spec)
     free = Request("b", [1], SamplingParams())
     d_tokens, d_parents, d_probs = trie(tok, ["yes!", "no!", "maybe"])
-    drafts = prune_drafts([constrained, free], [(d_tokens, d_parents, d_probs)] * 2)
+    drafts = [constrained.grammar.prune_draft(d_tokens, d_parents, d_probs), (d_tokens, d_parents, d_probs)]
     assert len(drafts[0][0]) < len(d_tokens) and len(drafts[1][0]) == len(d_tokens)  # "maybe" pruned
     K = 1 + len(d_tokens)
     logits = torch.randn(2, K, V)

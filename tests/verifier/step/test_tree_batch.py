@@ -1,11 +1,22 @@
-"""build_tree_batch: the host-built flattened tree equals kernels.flatten_draft_tree's, padding
-nodes are isolated, and prune_tree keeps closed subtrees."""
+"""pack_trees: the host-built flattened tree (the step's packed input, as the forward part reads
+it) equals kernels.flatten_draft_tree's, padding nodes are isolated, and prune_tree keeps closed
+subtrees."""
 
 import numpy as np
 import torch
 
 from verifier import kernels
-from verifier.step.tree_batch import PAD_PARENT, build_tree_batch, prune_tree
+from verifier.step.tree_batch import PAD_PARENT, pack_trees, prune_tree
+
+
+def _tree_batch(last, drafts, prefix, num_nodes=1):
+    """The packed trees, and their tokens, mask and indices on the device as the step's forward
+    part computes them (verifier.step.cuda_graphs.forward_part)."""
+    packed = pack_trees(last, drafts, prefix, num_nodes=num_nodes)
+    bs, K = packed.bs, packed.K
+    dev = torch.from_numpy(packed.host)
+    mask, indices = kernels.tree_indices_from_parents(dev[bs * K:2 * bs * K].view(bs, K), dev[2 * bs * K:2 * bs * K + bs])
+    return packed, dev[:bs * K].view(bs, K), mask, indices
 
 
 def _random_draft(rng, n):
@@ -20,7 +31,7 @@ def test_matches_flatten_draft_tree():
         drafts = [_random_draft(rng, int(rng.integers(0, 9))) for _ in range(bs)]
         last = rng.integers(0, 1000, bs).tolist()
         prefix = rng.integers(1, 50, bs).tolist()
-        tb = build_tree_batch(last, drafts, prefix, torch.device("cpu"))
+        packed, tokens, mask, indices = _tree_batch(last, drafts, prefix)
         K = 1 + max(len(d[0]) for d in drafts)
         dt = np.repeat(np.array(last)[:, None], K - 1, axis=1)
         dp = np.full((bs, K - 1), PAD_PARENT)
@@ -28,12 +39,12 @@ def test_matches_flatten_draft_tree():
             dt[b, :len(t)], dp[b, :len(p)] = t, p
         want_tokens, want_parents = kernels.flatten_draft_tree(torch.tensor(last), torch.from_numpy(dt), torch.from_numpy(dp))
         want_mask, want_idx = kernels.tree_indices_from_parents(want_parents, torch.tensor(prefix))
-        assert torch.equal(tb.tokens, want_tokens) and np.array_equal(tb.tokens_host, want_tokens.numpy())
-        assert torch.equal(tb.mask, want_mask) and torch.equal(tb.prefix_lens, torch.tensor(prefix))
+        assert torch.equal(tokens, want_tokens) and np.array_equal(packed.tokens, want_tokens.numpy())
+        assert torch.equal(mask, want_mask) and packed.prefix_lens.tolist() == prefix
         for name in want_idx._fields:
-            assert torch.equal(getattr(tb.indices, name), getattr(want_idx, name)), name
-        assert tb.num_nodes == [1 + len(d[0]) for d in drafts]
-        assert abs(tb.predicted - sum(float(d[2].sum()) for d in drafts)) < 1e-4
+            assert torch.equal(getattr(indices, name), getattr(want_idx, name)), name
+        assert packed.num_nodes == [1 + len(d[0]) for d in drafts]
+        assert abs(packed.predicted - sum(float(d[2].sum()) for d in drafts)) < 1e-4
 
 
 def test_prune_keeps_closed_subtrees():
@@ -57,17 +68,16 @@ def test_padding_to_a_bucket_changes_no_verification():
         bs = int(rng.integers(1, 4))
         drafts = [_random_draft(rng, int(rng.integers(0, 6))) for _ in range(bs)]
         last, prefix = rng.integers(0, 5, bs).tolist(), rng.integers(1, 30, bs).tolist()
-        plain = build_tree_batch(last, drafts, prefix, torch.device("cpu"))
-        padded = build_tree_batch(last, drafts, prefix, torch.device("cpu"), num_nodes=plain.tokens.shape[1] + 3)
-        K0, K1 = plain.tokens.shape[1], padded.tokens.shape[1]
-        assert K1 == K0 + 3 and torch.equal(padded.tokens[:, :K0], plain.tokens)
+        plain = _tree_batch(last, drafts, prefix)
+        padded = _tree_batch(last, drafts, prefix, num_nodes=plain[0].K + 3)
+        K0, K1 = plain[0].K, padded[0].K
+        assert K1 == K0 + 3 and torch.equal(padded[1][:, :K0], plain[1])
         # A target that predicts the draft's own tokens often, so paths get accepted.
         target = torch.from_numpy(rng.integers(0, 5, (bs, K0)))
         target_pad = torch.cat([target, torch.from_numpy(rng.integers(0, 5, (bs, 3)))], dim=1)
         results = []
-        for tb, K, tgt in ((plain, K0, target), (padded, K1, target_pad)):
-            i = tb.indices
-            r = kernels.verify_tree_greedy(tb.tokens, i.retrive_index, i.retrive_next_token, i.retrive_next_sibling,
+        for (_, tokens, _, i), K, tgt in ((plain, K0, target), (padded, K1, target_pad)):
+            r = kernels.verify_tree_greedy(tokens, i.retrive_index, i.retrive_next_token, i.retrive_next_sibling,
                                            tgt, K)
             results.append([(int(r.accept_token_num[b]), (r.accept_index[b, :int(r.accept_token_num[b]) + 1] - b * K).tolist(),
                              int(r.predicts[int(r.accept_index[b, int(r.accept_token_num[b])])])) for b in range(bs)])

@@ -1,6 +1,7 @@
 // A batch's draft rows turned into the verifier's step plan: the host work between a batch's drafts
 // and its verify step, in one pass over the rows (verifier/step/tree_batch.py holds the numpy
-// reference of each function; verifier/step/plan.py is the Python facade that calls them).
+// reference of each function; binding.cc exposes them as verifier.step._native, which the engine's
+// Engine._plan calls for every verify step).
 //
 // A batch of drafts is [n, W] padded rows, as the corpus returns them: row i holds counts[i] nodes
 // (tokens, parents: -1 = a child of the root, probs: path probabilities; padding has probability 0).
