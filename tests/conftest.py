@@ -48,3 +48,19 @@ def prompt_trace(name: str) -> list[dict]:
         raise FileNotFoundError(f"{shared}: not found, and the repository has no trace of the same prompts "
                                 f"(it has {sorted(SAMPLED_TWINS)})")
     return [r for r in read_jsonl(REPO_TRACES / SAMPLED_TWINS[name]) if r["sample"] == 0]
+
+
+@pytest.fixture(scope="session")
+def trace_file(tmp_path_factory):
+    """A trace file for benchmark smoke tests: ``trace_file(name)`` is the shared folder's greedy
+    trace ``name``, or on a fresh clone a file of ``prompt_trace(name)``'s rows (the same prompts,
+    sample 0 of the repository's sampled trace; the smoke tests replay outputs, whichever they are)."""
+    def get(name: str) -> Path:
+        shared = shared_data_dir() / "traces" / name
+        if shared.is_file():
+            return shared
+        path = tmp_path_factory.mktemp("traces") / name
+        path.write_text("".join(json.dumps(r) + "\n" for r in prompt_trace(name)))
+        return path
+    return get
+

@@ -10,10 +10,10 @@ from bench import fleet
 from bench.common import parse_summary
 
 
-def test_fleet_smoke(tmp_path, capsys, data_dir):
+def test_fleet_smoke(tmp_path, capsys, trace_file):
     out = tmp_path / "fleet.json"
     assert fleet.main(["--prompts", "4", "--batch", "2", "--max-new", "24", "--scenarios", "solo,repeat",
-                       "--out", str(out)]) == 0
+                       "--trace", str(trace_file("specbench_dev120_greedy.jsonl")), "--out", str(out)]) == 0
     res = json.loads(out.read_text())
     for s in ("solo", "repeat"):
         row = res["scenarios"][s]

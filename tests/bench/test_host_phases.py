@@ -9,10 +9,11 @@ from bench import host_phases
 from bench.common import parse_summary
 
 
-def test_host_phases_smoke(tmp_path, capsys, data_dir):
+def test_host_phases_smoke(tmp_path, capsys, trace_file):
     out = tmp_path / "hp.json"
     assert host_phases.main(["--batches", "1,3", "--prompts", "3", "--max-new", "12", "--rounds", "1",
-                             "--device-ms", "0.2", "--out", str(out)]) == 0
+                             "--device-ms", "0.2", "--trace", str(trace_file("specbench_dev120_greedy.jsonl")),
+                             "--out", str(out)]) == 0
     res = json.loads(out.read_text())
     for B in ("1", "3"):
         row = res["batches"][B]

@@ -6,9 +6,9 @@ from bench import remote_overhead
 from bench.common import parse_summary
 
 
-def test_remote_overhead_smoke(tmp_path, capsys, data_dir):
+def test_remote_overhead_smoke(tmp_path, capsys, trace_file):
     out = tmp_path / "ro.json"
-    trace = data_dir / "traces" / "humaneval164_greedy.jsonl"
+    trace = trace_file("humaneval164_greedy.jsonl")
     assert remote_overhead.main(["--batches", "1,2", "--steps", "4", "--gpu-ms", "1", "--trace", str(trace),
                                  "--out", str(out)]) == 0
     res = json.loads(out.read_text())
