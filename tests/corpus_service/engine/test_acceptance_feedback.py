@@ -29,11 +29,10 @@ def y(i: int) -> int:  # what the learned corpus continues "a b" with: always ri
     return 400 + i
 
 
-def replay_rounds(feedback: bool) -> list[int]:
-    """Round i: the context ends with a(i) b(i); the prompt once continued it with x(i), the learned
-    corpus (three times, at a tenth of the weight) with y(i); the verifier commits y(i). Returns the
-    top-ranked first token of each round's draft."""
-    c = NgramCorpus(CorpusConfig(feedback=feedback, learn_prompts=False, flush_tokens=8))
+def rounds_corpus(config: CorpusConfig) -> NgramCorpus:
+    """The rounds' corpus: for every round i the learned corpus continues a(i) b(i) with y(i) (three
+    times), and request "r"'s prompt once with x(i); "r"'s context ends with a(0) b(0)."""
+    c = NgramCorpus(config)
     c.start_request("L", [1])
     for i in range(ROUNDS):
         c.extend("L", [a(i), b(i), y(i), 1] * 3)
@@ -41,6 +40,14 @@ def replay_rounds(feedback: bool) -> list[int]:
     c.synchronize()
     prompt = [t for i in range(ROUNDS) for t in (a(i), b(i), x(i), 1)]
     c.start_request("r", prompt + [a(0), b(0)])
+    return c
+
+
+def replay_rounds(feedback: bool) -> list[int]:
+    """Round i: the context ends with a(i) b(i); the prompt once continued it with x(i), the learned
+    corpus (three times, at a tenth of the weight) with y(i); the verifier commits y(i). Returns the
+    top-ranked first token of each round's draft."""
+    c = rounds_corpus(CorpusConfig(feedback=feedback, learn_prompts=False, flush_tokens=8))
     firsts = []
     for i in range(ROUNDS):
         toks, parents, probs = c.draft(["r"], 6).tree(0)

@@ -13,39 +13,16 @@ import pytest
 from corpus_service import CorpusConfig, NgramCorpus
 from corpus_service._native import RANK_DELTA_WORDS as W
 from corpus_service.server.config import NamespaceSpec
+from tests.corpus_service.engine.test_acceptance_feedback import ROUNDS, a, b, rounds_corpus, x, y
 
 DATA = Path(__file__).resolve().parents[2] / "data"
-ROUNDS = 12
-
-
-def a(i: int) -> int:  # fresh tokens per round: the request's own output never repeats a round
-    return 100 + i
-
-
-def b(i: int) -> int:
-    return 200 + i
-
-
-def x(i: int) -> int:  # the request's own prompt continues "a b" with it: always rejected
-    return 300 + i
-
-
-def y(i: int) -> int:  # the learned corpus continues "a b" with it: always accepted
-    return 400 + i
 
 
 def replay_rounds(**config) -> list[int]:
     """Round i: the context ends with a(i) b(i); the prompt once continued it with x(i), the learned
     corpus (three times, at a tenth of the weight) with y(i); the verifier commits y(i). Returns the
     top-ranked first token of each round's draft."""
-    c = NgramCorpus(CorpusConfig(learn_prompts=False, flush_tokens=8, history_max_bytes=0, **config))
-    c.start_request("L", [1])
-    for i in range(ROUNDS):
-        c.extend("L", [a(i), b(i), y(i), 1] * 3)
-    c.finish("L")
-    c.synchronize()
-    prompt = [t for i in range(ROUNDS) for t in (a(i), b(i), x(i), 1)]
-    c.start_request("r", prompt + [a(0), b(0)])
+    c = rounds_corpus(CorpusConfig(learn_prompts=False, flush_tokens=8, history_max_bytes=0, **config))
     firsts = []
     for i in range(ROUNDS):
         toks, parents, _ = c.draft(["r"], 6).tree(0)
@@ -247,14 +224,7 @@ def test_sibling_groups_in_a_delta_take_pairwise_steps():
 def firsts_with_budget_one(**config) -> list[int]:
     """replay_rounds' situation drafted with one node: only the own context's x(i) is ever drafted,
     while the verifier always commits the learned corpus' y(i). Returns each round's drafted token."""
-    c = NgramCorpus(CorpusConfig(learn_prompts=False, flush_tokens=8, history_max_bytes=0, rank_model=True, **config))
-    c.start_request("L", [1])
-    for i in range(ROUNDS):
-        c.extend("L", [a(i), b(i), y(i), 1] * 3)
-    c.finish("L")
-    c.synchronize()
-    prompt = [t for i in range(ROUNDS) for t in (a(i), b(i), x(i), 1)]
-    c.start_request("r", prompt + [a(0), b(0)])
+    c = rounds_corpus(CorpusConfig(learn_prompts=False, flush_tokens=8, history_max_bytes=0, rank_model=True, **config))
     firsts = []
     for i in range(ROUNDS):
         toks, _, _ = c.draft(["r"], 1).tree(0)
