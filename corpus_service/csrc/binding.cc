@@ -9,6 +9,7 @@
 #include "corpus.h"
 #include "errors.h"
 #include "fork_snapshot.h"
+#include "log_chunker.h"
 #include "pyconvert.h"
 #include "tree_merge.h"
 #include "tree_rows.h"
@@ -85,6 +86,14 @@ std::string default_prompt_key(const std::vector<int32_t>& ids) {
   static auto* blake2b = new py::object(py::module_::import("hashlib").attr("blake2b"));
   py::bytes data(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(int32_t));
   return "ids:" + (*blake2b)(data, py::arg("digest_size") = 16).attr("hexdigest")().cast<std::string>();
+}
+py::list chunk_list(LogChunker::Chunks&& chunks) {
+  py::list out;
+  for (auto& c : chunks) {
+    const auto n = static_cast<py::ssize_t>(c.size());
+    out.append(to_array(std::move(c), {n}));
+  }
+  return out;
 }
 }  // namespace
 
@@ -222,6 +231,43 @@ PYBIND11_MODULE(_native, m) {
       .def_readwrite("history_weight", &CorpusConfig::history_weight)
       .def_readwrite("learn_source_weights", &CorpusConfig::learn_source_weights)
       .def_readwrite("source_window", &CorpusConfig::source_window);
+
+  py::class_<LogChunker>(m, "LogChunker")
+      .def(py::init<size_t, bool>(), py::arg("flush_tokens"), py::arg("learn_prompts"))
+      .def("start",
+           [](LogChunker& c, const std::string& rid, py::handle prompt, int learn) {
+             auto t = to_tokens(prompt, "prompt");
+             LogChunker::Chunks out;
+             c.start(rid, t.data(), t.size(), learn, &out);
+             return chunk_list(std::move(out));
+           },
+           py::arg("rid"), py::arg("prompt"), py::arg("learn") = -1)
+      .def("extend_packed",
+           [](LogChunker& c, const std::vector<std::string>& rids, py::handle lengths, py::handle tokens) {
+             auto lens = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(lengths);
+             if (!lens || lens.ndim() != 1 || static_cast<size_t>(lens.shape(0)) != rids.size())
+               throw py::value_error("lengths: expected one int per request id");
+             auto toks = to_tokens(tokens, "tokens");
+             const int64_t* l = lens.data();
+             size_t total = 0;
+             for (size_t i = 0; i < rids.size(); ++i) {
+               if (l[i] < 0) throw py::value_error("lengths: expected ints >= 0");
+               total += static_cast<size_t>(l[i]);
+             }
+             if (total != toks.size())
+               throw py::value_error("tokens: expected sum(lengths) = " + std::to_string(total) + " tokens, got " +
+                                     std::to_string(toks.size()));
+             LogChunker::Chunks out;
+             c.extend_packed(rids, l, toks.data(), &out);
+             return chunk_list(std::move(out));
+           })
+      .def("finish",
+           [](LogChunker& c, const std::string& rid) {
+             LogChunker::Chunks out;
+             c.finish(rid, &out);
+             return chunk_list(std::move(out));
+           })
+      .def("live", &LogChunker::live);
 
   py::class_<Corpus>(m, "Corpus")
       .def(py::init<CorpusConfig>())

@@ -54,9 +54,23 @@ def test_chunker_flushes_like_the_engine():
     assert ch.live() == 0
 
 
+def test_chunker_refuses_inconsistent_steps():
+    ch = Chunker("default", flush_tokens=8, learn_prompts=True, emit=lambda ns, t: None)
+    ch.start("a", np.arange(3))
+    with pytest.raises(ValueError, match="sum"):
+        ch.extend_packed(["a"], np.array([2]), np.arange(3, dtype=np.int32))
+    with pytest.raises(ValueError, match="one int per request"):
+        ch.extend_packed(["a", "b"], np.array([2]), np.arange(2, dtype=np.int32))
+    with pytest.raises(ValueError, match=">= 0"):
+        ch.extend_packed(["a"], np.array([-1]), np.arange(0, dtype=np.int32))
+    with pytest.raises(ValueError, match="token ids"):
+        ch.extend_packed(["a"], np.array([1]), np.array([-5], np.int32))
+    assert ch.live() == 1
+
+
 def test_chunker_matches_a_plain_model_on_random_steps():
-    """The vectorized chunker against the rule written out request by request: runs of any length
-    (longer than the buffer too), unknown ids ignored, many requests (the buffer grows)."""
+    """The native chunker against the rule written out request by request: runs of any length,
+    unknown ids ignored, many requests."""
     rng = np.random.default_rng(1)
     got, want = [], []
     ch = Chunker("default", flush_tokens=16, learn_prompts=True, emit=lambda ns, t: got.append(t.tolist()))
