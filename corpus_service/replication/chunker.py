@@ -41,7 +41,7 @@ class Chunker:
 
     def extend_packed(self, rids: list[str], lengths: np.ndarray, tokens: np.ndarray) -> None:
         """Extends ``rids[i]`` by the next ``lengths[i]`` of ``tokens`` (the ids are distinct);
-        requests not started here (finished sessions' requests) are skipped."""
+        requests not started here (those of a closed Session stream) are skipped."""
         if rids:
             self._out(self._native.extend_packed(rids, lengths, tokens))
 
