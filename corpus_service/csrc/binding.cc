@@ -87,6 +87,15 @@ std::string default_prompt_key(const std::vector<int32_t>& ids) {
   py::bytes data(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(int32_t));
   return "ids:" + (*blake2b)(data, py::arg("digest_size") = 16).attr("hexdigest")().cast<std::string>();
 }
+// A sequence of token sequences (put, learn_documents).
+std::vector<std::vector<int32_t>> to_token_rows(py::handle seqs, const std::string& what) {
+  if (!py::isinstance<py::sequence>(seqs) || py::isinstance<py::str>(seqs))
+    throw py::type_error(what + ": expected a sequence of token sequences");
+  std::vector<std::vector<int32_t>> v;
+  for (auto s : py::reinterpret_borrow<py::sequence>(seqs)) v.push_back(to_tokens(s, what.c_str()));
+  return v;
+}
+
 py::list chunk_list(LogChunker::Chunks&& chunks) {
   py::list out;
   for (auto& c : chunks) {
@@ -443,19 +452,13 @@ PYBIND11_MODULE(_native, m) {
            })
       .def("put",
            [](Corpus& c, py::handle seqs) {
-             if (!py::isinstance<py::sequence>(seqs) || py::isinstance<py::str>(seqs))
-               throw py::type_error("batch_tokens: expected a sequence of token sequences");
-             std::vector<std::vector<int32_t>> v;
-             for (auto s : py::reinterpret_borrow<py::sequence>(seqs)) v.push_back(to_tokens(s, "batch_tokens"));
+             auto v = to_token_rows(seqs, "batch_tokens");
              py::gil_scoped_release nogil;
              c.put(std::move(v));
            })
       .def("learn_documents",
            [](Corpus& c, py::handle docs) {
-             if (!py::isinstance<py::sequence>(docs) || py::isinstance<py::str>(docs))
-               throw py::type_error("documents: expected a sequence of token sequences");
-             std::vector<std::vector<int32_t>> v;
-             for (auto s : py::reinterpret_borrow<py::sequence>(docs)) v.push_back(to_tokens(s, "documents"));
+             auto v = to_token_rows(docs, "documents");
              py::gil_scoped_release nogil;
              c.learn_documents(std::move(v));
            })
