@@ -28,11 +28,13 @@ same run, same traces:
 ``fleet`` (GPU): one corpus service and R ``ngram-verifier serve`` replicas on one GPU, a GRPO
 schedule: each epoch every prompt x G samples over ``/v1/completions`` (one request per sample,
 seeded; sample s to replica s % R) with the extension fields ``prompt_key`` and ``policy_version``;
-between epochs the policy changes (replicas restarted with ``--weight-noise-sigma S
---weight-noise-seed N``) and the corpus hears ``AnnouncePolicyVersion``. Per epoch: makespan (first
-request sent to last answer), output tokens/s and MAT (the answers' usage). Arms: ``shared`` (every
-replica drafts from the corpus service), ``local`` (each replica its embedded corpus, which a restart
-empties, as an engine-local cache would be), ``none`` (``--corpus none``: no speculation).
+the replicas start once per arm (epoch 0's policy: ``--weight-noise-sigma S --weight-noise-seed N``)
+and between epochs the policy changes in place, as an RL trainer pushes new weights: ``POST
+/v1/update-weights`` with epoch e's seed and ``policy_version`` e, which also reaches the corpus
+(``AnnouncePolicyVersion``). Per epoch: makespan (first request sent to last answer), output tokens/s
+and MAT (the answers' usage). Arms: ``shared`` (every replica drafts from the corpus service),
+``local`` (each replica its embedded corpus, kept across epochs: the history of what its own replica
+served, as an engine-local rollout cache has), ``none`` (``--corpus none``: no speculation).
 
 ``memory``: a synthetic prompt history (default 10,000 prompts x 8 samples x 300 output tokens plus
 the stored prompt tail, random tokens: nothing shared, the index's worst case) added to one corpus;
@@ -440,16 +442,38 @@ def start_corpus(work: Path, token: str, namespace: str) -> tuple[Proc, str]:
     return p, f"127.0.0.1:{ports['grpc_port']}"
 
 
-def verifier_cmd(args: argparse.Namespace, corpus: str, ports_file: Path, epoch: int, token: str) -> list[str]:
+def verifier_cmd(args: argparse.Namespace, corpus: str, ports_file: Path, token: str) -> list[str]:
+    """A replica with epoch 0's policy; later epochs' weights come through POST /v1/update-weights."""
     cmd = [sys.executable, "-m", "verifier", "serve", "--model", args.model, "--device", args.device,
            "--dtype", args.dtype, "--port", "0", "--ports-file", str(ports_file), "--corpus", corpus,
-           "--max-batch", str(args.max_batch), "--max-len", str(args.max_len), "--max-budget", str(args.budget)]
+           "--max-batch", str(args.max_batch), "--max-len", str(args.max_len), "--max-budget", str(args.budget),
+           "--allow-weight-updates", "true"]
     if corpus not in ("local", "none"):
         cmd += ["--corpus-token", token]
     if args.noise_sigma > 0:
-        cmd += ["--weight-noise-sigma", repr(args.noise_sigma),
-                "--weight-noise-seed", str(args.noise_seed_base + args.noise_seed_stride * epoch)]
+        cmd += ["--weight-noise-sigma", repr(args.noise_sigma), "--weight-noise-seed", str(noise_seed(args, 0))]
     return cmd + list(args.verifier_arg)  # last: they override the above
+
+
+def noise_seed(args: argparse.Namespace, epoch: int) -> int:
+    return args.noise_seed_base + args.noise_seed_stride * epoch
+
+
+async def new_policy(urls: list[str], args: argparse.Namespace, epoch: int, announce: bool) -> float:
+    """Epoch ``epoch``'s weights into every replica at once (each drains its requests, none run between
+    epochs) and, with ``announce``, its policy version to their corpora; returns the seconds it took."""
+    import httpx
+
+    body: dict = {"weight_noise_sigma": args.noise_sigma, "weight_noise_seed": noise_seed(args, epoch)}
+    if announce:
+        body["policy_version"] = epoch
+    t = time.perf_counter()
+    async with httpx.AsyncClient(timeout=args.start_timeout_s) as http:
+        rs = await asyncio.gather(*(http.post(u + "/v1/update-weights", json=body) for u in urls))
+    for u, r in zip(urls, rs):
+        if r.status_code != 200:
+            raise RuntimeError(f"{u}/v1/update-weights: HTTP {r.status_code}: {r.text[:500]}")
+    return time.perf_counter() - t
 
 
 async def run_epoch_requests(urls: list[str], prompts: list[Sample], args: argparse.Namespace, epoch: int,
@@ -491,48 +515,88 @@ def hash_key(key: str) -> int:
 
 
 def fleet_arm(arm: str, prompts: list[Sample], args: argparse.Namespace, work: Path) -> dict:
-    """One arm: a corpus service (shared) and R replicas restarted every epoch (a new policy)."""
-    from corpus_service.client import CorpusClient
-
+    """One arm: a corpus service (shared) and R replicas, started once; a new policy every epoch."""
     token = "rollouts-bench-admin-token"
     corpus_proc, target = (None, None)
     if arm == "shared":
         corpus_proc, target = start_corpus(work / arm, token, args.namespace)
     res: dict = {"epochs": {}}
+    procs, urls = [], []
     try:
+        corpus = {"shared": target, "local": "local", "none": "none"}[arm]
+        t_start = time.perf_counter()
+        for i in range(args.replicas):
+            pf = work / arm / f"replica{i}-ports.json"
+            pf.parent.mkdir(parents=True, exist_ok=True)
+            procs.append(Proc(verifier_cmd(args, corpus, pf, token), pf, work / arm / f"replica{i}.log"))
+        for p in procs:
+            urls.append(f"http://127.0.0.1:{p.ports(args.start_timeout_s)['http_port']}")
+        wait_healthy(urls, args.start_timeout_s)
+        res["replica_start_s"] = round(time.perf_counter() - t_start, 1)
         for epoch in range(args.epochs):
-            if arm == "shared":
-                with CorpusClient(target, args.namespace.split(":")[0], token=token) as c:
-                    c.announce_policy_version(epoch)
-            corpus = {"shared": target, "local": "local", "none": "none"}[arm]
-            procs, urls = [], []
-            t_start = time.perf_counter()
-            try:
-                for i in range(args.replicas):
-                    pf = work / arm / f"replica{i}-ports.json"
-                    pf.parent.mkdir(parents=True, exist_ok=True)
-                    procs.append(Proc(verifier_cmd(args, corpus, pf, epoch, token), pf,
-                                      work / arm / f"replica{i}-epoch{epoch}.log"))
-                for p in procs:
-                    urls.append(f"http://127.0.0.1:{p.ports(args.start_timeout_s)['http_port']}")
-                wait_healthy(urls, args.start_timeout_s)
-                start_s = time.perf_counter() - t_start
-                r = asyncio.run(run_epoch_requests(urls, prompts, args, epoch, send_keys=not args.no_history_fields))
-            finally:
-                for p in procs:
-                    p.stop()
-            r["replica_start_s"] = round(start_s, 1)
+            update_s = 0.0
+            if epoch > 0 and args.noise_sigma > 0:
+                update_s = asyncio.run(new_policy(urls, args, epoch, announce=arm != "none"))
+            elif arm != "none":  # the same weights: only the version moves
+                update_s = asyncio.run(announce_version(urls, epoch))
+            r = asyncio.run(run_epoch_requests(urls, prompts, args, epoch, send_keys=not args.no_history_fields))
+            r["policy_update_s"] = round(update_s, 2)
             res["epochs"][str(epoch)] = r
             print(f"  fleet {arm} epoch {epoch}: makespan {r['makespan_s']:.2f} s, {r['tokens_per_s']:.0f} tok/s, "
-                  f"MAT {r['mat']:.3f} ({r['requests']} requests, {r['tokens']} tokens)", flush=True)
+                  f"MAT {r['mat']:.3f} ({r['requests']} requests, {r['tokens']} tokens; new policy in "
+                  f"{update_s:.1f} s)", flush=True)
+        res["replicas_metrics"] = replica_metrics(urls)
         if arm == "shared":  # what the fleet left in the corpus: its history, the learned source weights
+            from corpus_service.client import CorpusClient
+
             with CorpusClient(target, args.namespace.split(":")[0]) as c:
                 st = c.stats()
             res["corpus"] = {k: st[k] for k in st if k.startswith(("history_", "source_", "policy_version"))}
     finally:
+        for p in procs:
+            p.stop()
         if corpus_proc is not None:
             corpus_proc.stop()
     return res
+
+
+# What the replicas' engines did over the arm (their /metrics, summed): where a step's time went and how
+# often drafting was on, to read a makespan ratio by.
+REPLICA_COUNTERS = ("ngram_verifier_steps", "ngram_verifier_step_seconds", "ngram_verifier_generated_tokens",
+                    "ngram_verifier_draft_tokens", "ngram_verifier_accepted_draft_tokens",
+                    "ngram_verifier_budget_plain_switches")
+
+
+def replica_metrics(urls: list[str]) -> dict:
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for u in urls:
+        for fam in text_string_to_metric_families(httpx.get(u + "/metrics", timeout=30).text):
+            if fam.name in REPLICA_COUNTERS:
+                for sample in fam.samples:
+                    if sample.name.endswith("_created"):
+                        continue
+                    key = sample.name + "".join(f"_{v}" for v in sample.labels.values())
+                    out[key] = out.get(key, 0.0) + sample.value
+    steps = out.get("ngram_verifier_steps_total", 0.0)
+    if steps:
+        out["seconds_per_step"] = out.get("ngram_verifier_step_seconds_total", 0.0) / steps
+    return out
+
+
+async def announce_version(urls: list[str], epoch: int) -> float:
+    """``POST /v1/policy-version`` on every replica (their corpora: one service, or each its own)."""
+    import httpx
+
+    t = time.perf_counter()
+    async with httpx.AsyncClient(timeout=60) as http:
+        rs = await asyncio.gather(*(http.post(u + "/v1/policy-version", json={"version": epoch}) for u in urls))
+    for u, r in zip(urls, rs):
+        if r.status_code != 200:
+            raise RuntimeError(f"{u}/v1/policy-version: HTTP {r.status_code}: {r.text[:500]}")
+    return time.perf_counter() - t
 
 
 def wait_healthy(urls: list[str], timeout: float) -> None:
@@ -552,8 +616,6 @@ def wait_healthy(urls: list[str], timeout: float) -> None:
 
 
 def run_fleet(args: argparse.Namespace) -> dict:
-    if args.noise_sigma > 0 or not args.no_history_fields:
-        check_verifier_contract(args)
     path = trace_path(args.trace[0] if args.trace else TRACE_NAMES[1])
     rows = load_samples(path, args.prompts, 1)
     prompts = [r for r in rows if r.sample == 0]  # one row per prompt: its ids and key
@@ -606,17 +668,6 @@ def run_fleet_merge(args: argparse.Namespace) -> dict:
             merged["arms"][arm] = res
     merged["merged_from"] = list(args.inputs)
     return fleet_summary(merged, args.out)
-
-
-def check_verifier_contract(args: argparse.Namespace) -> None:
-    """The replicas need ``--weight-noise-sigma/--weight-noise-seed`` (and the API's prompt_key and
-    policy_version fields, which the same verifier change brings): refuse early, with what is missing."""
-    out = subprocess.run([sys.executable, "-m", "verifier", "serve", "--help"], cwd=REPO, capture_output=True,
-                         text=True, timeout=120)
-    missing = [f for f in ("--weight-noise-sigma", "--weight-noise-seed") if f not in out.stdout]
-    if missing:
-        raise SystemExit(f"rollouts fleet: this verifier has no {', '.join(missing)}; the policy perturbation "
-                         f"needs them (or run with --noise-sigma 0 --no-history-fields for an unperturbed fleet)")
 
 
 # ---------------------------------------------------------------------------------------------- main

@@ -51,6 +51,10 @@ class VerifierConfig:
         "about 0.01 nats/token KL on SmolLM2", "a number 0..1; 0 = the weights as loaded")
     weight_noise_seed: int = flag(0, "the seed of --weight-noise-sigma's noise (e.g. the RL epoch)",
                                   "an int 0..2^63-1")
+    allow_weight_updates: bool = flag(
+        False, "accept POST /v1/update-weights: new weights (a .gguf file or HF directory of the served architecture, "
+        "or the served model perturbed) copied in place between requests, for RL loops (verifier/api/weights.py); "
+        "the route reads files its caller names: keep --api-key set off loopback", "true/false")
     device: str = flag("cpu", "where the model runs", ", ".join(DEVICES))
     dtype: str = flag("float32", "the model's weights and activations", ", ".join(DTYPES))
     host: str = flag("127.0.0.1", "HTTP address to bind; off loopback --api-key is required",

@@ -67,6 +67,7 @@ def serve(cfg: VerifierConfig) -> None:
 
     from .api import create_app
     from .api.policy_version import PolicyAnnouncer
+    from .api.weights import WeightUpdater
 
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     v = build_verifier(cfg)
@@ -75,7 +76,8 @@ def serve(cfg: VerifierConfig) -> None:
     d = v.engine.drafter
     announcer = PolicyAnnouncer(d, namespace=d.health.namespace if d is not None and d.health is not None else "default",
                                 token=cfg.corpus_token or None, tls=cfg.corpus_tls_ca or None)
-    app = create_app(loop, v.model_name, cfg.api_key, announcer)
+    weights = WeightUpdater(loop, cfg.model, announcer, enabled=cfg.allow_weight_updates)
+    app = create_app(loop, v.model_name, cfg.api_key, announcer, weights)
     sock = socket.socket(socket.AF_INET6 if ":" in cfg.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((cfg.host, cfg.port))

@@ -76,13 +76,15 @@ def test_fleet_replica_commands_follow_the_verifier_contract():
     args = Namespace(model="smollm2", device="cuda", dtype="bfloat16", max_batch=160, max_len=1024, budget=15,
                      verifier_arg=["--log-level=WARNING"], noise_sigma=0.014075, noise_seed_base=20251202,
                      noise_seed_stride=1000)
-    cmd = rollouts.verifier_cmd(args, "127.0.0.1:5000", REPO / "p.json", 2, "tok")
+    cmd = rollouts.verifier_cmd(args, "127.0.0.1:5000", REPO / "p.json", "tok")
     flags = dict(zip(cmd[4::2], cmd[5::2]))
     assert cmd[1:4] == ["-m", "verifier", "serve"]
     assert flags["--corpus"] == "127.0.0.1:5000" and flags["--corpus-token"] == "tok"
-    assert flags["--weight-noise-sigma"] == "0.014075" and flags["--weight-noise-seed"] == str(20251202 + 2000)
+    assert flags["--weight-noise-sigma"] == "0.014075" and flags["--weight-noise-seed"] == "20251202"  # epoch 0's
+    assert flags["--allow-weight-updates"] == "true"  # later epochs' weights: POST /v1/update-weights
+    assert rollouts.noise_seed(args, 2) == 20251202 + 2000
     assert "--log-level=WARNING" in cmd
-    local = rollouts.verifier_cmd(Namespace(**{**vars(args), "noise_sigma": 0.0}), "local", REPO / "p.json", 0, "tok")
+    local = rollouts.verifier_cmd(Namespace(**{**vars(args), "noise_sigma": 0.0}), "local", REPO / "p.json", "tok")
     assert "--corpus-token" not in local and "--weight-noise-sigma" not in local
 
 
@@ -113,18 +115,14 @@ def test_fleet_merge_joins_arms_of_one_schedule(tmp_path):
 @pytest.mark.slow
 def test_fleet_runs_real_replicas_on_the_cpu(tmp_path):
     """The fleet orchestration end to end at toy scale: a real corpus service, a real verifier replica
-    (SmolLM2 on the CPU) restarted for each of 2 epochs, the policy version announced, answers' usage
-    read back. With a verifier that has the perturbation flags (and the prompt_key / policy_version
-    fields that come with them) they are used too; the rollouts then reach the corpus' history."""
-    contract = "--weight-noise-sigma" in rollouts.subprocess.run(
-        [rollouts.sys.executable, "-m", "verifier", "serve", "--help"], cwd=REPO, capture_output=True, text=True,
-        timeout=120).stdout
-    extra = [] if contract else ["--noise-sigma", "0", "--no-history-fields"]
+    (SmolLM2 on the CPU) serving 2 epochs, the second with new weights pushed in place (POST
+    /v1/update-weights, which announces the policy version), answers' usage read back; the keyed
+    rollouts of both epochs reach the corpus' history."""
     out = tmp_path / "fleet.json"
     res = rollouts.main(["fleet", "--device", "cpu", "--dtype", "float32", "--replicas", "1", "--samples", "2",
                          "--prompts", "1", "--epochs", "2", "--max-tokens", "6", "--max-batch", "2", "--max-len", "512",
                          "--budget", "4", "--verifier-arg=--budget=4", "--arms", "shared", "none",
-                         "--start-timeout-s", "300", "--out", str(out), *extra])
+                         "--start-timeout-s", "300", "--out", str(out)])
     assert json.loads(out.read_text())["ratios"] == res["ratios"]
     for arm in ("shared", "none"):
         for epoch in ("0", "1"):
@@ -133,7 +131,7 @@ def test_fleet_runs_real_replicas_on_the_cpu(tmp_path):
     assert res["arms"]["none"]["epochs"]["1"]["mat"] == 1.0  # no speculation
     assert res["arms"]["shared"]["epochs"]["1"]["mat"] >= 1.0
     assert res["ratios"]["makespan_none_over_shared"] > 0
+    assert res["arms"]["shared"]["epochs"]["1"]["policy_update_s"] > 0
     corpus = res["arms"]["shared"]["corpus"]
-    assert corpus["policy_version"] == 1  # announced before epoch 1
-    if contract:  # every keyed sample's rollout, of both epochs, is in its key's history
-        assert corpus["history_keys"] == 1 and corpus["history_rollouts"] == 4
+    assert corpus["policy_version"] == 1  # announced with epoch 1's weights
+    assert corpus["history_keys"] == 1 and corpus["history_rollouts"] == 4  # every keyed sample, both epochs

@@ -1,5 +1,5 @@
 """Routes: /v1/completions, /v1/chat/completions (JSON or SSE), /v1/models, /v1/policy-version (RL
-loops: the policy's weights changed), /metrics, /healthz.
+loops: the policy's weights changed), /v1/update-weights (new weights in place), /metrics, /healthz.
 
 Bad requests answer 400 with ``{"error": {"message", "type", "param", "code"}}`` (OpenAI's shape),
 whatever FastAPI or the engine rejected them for. Request bodies are JSON whatever their
@@ -28,6 +28,7 @@ from .body import ApiError, parse_body
 from .metrics import ApiMetrics
 from .policy_version import PolicyAnnouncer, PolicyVersionRequest
 from .schemas import ChatCompletionRequest, CompletionRequest
+from .weights import UpdateWeightsRequest, WeightUpdater
 
 DEFAULT_MAX_TOKENS = 256
 
@@ -52,11 +53,14 @@ class _TextStream:
         return out
 
 
-def create_app(loop: EngineLoop, model_name: str, api_key: str = "", announcer: PolicyAnnouncer | None = None) -> FastAPI:
+def create_app(loop: EngineLoop, model_name: str, api_key: str = "", announcer: PolicyAnnouncer | None = None,
+               weights: WeightUpdater | None = None) -> FastAPI:
     """``announcer``: how ``POST /v1/policy-version`` reaches the corpus (default: this engine's
-    drafter, its corpus service's default namespace and no token)."""
+    drafter, its corpus service's default namespace and no token); ``weights``: ``POST
+    /v1/update-weights`` (default: refused, 403)."""
     app = FastAPI(title="ngram-verifier", version="0.1.0")
     announcer = announcer or PolicyAnnouncer(loop.engine.drafter)
+    weights = weights or WeightUpdater(loop, "", announcer, enabled=False)
     engine = loop.engine
     codec = engine.codec
     metrics = ApiMetrics(engine)
@@ -94,8 +98,8 @@ def create_app(loop: EngineLoop, model_name: str, api_key: str = "", announcer: 
         alive = loop.alive
         d = engine.drafter
         corpus = {"target": "none"} if d is None else d.health.snapshot() if d.health is not None else {"target": "local"}
-        return JSONResponse({"status": "ok" if alive else "engine stopped", "corpus": corpus},
-                            status_code=200 if alive else 503)
+        return JSONResponse({"status": "ok" if alive else "engine stopped", "corpus": corpus,
+                             "weights": weights.state()}, status_code=200 if alive else 503)
 
     @app.get("/v1/models", dependencies=auth)
     async def models():
@@ -112,6 +116,14 @@ def create_app(loop: EngineLoop, model_name: str, api_key: str = "", announcer: 
         body = await parse_body(request, PolicyVersionRequest)
         out = await asyncio.to_thread(announcer.announce, body.version)
         metrics.requests.labels("/v1/policy-version", "200").inc()
+        return out
+
+    @app.post("/v1/update-weights", dependencies=auth)
+    async def update_weights(request: Request):
+        """New weights in place (verifier/api/weights.py); requests wait while they go in."""
+        body = await parse_body(request, UpdateWeightsRequest)
+        out = await weights.update(body)
+        metrics.requests.labels("/v1/update-weights", "200").inc()
         return out
 
     @app.post("/v1/completions", dependencies=auth)
@@ -138,6 +150,8 @@ def create_app(loop: EngineLoop, model_name: str, api_key: str = "", announcer: 
             return _error(404, f"model '{body.model}' is not served here (serving '{model_name}')", "model", "model_not_found")
         subs: list[tuple[GenRequest, asyncio.Queue]] = []
         rid = f"{'chatcmpl' if kind.startswith('chat') else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        if weights.updating:  # held until the new weights are in (and the running requests drained)
+            await weights.admit()
         try:
             params: SamplingParams = body.sampling(min(DEFAULT_MAX_TOKENS, engine.config.max_len - len(prompt_ids) - 1))
             k = body.samples()

@@ -310,6 +310,14 @@ class Engine:
         with self._lock:
             self._aborts.append(req_id)
 
+    def quiesce(self) -> None:
+        """With no request running (the engine thread, between steps): retires the plain step launched
+        ahead for requests that have all finished since, and waits for the device, so that nothing
+        reads the model's weights while they are replaced."""
+        self._drain()
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize()
+
     def has_work(self) -> bool:
         with self._lock:
             return bool(self._inbox or self._aborts) or self.scheduler.num_unfinished > 0

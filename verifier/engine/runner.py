@@ -7,8 +7,10 @@ through the request's ``on_update`` callback, which hands a snapshot to the even
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
+from collections import deque
 from dataclasses import dataclass
 
 from ..step.sampling import SamplingParams
@@ -34,6 +36,7 @@ class EngineLoop:
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self.error: BaseException | None = None
+        self._idle_calls: deque[tuple[concurrent.futures.Future, object]] = deque()
 
     def start(self) -> "EngineLoop":
         self._thread.start()
@@ -47,6 +50,8 @@ class EngineLoop:
         self._stop = True
         self._wake.set()
         self._thread.join(timeout=30)
+        while self._idle_calls:
+            self._idle_calls.popleft()[0].cancel()
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, group: str | None = None,
                prompt_key: str | None = None, policy_version: int | None = None) -> tuple[Request, asyncio.Queue]:
@@ -69,8 +74,31 @@ class EngineLoop:
         self.engine.abort(req_id)
         self._wake.set()
 
+    def call_when_idle(self, fn) -> concurrent.futures.Future:
+        """Runs ``fn()`` on the engine thread once no request is queued or running (between steps,
+        so nothing reads the model meanwhile: a weight update) and returns its future. The caller
+        stops new requests from coming in while it waits; a call cancelled before it ran is skipped."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        if not self.alive:
+            raise RuntimeError("the engine loop is not running")
+        self._idle_calls.append((fut, fn))
+        self._wake.set()
+        return fut
+
+    def _run_idle_calls(self) -> None:
+        while self._idle_calls and not self.engine.has_work():
+            fut, fn = self._idle_calls.popleft()
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # the caller reports it; the loop keeps serving
+                fut.set_exception(e)
+
     def _run(self) -> None:
         while not self._stop:
+            if self._idle_calls:
+                self._run_idle_calls()
             if not self.engine.has_work():
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()

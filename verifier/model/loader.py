@@ -39,17 +39,25 @@ def resolve_model_path(spec: str) -> Path:
 
 
 def _load_safetensors_dir(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    from safetensors.torch import load_file
-
     cfg = ModelConfig.from_hf(json.loads((path / "config.json").read_text()))
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{path}: no *.safetensors files")
+    from safetensors.torch import load_file  # (after the checks: a wrong directory says so first)
     state: dict[str, torch.Tensor] = {}
     for f in files:
         for k, v in load_file(os.fspath(f)).items():
             state[k.removeprefix("model.")] = v
     return cfg, state
+
+
+def _read_state(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], object | None]:
+    """Config, weights (HF names) and, for a GGUF file, its reader (the tokenizer is in it)."""
+    if path.is_file() and path.suffix == ".gguf":
+        return load_gguf(path)
+    if path.is_dir():
+        return (*_load_safetensors_dir(path), None)
+    raise ValueError(f"model: {path} is neither a .gguf file nor a directory")
 
 
 def build_model(cfg: ModelConfig, state: dict[str, torch.Tensor] | None, device: str | torch.device,
@@ -74,21 +82,69 @@ def build_model(cfg: ModelConfig, state: dict[str, torch.Tensor] | None, device:
     return model.to(device).eval()
 
 
+def read_weights(spec: str, weight_noise_sigma: float = 0.0, weight_noise_seed: int = 0) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """The config and (fused, float32 or as stored) weights of ``spec`` on the CPU, perturbed as
+    ``load_model`` does; no tokenizer and no model built (``copy_weights_`` puts them into a live one)."""
+    cfg, state, _ = _read_state(resolve_model_path(spec))
+    perturb_linear_weights(state, weight_noise_sigma, weight_noise_seed)
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    return cfg, fuse_state_dict(state, cfg)
+
+
+# What the KV cache, the kernels and the CUDA graphs were built for: new weights must agree on it.
+_SAME_ARCHITECTURE = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                      "head_dim", "tie_word_embeddings", "attention_bias")
+
+
+def check_weights(model: Transformer, cfg: ModelConfig, state: dict[str, torch.Tensor]) -> None:
+    """ValueError where ``state`` (``read_weights``) cannot go into ``model``: another architecture,
+    a name or a shape that differs."""
+    live = model.config
+    diff = [f for f in _SAME_ARCHITECTURE if getattr(live, f) != getattr(cfg, f)]
+    if diff:
+        raise ValueError("another architecture than the one served ("
+                         + ", ".join(f"{f} {getattr(cfg, f)} vs {getattr(live, f)}" for f in diff) + ")")
+    params = model.state_dict()
+    missing, unexpected = set(params) - set(state), set(state) - set(params)
+    if missing or unexpected:
+        raise ValueError(f"weights do not match the served model: missing {sorted(missing)[:5]}, "
+                         f"unexpected {sorted(unexpected)[:5]}")
+    bad = [k for k in params if tuple(params[k].shape) != tuple(state[k].shape)]
+    if bad:
+        raise ValueError(f"{bad[0]} has shape {tuple(state[bad[0]].shape)}, the served model's "
+                         f"{tuple(params[bad[0]].shape)} ({len(bad)} tensors differ)")
+
+
+def copy_weights_(model: Transformer, cfg: ModelConfig, state: dict[str, torch.Tensor]) -> int:
+    """Copies ``state`` (``read_weights``) into ``model``'s parameters in place and returns the number
+    of values copied. In place keeps every tensor's address, so captured CUDA graphs and compiled
+    kernels stay valid. ValueError (``check_weights``) before anything is copied. The caller makes
+    sure no step runs meanwhile (``EngineLoop.call_when_idle``)."""
+    check_weights(model, cfg, state)
+    params = model.state_dict()
+    n = 0
+    with torch.no_grad():
+        for k, p in params.items():
+            p.copy_(state[k].to(p.dtype), non_blocking=False)
+            n += p.numel()
+    if next(iter(params.values())).is_cuda:
+        torch.cuda.synchronize()
+    return n
+
+
 def load_model(spec: str, device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32",
                weight_noise_sigma: float = 0.0, weight_noise_seed: int = 0) -> LoadedModel:
     """``weight_noise_sigma`` > 0: the decoder's linear weights perturbed (``perturb.py``: an RL
     policy change for rollout benchmarks), seeded by ``weight_noise_seed``."""
     dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     path = resolve_model_path(spec)
-    if path.is_file() and path.suffix == ".gguf":
-        cfg, state, reader = load_gguf(path)
+    cfg, state, reader = _read_state(path)
+    if reader is not None:
         codec = codec_from_gguf(path, reader, cfg.eos_token_ids)
-    elif path.is_dir():
-        cfg, state = _load_safetensors_dir(path)
+    else:
         codec = codec_from_hf_dir(path, cfg.eos_token_ids)
         if not cfg.eos_token_ids and codec.eos_token_ids:
             cfg = dataclasses.replace(cfg, eos_token_ids=codec.eos_token_ids)
-    else:
-        raise ValueError(f"model: {path} is neither a .gguf file nor a directory")
     perturb_linear_weights(state, weight_noise_sigma, weight_noise_seed)  # (sigma 0: nothing)
     return LoadedModel(build_model(cfg, state, device, dtype), codec, path.stem if path.is_file() else path.name)

@@ -65,7 +65,10 @@ def test_malformed_json_is_400(api):
 
 
 def test_models_health_metrics(api):
-    assert api.get("/healthz").json() == {"status": "ok", "corpus": {"target": "local"}}
+    health = api.get("/healthz").json()
+    assert health["status"] == "ok" and health["corpus"] == {"target": "local"}
+    assert health["weights"] == {"updates_enabled": False, "updates": 0, "failed_updates": 0, "updating": False,
+                                 "last": {}}
     assert api.get("/v1/models").json()["data"][0]["id"] == "smollm2"
     assert api.post("/v1/completions", json={"model": "gpt-4", "prompt": "x"}).status_code == 404
     m = api.get("/metrics").text
