@@ -123,8 +123,8 @@ int DraftTree::select(int budget, float min_prob, DraftMode mode, const ScorePar
                             shared_denom > 0.f ? (n.vote - n.own_vote) / shared_denom : 0.f, n.depth, parent_token,
                             grand_token, n.token, n.vote > 0.f ? n.top / n.vote : 0.f, siblings,
                             siblings > 1 && latest > 0 && n.learned_recency == latest,
-                            siblings > 1 && latest_own > 0 && n.own_recency == latest_own};
-        q = rank->model->predict(in, rank->request, *rank->params, &rank_feats_[static_cast<size_t>(c) * kF],
+                            siblings > 1 && latest_own > 0 && n.own_recency == latest_own, n.cls};
+        q = rank->model->predict(in, rank->request, rank->own, *rank->params, &rank_feats_[static_cast<size_t>(c) * kF],
                                  &rank_cells_[static_cast<size_t>(c) * kC]);
       } else if (model)
         q = model->conditional(q, nodes_[c].depth, nodes_[c].token, *fp, &cells_[c].depth_cell, &cells_[c].token_cell);
