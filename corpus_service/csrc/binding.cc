@@ -193,7 +193,8 @@ PYBIND11_MODULE(_native, m) {
       .def_readwrite("window", &RankParams::window)
       .def_readwrite("learn", &RankParams::learn)
       .def_readwrite("left_out", &RankParams::left_out)
-      .def_readwrite("pair_rate", &RankParams::pair_rate);
+      .def_readwrite("pair_rate", &RankParams::pair_rate)
+      .def_readwrite("tree_lambda", &RankParams::tree_lambda);
 
   py::class_<HistoryConfig>(m, "HistoryConfig")
       .def(py::init<>())

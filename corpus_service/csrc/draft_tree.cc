@@ -88,7 +88,9 @@ int DraftTree::select(int budget, float min_prob, DraftMode mode, const ScorePar
   constexpr int kF = RankModel::kFeatures;
   constexpr int kC = RankModel::kNodeCells;
   if (rank) rank_feats_.resize(nodes_.size() * kF), rank_cells_.resize(nodes_.size() * kC);
-  const float lambda = mode == DraftMode::kScore ? sp.lambda : 0.f;
+  // Under the rank model the tree's estimates are its features: their prior mass is the model's own
+  // (RankParams::tree_lambda), so today's ranking keeps ScoreParams::lambda.
+  const float lambda = mode == DraftMode::kScore ? (rank ? rank->params->tree_lambda : sp.lambda) : 0.f;
   size_t out_base = tokens.size();
   // Heap entries: (priority, node, output index of the parent, path probability).
   struct Entry {

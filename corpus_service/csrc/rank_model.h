@@ -73,6 +73,7 @@ struct RankParams {
   bool learn = true;             // learn from this engine's commits (false: only from apply_delta)
   int left_out = 16;             // the best nodes a draft left out that its commit labels (0: none, <= 256)
   float pair_rate = 0.3f;        // of the pairwise steps between accepted and rejected siblings (0: none)
+  float tree_lambda = 24.0f;     // the tree's lambda when the model ranks (ScoreParams::lambda otherwise)
 };
 
 // A request's own acceptance of (parent token, token) steps and of tokens: kCells hashed cells of

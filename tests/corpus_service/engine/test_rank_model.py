@@ -88,7 +88,8 @@ def random_workload(config: CorpusConfig, seed: int = 7) -> list:
 
 def test_off_switch_gives_todays_drafts_exactly():
     today = random_workload(CorpusConfig())
-    off = random_workload(CorpusConfig(rank_model=False, rank_learning_rate=0.5, rank_token_prior=1.0, rank_prior=2.0))
+    off = random_workload(CorpusConfig(rank_model=False, rank_learning_rate=0.5, rank_token_prior=1.0, rank_prior=2.0,
+                                       rank_lambda=3.0))
     assert off == today and today[-1] == 0  # the model's settings do nothing while it is off
     on = random_workload(CorpusConfig(rank_model=True))
     assert on != today and on[-1] > 0
@@ -390,10 +391,17 @@ def test_reset_clears_the_model():
                                           ("rank_token_prior", float("inf")), ("rank_pair_prior", -2.0),
                                           ("rank_window", 1), ("rank_window", 1 << 16),
                                           ("rank_left_out", -1), ("rank_left_out", 257), ("rank_left_out", 1.5),
-                                          ("rank_pair_rate", 1.5), ("rank_pair_rate", float("nan"))])
+                                          ("rank_pair_rate", 1.5), ("rank_pair_rate", float("nan")),
+                                          ("rank_lambda", -1.0), ("rank_lambda", float("inf")), ("rank_lambda", "24")])
 def test_bad_config_is_refused(field, value):
     with pytest.raises(ValueError, match=field):
         CorpusConfig(**{field: value})
+
+
+def test_rank_lambda_is_the_models_own():
+    # The model reads the tree's estimates with its own lambda: another rank_lambda drafts otherwise
+    # under the model, and today's ranking (lambda_) is untouched by it (test_off_switch_gives_...).
+    assert random_workload(CorpusConfig(rank_model=True, rank_lambda=2.0)) != random_workload(CorpusConfig(rank_model=True))
 
 
 def test_switchable_per_namespace():
