@@ -32,8 +32,9 @@
 //     w += rate (1 - sigmoid(w . (f_a - f_r))) (f_a - f_r)        (AdaGrad, as above)
 // which moves only the order of siblings, where the decision is (the log loss also rewards features
 // on nodes that never decide a tree). Both together: +0.3% / +0.8% MAT at B = 7 on the dev traces.
-// Measured (docs/ranking.md): +0.8-2.5% MAT on the dev traces at B = 7 and 15, about twice what the
-// (q, depth) and token calibration alone gains; a wider candidate search under it gained nothing.
+// Measured (docs/ranking.md): +1.3-2.7% MAT on the dev traces at B = 7 and 15, about twice what the
+// (q, depth) and token calibration alone gains; a wider candidate search under it gained nothing. The
+// tree's estimates it reads use their own prior mass (RankParams::tree_lambda, 24 against today's 16).
 // The tree takes nodes best-first by the product of these along the path (a product of numbers <= 1:
 // the path probability never grows with depth, so best-first yields the top connected tree), over
 // every node its candidates hold, a far wider pool than the budget it keeps.

@@ -82,7 +82,7 @@ class CorpusConfig:
     # acceptance and the own-context vs shared estimates, learned from every commit of the namespace;
     # nodes are taken best-first by the product of its predictions over the whole candidate tree.
     # False drafts exactly as without it; True takes precedence over `feedback` (whose calibration it
-    # contains). +0.8-2.5% MAT on the dev traces for about 2x the draft time at B = 15 (docs/ranking.md).
+    # contains). +1.3-2.7% MAT on the dev traces for about 2x the draft time at B = 15 (docs/ranking.md).
     rank_model: bool = False
     rank_prior: float = 32.0  # pseudo-observations of q per (q, depth) cell
     rank_token_prior: float = 16.0  # ... of the cell estimate per token cell
