@@ -161,7 +161,7 @@ class RankModel {
   static constexpr size_t kDeltaWordsV1 = kNodeCellsV1 + 1 + kFeaturesV1;
   static constexpr uint32_t kNoCell = 0xffffffffu;  // an older delta's node has no source-pair cell
   static constexpr int32_t kSiblingFlag = 2;
-  static constexpr size_t kMaxDelta = 1 << 16;          // queued nodes at most (5 MB)
+  static constexpr size_t kMaxDelta = 1 << 16;          // queued nodes at most (6 MB)
 
  private:
   // One word per cell: tested in the high 16 bits, accepted in the low 16 (window <= 2^15).
