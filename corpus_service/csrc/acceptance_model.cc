@@ -32,6 +32,8 @@ void DraftRecord::reset() {
   start_draft();
   armed = false;
   req_accepted = req_expected = 0.0f;
+  own_cells.clear();
+  root_token = -1;
 }
 
 AcceptanceModel::AcceptanceModel()

@@ -59,6 +59,11 @@ struct DraftRecord {
   std::vector<float> out_feats;
   std::vector<uint32_t> out_cells;
   float req_accepted = 0.0f, req_expected = 0.0f;
+  // The request's own cells (rank_model.h RequestCells: tested in the high byte, accepted in the low;
+  // empty until its first scored draft) and the context's last token when it drafted (the parent of
+  // its depth-1 nodes).
+  std::vector<uint16_t> own_cells;
+  int32_t root_token = -1;
 
   void start_draft();  // empties the node lists and arms the record
   void reset();        // disarms it too (a new request)

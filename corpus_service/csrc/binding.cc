@@ -181,6 +181,7 @@ PYBIND11_MODULE(_native, m) {
       .def_readwrite("window", &FeedbackParams::window);
 
   m.attr("RANK_DELTA_WORDS") = py::int_(RankModel::kDeltaWords);
+  m.attr("RANK_DELTA_WORDS_V1") = py::int_(RankModel::kDeltaWordsV1);
   py::class_<RankParams>(m, "RankParams")
       .def(py::init<>())
       .def_readwrite("enabled", &RankParams::enabled)
@@ -192,7 +193,8 @@ PYBIND11_MODULE(_native, m) {
       .def_readwrite("window", &RankParams::window)
       .def_readwrite("learn", &RankParams::learn)
       .def_readwrite("left_out", &RankParams::left_out)
-      .def_readwrite("pair_rate", &RankParams::pair_rate);
+      .def_readwrite("pair_rate", &RankParams::pair_rate)
+      .def_readwrite("tree_lambda", &RankParams::tree_lambda);
 
   py::class_<HistoryConfig>(m, "HistoryConfig")
       .def(py::init<>())
@@ -491,11 +493,12 @@ PYBIND11_MODULE(_native, m) {
              return to_array(std::move(d), {n});
            })
       .def("apply_rank_delta",
-           [](Corpus& c, py::array_t<int32_t, py::array::c_style | py::array::forcecast> words) {
+           [](Corpus& c, py::array_t<int32_t, py::array::c_style | py::array::forcecast> words, size_t node_words) {
              if (words.ndim() != 1) throw std::invalid_argument("apply_rank_delta: expected a 1-D int32 array");
              py::gil_scoped_release nogil;
-             c.apply_rank_delta(words.data(), static_cast<size_t>(words.shape(0)));
-           })
+             c.apply_rank_delta(words.data(), static_cast<size_t>(words.shape(0)), node_words);
+           },
+           py::arg("words"), py::arg("node_words") = RankModel::kDeltaWords)
       .def("check_integrity", &Corpus::check_integrity, py::call_guard<py::gil_scoped_release>())
       .def("learned_tokens", [](Corpus& c) {
         std::vector<int32_t> t;

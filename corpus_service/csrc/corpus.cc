@@ -512,7 +512,9 @@ void Corpus::draft_one(RequestState& rs, int budget, const std::vector<std::shar
     rank.root_token = ctx_len > 0 ? ctx[ctx_len - 1] : -1;
     rank.root_prev = ctx_len > 1 ? ctx[ctx_len - 2] : -1;
     rank.request = RankModel::request_feature(rs.last_draft);
+    rank.own = rs.last_draft.own_cells.empty() ? nullptr : rs.last_draft.own_cells.data();
     rs.last_draft.start_draft();
+    rs.last_draft.root_token = rank.root_token;
     tree.select(budget, cfg_.min_prob, cfg_.mode, cfg_.score, tokens, parents, probs, nullptr, nullptr,
                 &rs.last_draft, &rank);
   } else if (feedback || learn_sources) {
@@ -1199,7 +1201,8 @@ void Corpus::load(const std::string& path) {
     history = history_.parse(r);
     history.announced = policy;  // late rollouts older than the snapshot's version are dropped, as before it
   }
-  // Format 3 adds the rank model; older files load with an empty one (today's ranking until it learns).
+  // Format 3 adds the rank model (format 4: with the source-pair table; RankModel::load reads both
+  // layouts); older files load with an empty one (today's ranking until it learns).
   RankModel rank;
   if (version >= 3) {
     if (r.get_str() != "rank") throw CorruptSnapshot("corrupt snapshot: no rank model section: '" + path + "'");

@@ -205,7 +205,9 @@ class Corpus {
   // The rank model (rank_model.h): its weights, and the deltas replicas exchange.
   std::vector<float> rank_weights() const { return rank_.weights(); }
   std::vector<int32_t> export_rank_delta() { return rank_.export_delta(); }
-  void apply_rank_delta(const int32_t* words, size_t n) { rank_.apply_delta(words, n, cfg_.rank); }
+  void apply_rank_delta(const int32_t* words, size_t n, size_t node_words = RankModel::kDeltaWords) {
+    rank_.apply_delta(words, n, cfg_.rank, node_words);
+  }
   void check_integrity();
   std::vector<int32_t> learned_tokens();
 

@@ -88,7 +88,9 @@ int DraftTree::select(int budget, float min_prob, DraftMode mode, const ScorePar
   constexpr int kF = RankModel::kFeatures;
   constexpr int kC = RankModel::kNodeCells;
   if (rank) rank_feats_.resize(nodes_.size() * kF), rank_cells_.resize(nodes_.size() * kC);
-  const float lambda = mode == DraftMode::kScore ? sp.lambda : 0.f;
+  // Under the rank model the tree's estimates are its features: their prior mass is the model's own
+  // (RankParams::tree_lambda), so today's ranking keeps ScoreParams::lambda.
+  const float lambda = mode == DraftMode::kScore ? (rank ? rank->params->tree_lambda : sp.lambda) : 0.f;
   size_t out_base = tokens.size();
   // Heap entries: (priority, node, output index of the parent, path probability).
   struct Entry {
@@ -123,8 +125,8 @@ int DraftTree::select(int budget, float min_prob, DraftMode mode, const ScorePar
                             shared_denom > 0.f ? (n.vote - n.own_vote) / shared_denom : 0.f, n.depth, parent_token,
                             grand_token, n.token, n.vote > 0.f ? n.top / n.vote : 0.f, siblings,
                             siblings > 1 && latest > 0 && n.learned_recency == latest,
-                            siblings > 1 && latest_own > 0 && n.own_recency == latest_own};
-        q = rank->model->predict(in, rank->request, *rank->params, &rank_feats_[static_cast<size_t>(c) * kF],
+                            siblings > 1 && latest_own > 0 && n.own_recency == latest_own, n.cls};
+        q = rank->model->predict(in, rank->request, rank->own, *rank->params, &rank_feats_[static_cast<size_t>(c) * kF],
                                  &rank_cells_[static_cast<size_t>(c) * kC]);
       } else if (model)
         q = model->conditional(q, nodes_[c].depth, nodes_[c].token, *fp, &cells_[c].depth_cell, &cells_[c].token_cell);

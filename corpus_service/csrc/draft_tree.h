@@ -25,13 +25,14 @@
 
 namespace ngc {
 
-// A RankModel and what it needs beyond the tree: the context's last token (the root's) and the
-// request's recent acceptance (RankModel::request_feature).
+// A RankModel and what it needs beyond the tree: the context's last tokens (the root's), the
+// request's recent acceptance (RankModel::request_feature) and its own cells.
 struct RankContext {
   const RankModel* model = nullptr;
   const RankParams* params = nullptr;
   int32_t root_token = -1, root_prev = -1;  // the context's last two tokens (-1: none)
   float request = 0.0f;
+  const uint16_t* own = nullptr;  // the request's own cells (RequestCells; null: none yet)
 };
 
 enum class DraftMode : int { kScore = 0, kProb = 1, kBfs = 2 };

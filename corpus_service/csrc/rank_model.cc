@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "prompt_history.h"
 #include "snapshot.h"
 
 namespace ngc {
@@ -45,6 +46,11 @@ float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
 constexpr uint32_t kTokenBase = RankModel::kDepthCells;
 constexpr uint32_t kPairBase = kTokenBase + (1u << RankModel::kTokenBits);
 constexpr uint32_t kTripleBase = kPairBase + (1u << RankModel::kPairBits);
+constexpr uint32_t kSourcePairBase = kTripleBase + (1u << RankModel::kTripleBits);
+// The source of a vote in three groups: the request's own context, the learned and external corpora,
+// and the rest (group members, the key's rollouts).
+uint32_t source_group(uint8_t cls) { return cls == kSrcOwn ? 0u : cls >= kSrcLearned ? 1u : 2u; }
+constexpr float kOwnPrior = 4.0f;  // pseudo-observations of the shared rate per request cell
 }  // namespace
 
 constexpr float RankModel::kInitialWeights[RankModel::kFeatures];
@@ -63,7 +69,7 @@ float RankModel::request_feature(const DraftRecord& rec) {
   return fast_log((rec.req_accepted + 1.0f) / (rec.req_expected + 1.0f));
 }
 
-float RankModel::predict(const RankInputs& in, float request, const RankParams& p, float* f,
+float RankModel::predict(const RankInputs& in, float request, const uint16_t* own, const RankParams& p, float* f,
                          uint32_t* cells) const {
   const float q = std::clamp(in.q, 0.0f, 1.0f);
   const int qb = q_bin(q);
@@ -77,17 +83,25 @@ float RankModel::predict(const RankInputs& in, float request, const RankParams& 
   const uint32_t pc = kPairBase + static_cast<uint32_t>((pair * 0x9E3779B97F4A7C15ull) >> (64 - kPairBits));
   const uint64_t triple = pair * 0x9E3779B97F4A7C15ull ^ static_cast<uint32_t>(in.grand_token) * 0xC2B2AE3D27D4EB4Full;
   const uint32_t gc = kTripleBase + static_cast<uint32_t>((triple * 0xD6E8FEB86659FD93ull) >> (64 - kTripleBits));
-  cells[0] = dc, cells[1] = tc, cells[2] = pc, cells[3] = gc;
+  // The pair again, by source group and coarse q bin (4 x 3 variants of each pair).
+  const uint64_t variant = source_group(in.cls) * 4 + static_cast<uint64_t>(qb * 4 / kQBins) + 1;
+  const uint64_t sp = pair * 0x9E3779B97F4A7C15ull + variant * 0x632BE59BD9B4E019ull;
+  const uint32_t sc = kSourcePairBase + static_cast<uint32_t>((sp * 0xD6E8FEB86659FD93ull) >> (64 - kSourcePairBits));
+  cells[0] = dc, cells[1] = tc, cells[2] = pc, cells[3] = gc, cells[4] = sc;
   const uint32_t vd = cells_[dc].load(std::memory_order_relaxed);
   const float c = (static_cast<float>(accepted_of(vd)) + p.prior * q) / (static_cast<float>(tested_of(vd)) + p.prior);
   const float cc = clamp_p(c);
   const float lc = fast_log(cc / (1.0f - cc));
-  // logit r - logit c as one logarithm: ln(r (1 - c) / ((1 - r) c)).
+  // A cell's rate shrunk towards `base` (cb: base clamped), and logit r - logit base as one logarithm:
+  // ln(r (1 - b) / ((1 - r) b)).
+  auto rate = [](uint32_t v, float k, float base) {
+    return clamp_p((static_cast<float>(accepted_of(v)) + k * base) / (static_cast<float>(tested_of(v)) + k));
+  };
+  auto log_ratio = [](float r, float b) { return fast_log(r * (1.0f - b) / ((1.0f - r) * b)); };
   auto shrunk = [&](uint32_t cell, float k) {
     const uint32_t v = cells_[cell].load(std::memory_order_relaxed);
     if (tested_of(v) == 0) return 0.0f;  // no evidence: exactly the cell estimate
-    const float r = clamp_p((static_cast<float>(accepted_of(v)) + k * c) / (static_cast<float>(tested_of(v)) + k));
-    return fast_log(r * (1.0f - cc) / ((1.0f - r) * cc));
+    return log_ratio(rate(v, k, c), cc);
   };
   f[0] = 1.0f;
   f[1] = logit(q);
@@ -103,6 +117,25 @@ float RankModel::predict(const RankInputs& in, float request, const RankParams& 
   f[11] = fast_log(1.0f + static_cast<float>(std::min(in.siblings, 256))) * (1.4426950f / 4.0f);
   f[12] = in.latest ? 1.0f : 0.0f;
   f[13] = in.latest_own ? 1.0f : 0.0f;
+  f[14] = in.parent_token < 0 ? 0.0f : shrunk(sc, p.pair_prior);
+  f[15] = f[16] = 0.0f;
+  if (own != nullptr) {
+    // The request's own cells, shrunk towards the shared token and pair rates: what sets this request
+    // apart from the others (0 without its own evidence).
+    const uint16_t ot = own[RequestCells::token(in.token)];
+    const uint16_t op = in.parent_token < 0 ? 0 : own[RequestCells::pair(in.parent_token, in.token)];
+    if ((ot >> 8) != 0 || (op >> 8) != 0) {
+      const uint32_t vt = cells_[tc].load(std::memory_order_relaxed);
+      const float rt = tested_of(vt) == 0 ? cc : rate(vt, p.token_prior, c);
+      const uint32_t vp = in.parent_token < 0 ? 0u : cells_[pc].load(std::memory_order_relaxed);
+      const float rp = tested_of(vp) == 0 ? rt : rate(vp, p.pair_prior, rt);
+      auto own_rate = [](uint16_t v, float base) {
+        return clamp_p((static_cast<float>(v & 0xffu) + kOwnPrior * base) / (static_cast<float>(v >> 8) + kOwnPrior));
+      };
+      if ((op >> 8) != 0) f[15] = log_ratio(own_rate(op, rp), rp);
+      if ((ot >> 8) != 0) f[16] = log_ratio(own_rate(ot, rt), rt);
+    }
+  }
   float z = 0.0f;
   for (int i = 0; i < kFeatures; ++i) z += w_[i].load(std::memory_order_relaxed) * f[i];
   return sigmoid(z);
@@ -110,6 +143,7 @@ float RankModel::predict(const RankInputs& in, float request, const RankParams& 
 
 void RankModel::learn_one(const uint32_t* cells, bool ok, const float* f, const RankParams& p) {
   for (int k = 0; k < kNodeCells; ++k) {
+    if (cells[k] == kNoCell) continue;  // an older delta's node: no source-pair cell
     std::atomic<uint32_t>& cell = cells_[cells[k]];
     const uint32_t v = cell.load(std::memory_order_relaxed);
     uint32_t t = tested_of(v) + 1, a = accepted_of(v) + (ok ? 1 : 0);
@@ -233,6 +267,23 @@ void RankModel::observe(DraftRecord& rec, const int32_t* committed, size_t n, co
                     words.begin() + static_cast<std::ptrdiff_t>(i + kDeltaWords));
     }
   }
+  // The request's own cells learn from every labelled node, this engine's own decision alone (not
+  // replicated: the request lives here).
+  if (rec.own_cells.empty()) rec.own_cells.assign(RequestCells::kCells, 0);
+  auto bump = [&](uint32_t cell, bool yes) {
+    uint32_t t = (rec.own_cells[cell] >> 8) + 1, a = (rec.own_cells[cell] & 0xffu) + (yes ? 1 : 0);
+    if (t >= RequestCells::kWindow) t /= 2, a /= 2;
+    rec.own_cells[cell] = static_cast<uint16_t>(t << 8 | a);
+  };
+  auto learn_own = [&](int32_t parent, int32_t token, bool yes) {
+    const int32_t pt = parent < 0 ? rec.root_token : rec.tokens[static_cast<size_t>(parent)];
+    if (pt >= 0) bump(RequestCells::pair(pt, token), yes);
+    bump(RequestCells::token(token), yes);
+  };
+  for (size_t i = 0; i < m; ++i)
+    if (ok[i] >= 0) learn_own(rec.parents[i], rec.tokens[i], ok[i] == 1);
+  for (size_t j = 0; j < mo; ++j)
+    if (label[j] >= 0) learn_own(rec.out_parents[j], rec.out_tokens[j], label[j] == 1);
   rec.req_accepted = rec.req_accepted * p.request_decay + acc;
   rec.req_expected = rec.req_expected * p.request_decay + expected;
 }
@@ -249,25 +300,46 @@ size_t RankModel::queued() const {
   return queue_.size() / kDeltaWords;
 }
 
-void RankModel::apply_delta(const int32_t* words, size_t n, const RankParams& p) {
-  if (n % kDeltaWords != 0)
+void RankModel::apply_delta(const int32_t* words, size_t n, const RankParams& p, size_t node_words) {
+  if (node_words != kDeltaWords && node_words != kDeltaWordsV1)
+    throw std::invalid_argument("rank delta: " + std::to_string(node_words) + " words per node, expected " +
+                                std::to_string(kDeltaWords) + " (or " + std::to_string(kDeltaWordsV1) +
+                                ", the older layout)");
+  if (n % node_words != 0)
     throw std::invalid_argument("rank delta: " + std::to_string(n) + " words is not a multiple of " +
-                                std::to_string(kDeltaWords));
+                                std::to_string(node_words));
+  const bool v1 = node_words == kDeltaWordsV1;
+  const int cells = v1 ? kNodeCellsV1 : kNodeCells, features = v1 ? kFeaturesV1 : kFeatures;
+  const int max_cell = v1 ? kCellsV1 : kCells;  // the older cells keep their indices
   // Everything is checked before anything is applied: a refused delta changes nothing.
-  for (size_t i = 0; i < n; i += kDeltaWords) {
-    for (int k = 0; k < kNodeCells; ++k)
-      if (words[i + k] < 0 || words[i + k] >= kCells)
+  for (size_t i = 0; i < n; i += node_words) {
+    for (int k = 0; k < cells; ++k)
+      if (words[i + k] < 0 || words[i + k] >= max_cell)
         throw std::invalid_argument("rank delta: cell " + std::to_string(words[i + k]) + " out of range");
-    if (words[i + kNodeCells] < 0 || words[i + kNodeCells] > (1 | kSiblingFlag))
-      throw std::invalid_argument("rank delta: flag word " + std::to_string(words[i + kNodeCells]) + " not in [0, 3]");
-    for (int k = 0; k < kFeatures; ++k) {
+    if (words[i + cells] < 0 || words[i + cells] > (1 | kSiblingFlag))
+      throw std::invalid_argument("rank delta: flag word " + std::to_string(words[i + cells]) + " not in [0, 3]");
+    for (int k = 0; k < features; ++k) {
       float v;
-      std::memcpy(&v, &words[i + kNodeCells + 1 + k], 4);
+      std::memcpy(&v, &words[i + cells + 1 + k], 4);
       if (!std::isfinite(v) || std::fabs(v) > 1e3f) throw std::invalid_argument("rank delta: feature not finite");
     }
   }
+  if (!v1) {
+    std::lock_guard<std::mutex> g(mu_);
+    apply_words(words, n, p);
+    return;
+  }
+  // The older layout in today's: no source-pair cell (kNoCell), the new features 0 (no evidence).
+  std::vector<int32_t> wide;
+  wide.reserve(n / kDeltaWordsV1 * kDeltaWords);
+  for (size_t i = 0; i < n; i += kDeltaWordsV1) {
+    wide.insert(wide.end(), words + i, words + i + kNodeCellsV1);
+    wide.push_back(static_cast<int32_t>(kNoCell));
+    wide.insert(wide.end(), words + i + kNodeCellsV1, words + i + kDeltaWordsV1);  // the flag, 14 features
+    wide.insert(wide.end(), kFeatures - kFeaturesV1, 0);  // bit pattern of 0.0f
+  }
   std::lock_guard<std::mutex> g(mu_);
-  apply_words(words, n, p);
+  apply_words(wide.data(), wide.size(), p);
 }
 
 void RankModel::save(ByteWriter& w) const {
@@ -288,9 +360,16 @@ void RankModel::load(ByteReader& r) {
   auto weights = r.get_vec<float>();
   auto g2 = r.get_vec<double>();
   const uint64_t tested = r.get<uint64_t>(), accepted = r.get<uint64_t>();
-  if (cells.size() != static_cast<size_t>(kCells) || weights.size() != static_cast<size_t>(kFeatures) ||
-      g2.size() != static_cast<size_t>(kFeatures))
+  // Tables of the older layout (format 3: no source-pair table, 14 weights) load with those empty.
+  const bool v1 = cells.size() == static_cast<size_t>(kCellsV1) && weights.size() == static_cast<size_t>(kFeaturesV1) &&
+                  g2.size() == static_cast<size_t>(kFeaturesV1);
+  if (!v1 && (cells.size() != static_cast<size_t>(kCells) || weights.size() != static_cast<size_t>(kFeatures) ||
+              g2.size() != static_cast<size_t>(kFeatures)))
     throw CorruptSnapshot("corrupt snapshot: rank model tables of another shape");
+  if (v1) {
+    cells.resize(kCells, 0u);
+    for (int i = kFeaturesV1; i < kFeatures; ++i) weights.push_back(kInitialWeights[i]), g2.push_back(0.0);
+  }
   for (float v : weights)
     if (!std::isfinite(v)) throw CorruptSnapshot("corrupt snapshot: rank model weight not finite");
   for (double v : g2)

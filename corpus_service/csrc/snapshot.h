@@ -3,7 +3,9 @@
 //   magic "NGCORPUS" | u32 format version | u32 reserved | u64 payload bytes | u64 checksum | payload
 //
 // Versions: 1 holds the learned and external corpora; 2 adds the policy version and the prompt history
-// (prompt_history.h); 3 adds the rank model (rank_model.h). Files of every version up to kSnapshotVersion load; new files are written in it.
+// (prompt_history.h); 3 adds the rank model (rank_model.h); 4 its source-pair table and 17 weights (a
+// format 3 file's model loads with those empty). Files of every version up to kSnapshotVersion load; new
+// files are written in it.
 // A file with another magic, an unknown version, a short payload or a checksum mismatch is refused
 // with CorruptSnapshot before anything is built from it, so a corrupt or truncated file can
 // never be half-loaded. Files are written to a temporary name, fsync'd and renamed into place.
@@ -19,7 +21,7 @@
 
 namespace ngc {
 
-constexpr uint32_t kSnapshotVersion = 3;
+constexpr uint32_t kSnapshotVersion = 4;
 
 // 64-bit checksum over 8-byte words (multiply-xorshift mixing): detects corruption, not tampering.
 uint64_t checksum64(const uint8_t* data, size_t n);

@@ -82,7 +82,7 @@ class CorpusConfig:
     # acceptance and the own-context vs shared estimates, learned from every commit of the namespace;
     # nodes are taken best-first by the product of its predictions over the whole candidate tree.
     # False drafts exactly as without it; True takes precedence over `feedback` (whose calibration it
-    # contains). +0.8-2.5% MAT on the dev traces for about 2x the draft time at B = 15 (docs/ranking.md).
+    # contains). +1.3-2.7% MAT on the dev traces for about 2x the draft time at B = 15 (docs/ranking.md).
     rank_model: bool = False
     rank_prior: float = 32.0  # pseudo-observations of q per (q, depth) cell
     rank_token_prior: float = 16.0  # ... of the cell estimate per token cell
@@ -99,6 +99,10 @@ class CorpusConfig:
     # the dev traces (docs/ranking.md). 0 turns either off.
     rank_left_out: int = 16  # left-out nodes per draft, best first (<= 256)
     rank_pair_rate: float = 0.3  # of the pairwise steps' AdaGrad
+    # lambda_ of the tree's estimates q = vote / (mass + lambda) when the model ranks (it reads them as
+    # features; lambda_ stays today's ranking's): 24 drafted +0.1% / -0.4% MAT at B = 7 and +0.2% / +0.2%
+    # at B = 15 on the dev traces against 16, +0.0-0.2% on the t07x4 traces (docs/ranking.md).
+    rank_lambda: float = 24.0
     min_prob: float = 0.0  # early stop: no node below this path probability (0 = always fill)
     # Candidates weighing less than weak_weight read only weak_depth continuation tokens: their deep
     # nodes never rank within a budget (unchanged MAT on the dev traces, less work per draft).
@@ -186,7 +190,7 @@ class CorpusConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
                 raise ValueError(f"{name}: expected a number in [0, 1], got {v!r}")
-        for name in ("rank_prior", "rank_token_prior", "rank_pair_prior", "feedback_prior", "feedback_token_prior", "alpha", "shared_alpha", "lambda_", "depth_gain", "weak_weight", "own_weight", "learned_weight", "external_weight", "group_weight", "history_weight", "request_ttl_s"):
+        for name in ("rank_prior", "rank_token_prior", "rank_pair_prior", "rank_lambda", "feedback_prior", "feedback_token_prior", "alpha", "shared_alpha", "lambda_", "depth_gain", "weak_weight", "own_weight", "learned_weight", "external_weight", "group_weight", "history_weight", "request_ttl_s"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0 or v != v or v == float("inf"):
                 raise ValueError(f"{name}: expected a finite number >= 0, got {v!r}")
@@ -248,6 +252,7 @@ class CorpusConfig:
         rank.pair_prior, rank.learning_rate = self.rank_pair_prior, self.rank_learning_rate
         rank.request_decay, rank.window, rank.learn = self.rank_request_decay, self.rank_window, self.rank_learn_local
         rank.left_out, rank.pair_rate = self.rank_left_out, self.rank_pair_rate
+        rank.tree_lambda = self.rank_lambda
         c.rank = rank
         c.learned_max_tokens = int(self.learned_max_bytes / self.bytes_per_token()) if self.learned_max_bytes else 0
         return c

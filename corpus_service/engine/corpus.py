@@ -599,13 +599,20 @@ class NgramCorpus:
         ``rank_learn_local`` is off: a replica publishes it so that every replica applies it."""
         return self._native.export_rank_delta()
 
-    def apply_rank_delta(self, words: np.ndarray) -> None:
-        """Learns from a delta of ``export_rank_delta`` (any replica's). A malformed one raises
-        ValueError and changes nothing."""
+    def apply_rank_delta(self, words: np.ndarray, node_words: int | None = None) -> None:
+        """Learns from a delta of ``export_rank_delta`` (any replica's). ``node_words``: its words per
+        node, ``RANK_DELTA_WORDS`` (None) or ``RANK_DELTA_WORDS_V1`` (a delta written before the
+        source-pair cell and the request's own cells, 2026-12-03: it learns without them). A malformed
+        one raises ValueError and changes nothing."""
         arr = np.asarray(words)
         if arr.ndim != 1 or arr.dtype.kind not in "iu":
             raise ValueError(f"apply_rank_delta: expected a 1-D integer array, got {arr.dtype} with shape {arr.shape}")
-        self._native.apply_rank_delta(arr.astype(np.int32, copy=False))
+        if node_words is None:
+            self._native.apply_rank_delta(arr.astype(np.int32, copy=False))
+        else:
+            if isinstance(node_words, bool) or not isinstance(node_words, (int, np.integer)) or node_words <= 0:
+                raise ValueError(f"apply_rank_delta: node_words must be a positive int, got {node_words!r}")
+            self._native.apply_rank_delta(arr.astype(np.int32, copy=False), int(node_words))
 
     def check_integrity(self) -> None:
         """Verifies every native invariant; raises AssertionError naming the first violation."""

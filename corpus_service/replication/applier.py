@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from corpus_service._native import RANK_DELTA_WORDS_V1
 from corpus_service.replication.events import CHUNK, EXTERNAL, POLICY, RANK, REMOVE, RESET, ROLLOUT, Batch, carried
 from corpus_service.server.state import ServiceState
 
@@ -74,9 +75,9 @@ class Applier:
             except ValueError as e:  # a bad event from a foreign writer: every replica skips it
                 self.skipped_events += 1
                 log.warning("log rollout event skipped: %s", e)
-        elif kind == RANK:  # ["a", NS, N]: a replica's rank model observations, learned by all
-            try:
-                corpus.apply_rank_delta(tokens)
+        elif kind == RANK:  # ["a", NS, N, W]: a replica's rank model observations, learned by all
+            try:  # ["a", NS, N] (before 2026-12-03): the older layout's words per node
+                corpus.apply_rank_delta(tokens, ev[3] if len(ev) > 3 else RANK_DELTA_WORDS_V1)
             except ValueError as e:  # a bad event from a foreign writer: every replica skips it
                 self.skipped_events += 1
                 log.warning("log rank model event skipped: %s", e)

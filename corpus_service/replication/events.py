@@ -8,8 +8,9 @@ N]`` a finished request's rollout for prompt KEY's history, sampled by policy VE
 its prompt's tail and then OUTPUT generated tokens; ``["x", NS, NAME, KEY, FORMAT, BYTES]`` an uploaded
 external corpus whose data is blob KEY; ``["r", NS, NAME]`` a removed external corpus; ``["z", NS]`` a
 reset of the namespace's learned corpus; ``["v", NS, V]`` the namespace's policy version announced as
-V; ``["a", NS, N]`` what a replica's rank model observed (csrc/rank_model.h ``export_delta``): the next N
-int32 words, ``RANK_DELTA_WORDS`` per tested draft node. The header is JSON so a message stays readable with ``nats stream view``; the tokens are raw so a
+V; ``["a", NS, N, W]`` what a replica's rank model observed (csrc/rank_model.h ``export_delta``): the next N
+int32 words, W (``RANK_DELTA_WORDS``) per labelled draft node; ``["a", NS, N]``, written before 2026-12-03,
+carries ``RANK_DELTA_WORDS_V1`` words per node (the older layout; it still applies). The header is JSON so a message stays readable with ``nats stream view``; the tokens are raw so a
 batch costs one copy. Readers older than "h", "v" and "a" refuse such messages (a version skew is loud).
 """
 
@@ -68,7 +69,7 @@ def decode(payload: bytes) -> Batch:
             raise ValueError(f"log message: unknown event {ev!r:.80}")
         if ev[0] == ROLLOUT and (len(ev) != 6 or not isinstance(ev[2], str) or not all(isinstance(x, int) for x in ev[3:])):
             raise ValueError(f"log message: malformed rollout event {ev!r:.80}")
-        if ev[0] == RANK and (len(ev) != 3 or not isinstance(ev[2], int)):
+        if ev[0] == RANK and (len(ev) not in (3, 4) or not all(isinstance(x, int) for x in ev[2:])):
             raise ValueError(f"log message: malformed rank model event {ev!r:.80}")
         if ev[0] == POLICY and (len(ev) != 3 or not isinstance(ev[2], int) or ev[2] < 0):
             raise ValueError(f"log message: malformed policy version event {ev!r:.80}")

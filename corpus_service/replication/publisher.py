@@ -21,6 +21,7 @@ from collections import deque
 
 import numpy as np
 
+from corpus_service._native import RANK_DELTA_WORDS
 from corpus_service.replication.events import CHUNK, RANK, ROLLOUT, Batch
 
 log = logging.getLogger("corpus_service.replication")
@@ -68,7 +69,7 @@ class Publisher:
         """Queues what this replica's rank model observed (events.py); dropped like a chunk when the
         buffer is full (False): every replica then learns a little less, and alike."""
         words = np.asarray(words, np.int32)
-        return self._add_tokens([RANK, namespace, int(words.size)], words)
+        return self._add_tokens([RANK, namespace, int(words.size), RANK_DELTA_WORDS], words)
 
     def _add_tokens(self, event: list, tokens: np.ndarray) -> bool:
         n = int(tokens.size)

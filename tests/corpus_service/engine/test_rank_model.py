@@ -4,6 +4,7 @@ between replicas as deltas."""
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from corpus_service import CorpusConfig, NgramCorpus
 from corpus_service._native import RANK_DELTA_WORDS as W
+from corpus_service._native import RANK_DELTA_WORDS_V1 as W1
 from corpus_service.server.config import NamespaceSpec
 from tests.corpus_service.engine.test_acceptance_feedback import ROUNDS, a, b, rounds_corpus, x, y
 
@@ -86,7 +88,8 @@ def random_workload(config: CorpusConfig, seed: int = 7) -> list:
 
 def test_off_switch_gives_todays_drafts_exactly():
     today = random_workload(CorpusConfig())
-    off = random_workload(CorpusConfig(rank_model=False, rank_learning_rate=0.5, rank_token_prior=1.0, rank_prior=2.0))
+    off = random_workload(CorpusConfig(rank_model=False, rank_learning_rate=0.5, rank_token_prior=1.0, rank_prior=2.0,
+                                       rank_lambda=3.0))
     assert off == today and today[-1] == 0  # the model's settings do nothing while it is off
     on = random_workload(CorpusConfig(rank_model=True))
     assert on != today and on[-1] > 0
@@ -196,11 +199,13 @@ def test_local_learning_equals_learning_from_its_own_deltas():
     assert local.stats()["rank_tested_nodes"] == remote.stats()["rank_tested_nodes"] > 0
 
 
-def node_words(accepted: int, feats: list[float], sibling: bool = False) -> np.ndarray:
-    """One node of a delta: cells 0, 100, 200, 300, the flag word, the features (bit-cast floats)."""
-    f = np.zeros(W - 5, np.float32)
+def node_words(accepted: int, feats: list[float], sibling: bool = False, v1: bool = False) -> np.ndarray:
+    """One node of a delta: cells 0, 100, 200, 300 (and 400), the flag word, the features (bit-cast
+    floats); v1: the older layout (4 cells, 14 features)."""
+    cells = [0, 100, 200, 300] if v1 else [0, 100, 200, 300, 400]
+    f = np.zeros((W1 if v1 else W) - len(cells) - 1, np.float32)
     f[: len(feats)] = feats
-    return np.concatenate([np.array([0, 100, 200, 300, accepted | (2 if sibling else 0)], np.int32), f.view(np.int32)])
+    return np.concatenate([np.array(cells + [accepted | (2 if sibling else 0)], np.int32), f.view(np.int32)])
 
 
 def test_sibling_groups_in_a_delta_take_pairwise_steps():
@@ -245,9 +250,10 @@ def test_left_out_nodes_are_learned_from():
 
 @pytest.mark.parametrize("words", [np.arange(5, dtype=np.int32),  # not a whole node
                                    np.full(W, 1 << 30, np.int32),  # a cell out of range
-                                   np.array([0, 0, 0, 0, 4] + [0] * (W - 5), np.int32),  # flag not in [0, 3]
-                                   np.array([0, 0, 0, 0, -1] + [0] * (W - 5), np.int32),  # flag negative
-                                   np.array([0] * 5 + [0x7fc00000] * (W - 5), np.int32),  # features NaN
+                                   np.array([0, 0, 0, 0, -1, 0] + [0] * (W - 6), np.int32),  # no cell: v1 only
+                                   np.array([0, 0, 0, 0, 0, 4] + [0] * (W - 6), np.int32),  # flag not in [0, 3]
+                                   np.array([0, 0, 0, 0, 0, -1] + [0] * (W - 6), np.int32),  # flag negative
+                                   np.array([0] * 6 + [0x7fc00000] * (W - 6), np.int32),  # features NaN
                                    np.zeros((2, W), np.int32),  # not 1-D
                                    np.zeros(W, np.float32)])  # not integers
 def test_malformed_delta_is_refused_and_changes_nothing(words):
@@ -259,6 +265,86 @@ def test_malformed_delta_is_refused_and_changes_nothing(words):
         c.apply_rank_delta(bad)
     np.testing.assert_array_equal(before, c.rank_weights())
     assert c.stats()["rank_tested_nodes"] == 0
+
+
+@pytest.mark.parametrize("node_words_", [0, -1, 7, W + 1, 2.0, True])
+def test_delta_of_an_unknown_layout_is_refused(node_words_):
+    c = NgramCorpus(CorpusConfig(rank_model=True))
+    with pytest.raises(ValueError, match="node_words|words per node"):
+        c.apply_rank_delta(np.zeros(W * W1, np.int32), node_words_)
+    assert c.stats()["rank_tested_nodes"] == 0
+
+
+def test_older_layout_delta_learns_as_its_nodes_in_todays_layout():
+    # A delta of the older layout (before the source-pair cell and the request's own cells) learns as
+    # the same nodes would in today's layout with those features 0: the weights move alike.
+    feats = ([1.0, 0.5, 0.5, 1.0, 0.2], [1.0, 0.5, 0.5, -1.0, 0.1])
+    old = np.concatenate([node_words(1, feats[0], v1=True), node_words(0, feats[1], sibling=True, v1=True)])
+    new = np.concatenate([node_words(1, feats[0]), node_words(0, feats[1], sibling=True)])
+    a, b = NgramCorpus(CorpusConfig(rank_model=True)), NgramCorpus(CorpusConfig(rank_model=True))
+    a.apply_rank_delta(old, W1)
+    b.apply_rank_delta(new)
+    np.testing.assert_array_equal(a.rank_weights(), b.rank_weights())
+    assert a.stats()["rank_tested_nodes"] == 2 and a.stats()["rank_accepted_nodes"] == 1
+    with pytest.raises(ValueError):  # the older layout's words read as today's: not a whole node
+        NgramCorpus(CorpusConfig(rank_model=True)).apply_rank_delta(old)
+
+
+def test_older_layout_snapshot_and_delta_still_load():
+    # Written by the engine of the older layout (tests/data/README.md): its snapshot (format 3) loads
+    # with its 14 weights and counts, the new ones at their start; its delta learns as it did there.
+    expected = json.loads((DATA / "rank_v1_expected.json").read_text())
+    fresh = NgramCorpus(CorpusConfig(rank_model=True)).rank_weights()
+    c = NgramCorpus(CorpusConfig(rank_model=True))
+    c.load(DATA / "corpus_snapshot_v3_rank.ngc")
+    s = c.stats()
+    assert s["rank_tested_nodes"] == expected["rank_tested_nodes"] > 0
+    assert s["rank_accepted_nodes"] == expected["rank_accepted_nodes"]
+    assert s["learned_tokens"] == expected["learned_tokens"]
+    w = c.rank_weights()
+    np.testing.assert_array_equal(w[:14], np.float32(expected["weights"]))
+    np.testing.assert_array_equal(w[14:], fresh[14:])
+    c.start_request("q", list(range(3, 18)) * 3)
+    assert c.draft(["q"], 7).counts[0] > 0  # and drafts with it
+    d = NgramCorpus(CorpusConfig(rank_model=True, history_max_bytes=0))
+    d.apply_rank_delta(np.load(DATA / "rank_delta_v1.npy"), W1)
+    assert d.stats()["rank_tested_nodes"] == expected["delta_tested_nodes"] > 0
+    np.testing.assert_allclose(d.rank_weights()[:14], expected["delta_weights"], rtol=0, atol=1e-6)
+
+
+def own_cells_contrast(rounds: int) -> tuple[float, float]:
+    """Two requests alike in everything but what they accept: A accepts token 8 and rejects 7, B the
+    opposite, in alternating rounds (fresh context tokens each round, so only the tokens recur). Then
+    both see one context continued once by 7 and once by 8. Returns, per request, logit p(8) - logit
+    p(7) of its depth-1 nodes: siblings of one draft, so the model's weights, the shared cells and the
+    request feature weigh alike in both; only the requests' own cells differ."""
+    c = NgramCorpus(CorpusConfig(rank_model=True, learn_prompts=False, history_max_bytes=0))
+    truth = {"A": {7: 9, 8: 8}, "B": {7: 7, 8: 9}}
+    base = {"A": 1000, "B": 2000}
+    for rid in ("A", "B"):
+        c.start_request_unlearned(rid, [base[rid], base[rid] + 1, 7, 1, 2, base[rid], base[rid] + 1])
+    for i in range(rounds):
+        tok = 7 if i % 2 == 0 else 8
+        nxt = 8 if tok == 7 else 7
+        for rid in ("A", "B"):
+            toks, _, _ = c.draft([rid], 1).tree(0)
+            assert toks == [tok]
+            u = base[rid] + 2 * i + 2
+            c.extend(rid, [truth[rid][tok], u, u + 1, nxt, 1, 2, u, u + 1])
+    for rid in ("A", "B"):
+        u = base[rid] + 500
+        c.extend(rid, [3, u, u + 1, 7, 5, 6, u, u + 1, 8, 5, 6, u, u + 1])
+    out = []
+    for rid in ("A", "B"):
+        toks, parents, probs = c.draft([rid], 7).tree(0)
+        p = {t: q for t, par, q in zip(toks, parents, probs) if par == -1}
+        out.append(float(np.log(p[8] / (1 - p[8])) - np.log(p[7] / (1 - p[7]))))
+    return out[0], out[1]
+
+
+def test_requests_own_cells_tell_requests_apart():
+    a, b = own_cells_contrast(20)
+    assert a > b + 1.0  # A has seen 8 accepted and 7 rejected; B the opposite (alike without own cells)
 
 
 def test_threads_draft_and_commit_with_the_model():
@@ -305,10 +391,17 @@ def test_reset_clears_the_model():
                                           ("rank_token_prior", float("inf")), ("rank_pair_prior", -2.0),
                                           ("rank_window", 1), ("rank_window", 1 << 16),
                                           ("rank_left_out", -1), ("rank_left_out", 257), ("rank_left_out", 1.5),
-                                          ("rank_pair_rate", 1.5), ("rank_pair_rate", float("nan"))])
+                                          ("rank_pair_rate", 1.5), ("rank_pair_rate", float("nan")),
+                                          ("rank_lambda", -1.0), ("rank_lambda", float("inf")), ("rank_lambda", "24")])
 def test_bad_config_is_refused(field, value):
     with pytest.raises(ValueError, match=field):
         CorpusConfig(**{field: value})
+
+
+def test_rank_lambda_is_the_models_own():
+    # The model reads the tree's estimates with its own lambda: another rank_lambda drafts otherwise
+    # under the model, and today's ranking (lambda_) is untouched by it (test_off_switch_gives_...).
+    assert random_workload(CorpusConfig(rank_model=True, rank_lambda=2.0)) != random_workload(CorpusConfig(rank_model=True))
 
 
 def test_switchable_per_namespace():

@@ -1,16 +1,17 @@
 """The rank model under replication (csrc/rank_model.h, replication/replica.py): each replica queues
-what its rank model observes, publishes it to the commit log as ``["a", NS, N]`` events, and every
+what its rank model observes, publishes it to the commit log as ``["a", NS, N, W]`` events, and every
 replica learns from the log's events in log order, so all hold the same model (no broker needed here:
 the log is a list of decoded batches)."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from corpus_service._native import RANK_DELTA_WORDS
+from corpus_service._native import RANK_DELTA_WORDS, RANK_DELTA_WORDS_V1
 from corpus_service.replication.applier import Applier, digest
 from corpus_service.replication.blobstore import FileBlobStore
 from corpus_service.replication.events import Batch, decode
@@ -101,12 +102,31 @@ def test_a_malformed_rank_event_is_skipped_by_every_replica():
     state.close()
 
 
+def test_older_rank_events_still_apply():
+    # ["a", NS, N] events (before 2026-12-03) carry the older layout's words per node: they apply, and
+    # alike on every replica; an event naming a layout this version does not know is skipped.
+    words = np.load(Path(__file__).resolve().parents[2] / "data" / "rank_delta_v1.npy")
+    old = Batch("old-replica", 1, [["a", "default", int(words.size)]], [words])
+    unknown = Batch("foreign", 1, [["a", "default", int(words.size), 7]], [words])
+    states = [ServiceState(_config()) for _ in range(2)]
+    for s in states:
+        applier = Applier(s, NOOP, NOOP)
+        applier.apply([decode(old.encode()), decode(unknown.encode())])
+        assert applier.skipped_events == 1
+        assert s.corpus("default").stats()["rank_tested_nodes"] == words.size // RANK_DELTA_WORDS_V1
+    assert digest(states[0]) == digest(states[1])
+    for s in states:
+        s.close()
+    with pytest.raises(ValueError, match="malformed rank model event"):
+        decode(Batch("foreign", 1, [["a", "default", 3, "19"]], [np.zeros(3, np.int32)]).encode())
+
+
 def test_rank_events_round_trip_through_the_wire_format():
     p = Publisher("r1", "s.commits", buffer_tokens=1000, batch_s=0.0)
     words = np.arange(2 * RANK_DELTA_WORDS, dtype=np.int32)
     assert p.add_rank_delta("default", words)
     batch = decode(p._next_batch()[0])
-    assert batch.events == [["a", "default", words.size]]
+    assert batch.events == [["a", "default", words.size, RANK_DELTA_WORDS]]
     np.testing.assert_array_equal(batch.tokens[0], words)
     assert not p.add_rank_delta("default", np.zeros(2000, np.int32))  # beyond the buffer: dropped, counted
     assert p.dropped_tokens == 2000
