@@ -546,6 +546,8 @@ def fleet_arm(arm: str, prompts: list[Sample], args: argparse.Namespace, work: P
                   f"MAT {r['mat']:.3f} ({r['requests']} requests, {r['tokens']} tokens; new policy in "
                   f"{update_s:.1f} s)", flush=True)
         res["replicas_metrics"] = replica_metrics(urls)
+        for p in procs:  # (a replica hands its last finished rollouts to the corpus as it stops)
+            p.stop()
         if arm == "shared":  # what the fleet left in the corpus: its history, the learned source weights
             from corpus_service.client import CorpusClient
 

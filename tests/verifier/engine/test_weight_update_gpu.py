@@ -4,6 +4,7 @@ so it then decodes exactly what an engine built on a fresh load of those weights
 speculative."""
 
 import pytest
+import torch
 
 from verifier.draft.drafter import Drafter
 from verifier.engine.core import Engine, EngineConfig
@@ -11,7 +12,7 @@ from verifier.model import load_model
 from verifier.model.loader import copy_weights_, read_weights
 from verifier.step.sampling import SamplingParams
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 SIGMA, SEED = 0.014075, 11
 PROMPTS = [[1, 9690, 2683, 314, 260, 3349, 30], [1, 4093, 253, 1523, 281, 7353, 7]]
