@@ -77,8 +77,9 @@ class WeightUpdater:
         async with self._lock:
             try:
                 return await self._update(body)
-            except ApiError:
+            except ApiError as e:
                 self.failures += 1
+                log.warning("weight update failed (HTTP %d): %s", e.status, e.message)
                 raise
 
     async def _update(self, body: UpdateWeightsRequest) -> dict:
