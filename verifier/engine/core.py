@@ -496,11 +496,13 @@ class Engine:
         return int(sample(probs, torch.rand(1, generator=req.generator).to(probs.device))[0])
 
     def _param_tensors(self, reqs: list[Request], K: int):
-        dev = self.device
+        """target_probs' per-row arguments, and whether any request truncates (known here, on the host)."""
+        dev, V = self.device, self.model.config.vocab_size
         temp = torch.tensor([max(r.params.temperature, 1e-6) for r in reqs], device=dev).repeat_interleave(K)
         top_k = torch.tensor([r.params.top_k for r in reqs], device=dev).repeat_interleave(K)
         top_p = torch.tensor([r.params.top_p for r in reqs], device=dev).repeat_interleave(K)
-        return temp, top_k, top_p
+        truncated = any(0 < r.params.top_k < V or r.params.top_p < 1.0 for r in reqs)
+        return temp, top_k, top_p, truncated
 
     def _commit_path(self, req: Request, tokens: list[int], logits: torch.Tensor | None, path: list[int], bad: list[bool]) -> int:
         """Commits tokens chosen from logits [K, V] rows ``path`` (one each) up to the first
@@ -834,9 +836,11 @@ class Engine:
         bs, K, V = logits.shape
         flat = logits.reshape(bs * K, V)
         probs = target_probs(flat, *self._param_tensors(running, K))
-        greedy = torch.tensor([r.params.greedy for r in running], device=self.device).repeat_interleave(K)
-        one_hot = torch.zeros_like(probs).scatter_(1, flat.argmax(-1, keepdim=True), 1.0)
-        probs = torch.where(greedy[:, None], one_hot, probs).view(bs, K, V)
+        if any(r.params.greedy for r in running):  # (else no [bs * K, V] one-hot to build and merge)
+            greedy = torch.tensor([r.params.greedy for r in running], device=self.device).repeat_interleave(K)
+            one_hot = torch.zeros_like(probs).scatter_(1, flat.argmax(-1, keepdim=True), 1.0)
+            probs = torch.where(greedy[:, None], one_hot, probs)
+        probs = probs.view(bs, K, V)
         coins, final = [], []
         for r in running:
             g = r.generator
