@@ -462,17 +462,22 @@ def noise_seed(args: argparse.Namespace, epoch: int) -> int:
 async def new_policy(urls: list[str], args: argparse.Namespace, epoch: int, announce: bool) -> float:
     """Epoch ``epoch``'s weights into every replica at once (each drains its requests, none run between
     epochs) and, with ``announce``, its policy version to their corpora; returns the seconds it took."""
-    import httpx
-
     body: dict = {"weight_noise_sigma": args.noise_sigma, "weight_noise_seed": noise_seed(args, epoch)}
     if announce:
         body["policy_version"] = epoch
+    return await post_all(urls, "/v1/update-weights", body, args.start_timeout_s)
+
+
+async def post_all(urls: list[str], route: str, body: dict, timeout: float) -> float:
+    """``body`` to ``route`` of every replica at once; RuntimeError unless all answer 200; the seconds."""
+    import httpx
+
     t = time.perf_counter()
-    async with httpx.AsyncClient(timeout=args.start_timeout_s) as http:
-        rs = await asyncio.gather(*(http.post(u + "/v1/update-weights", json=body) for u in urls))
+    async with httpx.AsyncClient(timeout=timeout) as http:
+        rs = await asyncio.gather(*(http.post(u + route, json=body) for u in urls))
     for u, r in zip(urls, rs):
         if r.status_code != 200:
-            raise RuntimeError(f"{u}/v1/update-weights: HTTP {r.status_code}: {r.text[:500]}")
+            raise RuntimeError(f"{u}{route}: HTTP {r.status_code}: {r.text[:500]}")
     return time.perf_counter() - t
 
 
@@ -590,15 +595,7 @@ def replica_metrics(urls: list[str]) -> dict:
 
 async def announce_version(urls: list[str], epoch: int) -> float:
     """``POST /v1/policy-version`` on every replica (their corpora: one service, or each its own)."""
-    import httpx
-
-    t = time.perf_counter()
-    async with httpx.AsyncClient(timeout=60) as http:
-        rs = await asyncio.gather(*(http.post(u + "/v1/policy-version", json={"version": epoch}) for u in urls))
-    for u, r in zip(urls, rs):
-        if r.status_code != 200:
-            raise RuntimeError(f"{u}/v1/policy-version: HTTP {r.status_code}: {r.text[:500]}")
-    return time.perf_counter() - t
+    return await post_all(urls, "/v1/policy-version", {"version": epoch}, 60.0)
 
 
 def wait_healthy(urls: list[str], timeout: float) -> None:

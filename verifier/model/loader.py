@@ -71,9 +71,7 @@ def build_model(cfg: ModelConfig, state: dict[str, torch.Tensor] | None, device:
             for p in model.parameters():
                 p.normal_(0.0, 0.02) if p.dim() > 1 else p.fill_(1.0)
         return model.eval()
-    if cfg.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    state = fuse_state_dict(state, cfg)
+    state = _model_state(cfg, state)
     expected = set(model.state_dict())
     missing, unexpected = expected - set(state), set(state) - expected
     if missing or unexpected:
@@ -87,9 +85,15 @@ def read_weights(spec: str, weight_noise_sigma: float = 0.0, weight_noise_seed: 
     ``load_model`` does; no tokenizer and no model built (``copy_weights_`` puts them into a live one)."""
     cfg, state, _ = _read_state(resolve_model_path(spec))
     perturb_linear_weights(state, weight_noise_sigma, weight_noise_seed)
+    return cfg, _model_state(cfg, state)
+
+
+def _model_state(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Checkpoint names -> the Transformer's: no lm_head where it is tied to the embeddings, q/k/v
+    and gate/up fused."""
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    return cfg, fuse_state_dict(state, cfg)
+    return fuse_state_dict(state, cfg)
 
 
 # What the KV cache, the kernels and the CUDA graphs were built for: new weights must agree on it.
