@@ -30,7 +30,7 @@ __all__ = [
     "compact_kv_cache",
     "decode_attention", "flatten_draft_tree", "native_available", "norm_linear", "rope_store_kv", "silu_mul",
     "tree_attention_mask", "tree_attention_mask_flat",
-    "tree_indices_from_mask", "tree_indices_from_parents", "tree_speculative_sampling",
+    "tree_indices_from_mask", "tree_indices_from_parents", "tree_sampling_logits", "tree_speculative_sampling",
     "verify_tree_greedy",
 ]
 
@@ -107,6 +107,31 @@ def tree_speculative_sampling(candidates: Tensor, retrive_index: Tensor, retrive
     if _use_native(candidates.device, "tree_speculative_sampling", allow_reference):
         return VerifyResult(*_ops().tree_speculative_sampling(*args))
     return reference.tree_speculative_sampling(*args)
+
+
+def tree_sampling_logits(candidates: Tensor, retrive_index: Tensor, retrive_next_token: Tensor,
+                         retrive_next_sibling: Tensor, coins: Tensor, final_coins: Tensor, logits: Tensor,
+                         temperature: Tensor, num_spec_steps: int, threshold_single: float = 1.0,
+                         threshold_acc: float = 1.0, *, allow_reference: bool | None = None) -> tuple[VerifyResult, Tensor]:
+    """``tree_speculative_sampling`` straight from the LM head's logits [bs, K, V] (float32, bfloat16
+    or float16, contiguous) at a temperature per row [bs * K] float32 (0: a greedy row, its target
+    one-hot at the argmax), for targets without top-k, top-p or logit processing. Returns (the
+    verification, bad [bs, K] bool: rows with a NaN or an infinity, verified as zeroed logits).
+
+    On the GPU no [bs, K, V] distribution is written: one kernel takes each row's softmax
+    statistics (max, normaliser, argmax, non-finite flag) in one pass, and the tree walk computes q
+    only at the tokens it tests and over the bonus row (``csrc/verify_sampling.cu``). The
+    reference (``verifier.step.reference.tree_sampling_logits``) writes the distribution; the two
+    round differently (the kernel's exp is the fast one), so a coin within rounding of a boundary
+    can decide differently.
+    """
+    args = (candidates, retrive_index, retrive_next_token, retrive_next_sibling, coins, final_coins, logits,
+            temperature, num_spec_steps, float(threshold_single), float(threshold_acc))
+    checks.check_sampling_logits(*args)
+    if _use_native(candidates.device, "tree_sampling_logits", allow_reference):
+        *res, bad = _ops().tree_sampling_logits(*args)
+        return VerifyResult(*res), bad
+    return reference.tree_sampling_logits(*args)
 
 
 def tree_attention_mask(tree_mask: Tensor, prefix_lens: Tensor, kv_len: int, *, allow_reference: bool | None = None) -> Tensor:

@@ -93,6 +93,21 @@ def check_sampling(candidates, retrive_index, next_token, next_sibling, coins, f
     return bs, K
 
 
+def check_sampling_logits(candidates, retrive_index, next_token, next_sibling, coins, final_coins,
+                          logits, temperature, num_spec_steps, threshold_single, threshold_acc):
+    bs, K = check_tree_links(candidates, retrive_index, next_token, next_sibling, num_spec_steps)
+    dev = candidates.device
+    check_tensor("logits", logits, ndim=3, dtypes=(torch.float32, torch.bfloat16, torch.float16), device=dev)
+    require(tuple(logits.shape[:2]) == (bs, K), f"logits: expected [bs={bs}, K={K}, vocab], got {tuple(logits.shape)}")
+    require(1 <= logits.shape[2] < 2**31, f"logits: vocab size must be in [1, 2^31), got {logits.shape[2]}")
+    check_tensor("temperature", temperature, shape=(bs * K,), dtypes=torch.float32, device=dev)
+    check_tensor("coins", coins, shape=(bs, K), dtypes=torch.float32, device=dev)
+    check_tensor("final_coins", final_coins, shape=(bs,), dtypes=torch.float32, device=dev)
+    for name, v in (("threshold_single", threshold_single), ("threshold_acc", threshold_acc)):
+        require(isinstance(v, (int, float)) and 0.0 <= float(v) <= 1.0, f"{name} must be in [0, 1], got {v!r}")
+    return bs, K
+
+
 def check_dense_mask(tree_mask, prefix_lens, kv_len) -> tuple[int, int]:
     bs, K = check_tree_mask(tree_mask, prefix_lens)
     require(isinstance(kv_len, int) and kv_len >= 1, f"kv_len must be an int >= 1, got {kv_len!r}")

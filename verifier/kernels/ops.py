@@ -107,6 +107,34 @@ def _(candidates, retrive_index, retrive_next_token, retrive_next_sibling, coins
     return _verify_outputs(candidates, *candidates.shape, num_spec_steps)
 
 
+@torch.library.custom_op(f"{_NS}::tree_sampling_logits", mutates_args=())
+def tree_sampling_logits(candidates: Tensor, retrive_index: Tensor, retrive_next_token: Tensor,
+                         retrive_next_sibling: Tensor, coins: Tensor, final_coins: Tensor, logits: Tensor,
+                         temperature: Tensor, num_spec_steps: int, threshold_single: float,
+                         threshold_acc: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    bs, K = candidates.shape
+    V = logits.shape[2]
+    out = _verify_outputs(candidates, bs, K, num_spec_steps)
+    f32 = dict(dtype=torch.float32, device=logits.device)
+    row_max, row_inv_sum = torch.empty(bs * K, **f32), torch.empty(bs * K, **f32)
+    row_argmax = torch.empty(bs * K, dtype=torch.int64, device=logits.device)
+    row_bad = torch.empty(bs, K, dtype=torch.bool, device=logits.device)
+    with torch.cuda.device(candidates.device):
+        library().call("ngk_tree_sampling_logits", _DTYPE_CODES[logits.dtype], _ptr(logits), _ptr(temperature),
+                       _ptr(row_max), _ptr(row_inv_sum), _ptr(row_argmax), _ptr(row_bad), *map(_ptr, out),
+                       _ptr(candidates), _ptr(retrive_index), _ptr(retrive_next_token), _ptr(retrive_next_sibling),
+                       _ptr(coins), _ptr(final_coins), bs, K, num_spec_steps, V, float(threshold_single),
+                       float(threshold_acc), _stream(candidates))
+    return (*out, row_bad)
+
+
+@tree_sampling_logits.register_fake
+def _(candidates, retrive_index, retrive_next_token, retrive_next_sibling, coins, final_coins, logits,
+      temperature, num_spec_steps, threshold_single, threshold_acc):
+    bs, K = candidates.shape
+    return (*_verify_outputs(candidates, bs, K, num_spec_steps), candidates.new_empty(bs, K, dtype=torch.bool))
+
+
 @torch.library.custom_op(f"{_NS}::tree_attention_mask", mutates_args=())
 def tree_attention_mask(tree_mask: Tensor, prefix_lens: Tensor, kv_len: int) -> Tensor:
     bs, K = tree_mask.shape[0], tree_mask.shape[1]

@@ -254,6 +254,28 @@ def tree_speculative_sampling(
 # --- attention metadata and KV compaction ------------------------------------------------------
 
 
+def tree_sampling_logits(candidates: Tensor, retrive_index: Tensor, retrive_next_token: Tensor,
+                         retrive_next_sibling: Tensor, coins: Tensor, final_coins: Tensor, logits: Tensor,
+                         temperature: Tensor, num_spec_steps: int, threshold_single: float = 1.0,
+                         threshold_acc: float = 1.0) -> tuple[VerifyResult, Tensor]:
+    """``tree_speculative_sampling`` from logits [bs, K, V] and a temperature per row [bs * K]
+    (0: a greedy row, whose q is one-hot at its argmax): q = softmax(logits / temperature) in
+    float32. A row holding a NaN or an infinity counts as zeroed logits (uniform q; one-hot at
+    token 0 when greedy) and is flagged. Returns (the verification, bad [bs, K] bool)."""
+    bs, K, V = logits.shape
+    flat = logits.reshape(bs * K, V).float()
+    bad = ~torch.isfinite(flat).all(-1)
+    flat = flat.masked_fill(bad[:, None], 0.0)
+    greedy = temperature == 0
+    probs = (flat / torch.where(greedy, 1.0, temperature)[:, None]).softmax(-1)
+    if bool(greedy.any()):
+        one_hot = torch.zeros_like(probs).scatter_(1, flat.argmax(-1, keepdim=True), 1.0)
+        probs = torch.where(greedy[:, None], one_hot, probs)
+    res = tree_speculative_sampling(candidates, retrive_index, retrive_next_token, retrive_next_sibling, coins,
+                                    final_coins, probs.view(bs, K, V), num_spec_steps, threshold_single, threshold_acc)
+    return res, bad.view(bs, K)
+
+
 def tree_attention_mask(tree_mask: Tensor, prefix_lens: Tensor, kv_len: int) -> Tensor:
     """[bs, K, kv_len] bool: node i sees the prefix and its tree ancestors at prefix_len + j."""
     bs, K, _ = tree_mask.shape

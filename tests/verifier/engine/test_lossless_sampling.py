@@ -78,13 +78,14 @@ def draws(spec: bool, first_seed: int, threshold_acc: float = 1.0) -> tuple[dict
         eng.generate([PROMPT] * 300, [SamplingParams(max_tokens=L, temperature=T, seed=10**9 + i, ignore_eos=True)
                                       for i in range(300)])
     params = [SamplingParams(max_tokens=L, temperature=T, seed=first_seed + i, ignore_eos=True) for i in range(N)]
-    sampler = kernels.tree_speculative_sampling
+    # Temperature sampling without logit processing verifies from the logits (kernels.tree_sampling_logits).
+    sampler = kernels.tree_sampling_logits
     if threshold_acc != 1.0:
-        kernels.tree_speculative_sampling = functools.partial(sampler, threshold_acc=threshold_acc)
+        kernels.tree_sampling_logits = functools.partial(sampler, threshold_acc=threshold_acc)
     try:
         reqs = eng.generate([PROMPT] * N, params)
     finally:
-        kernels.tree_speculative_sampling = sampler
+        kernels.tree_sampling_logits = sampler
     counts: dict = {}
     for r in reqs:
         counts[tuple(r.output_ids)] = counts.get(tuple(r.output_ids), 0) + 1

@@ -61,6 +61,45 @@ def test_verify_checks():
         kernels.tree_speculative_sampling(cand, *idx[1:], coins, final, probs, 4, 1.0, 1.5)
 
 
+def test_sampling_from_logits_checks():
+    _, _, idx = _tree()
+    cand = torch.zeros(2, 4, **I64)
+    logits, temp = torch.zeros(2, 4, 5), torch.ones(8)
+    coins, final = torch.rand(2, 4), torch.rand(2)
+    with pytest.raises(ValueError, match="logits: expected dtype"):
+        kernels.tree_sampling_logits(cand, *idx[1:], coins, final, logits.double(), temp, 4)
+    with pytest.raises(ValueError, match=r"logits: expected \[bs=2, K=4, vocab\]"):
+        kernels.tree_sampling_logits(cand, *idx[1:], coins, final, logits[:, :3].contiguous(), temp, 4)
+    with pytest.raises(ValueError, match=r"temperature: expected shape \(8,\)"):
+        kernels.tree_sampling_logits(cand, *idx[1:], coins, final, logits, temp[:2], 4)
+    with pytest.raises(ValueError, match="temperature: expected dtype torch.float32"):
+        kernels.tree_sampling_logits(cand, *idx[1:], coins, final, logits, temp.double(), 4)
+    with pytest.raises(ValueError, match="contiguous"):
+        kernels.tree_sampling_logits(cand, *idx[1:], coins, final, logits.transpose(0, 1).contiguous().transpose(0, 1),
+                                     temp, 4)
+
+
+def test_sampling_from_logits_is_sampling_from_their_softmax():
+    """The reference: softmax(logits / T) per row, one-hot at the argmax where T = 0, and a row with a
+    NaN or an infinity verified as zeroed logits and flagged; bfloat16 logits as their float32 copy."""
+    parents = torch.tensor([[-1, 0, 0, 1]] * 3)
+    _, idx = ref.tree_indices_from_parents(parents, torch.zeros(3, **I64))
+    cand = torch.tensor([[9, 1, 2, 3]] * 3)
+    g = torch.Generator().manual_seed(0)
+    logits = (3 * torch.randn(3, 4, 6, generator=g)).bfloat16()
+    logits[2, 1, 4] = float("nan")
+    temp = torch.tensor([0.7] * 4 + [0.0] * 4 + [1.3] * 4)
+    coins, final = torch.rand(3, 4, generator=g), torch.rand(3, generator=g)
+    res, bad = kernels.tree_sampling_logits(cand, *idx[1:], coins, final, logits, temp, 4)
+    assert bad.tolist() == [[False] * 4, [False] * 4, [False, True, False, False]]
+    flat = logits.float().reshape(12, 6)
+    flat[9] = 0.0  # the NaN row, zeroed
+    probs = (flat / torch.where(temp == 0, 1.0, temp)[:, None]).softmax(-1)
+    probs[4:8] = torch.nn.functional.one_hot(flat[4:8].argmax(-1), 6).float()
+    want = ref.tree_speculative_sampling(cand, *idx[1:], coins, final, probs.view(3, 4, 6), 4)
+    assert all(torch.equal(a, b) for a, b in zip(res, want))
+
+
 def test_compaction_checks():
     slots = torch.arange(8).reshape(2, 4)
     ai, num = torch.zeros(2, 4, dtype=torch.int32), torch.zeros(2, dtype=torch.int32)

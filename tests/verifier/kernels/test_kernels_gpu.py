@@ -132,6 +132,57 @@ def test_sampling_is_exact_chi_square_on_gpu():
     assert min(pvalues.values()) > 1e-6, pvalues
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("K,vocab", [(1, 7), (7, 5), (16, 1001), (16, 49152), (64, 32000)])
+@pytest.mark.parametrize("bs", [1, 37, 134])
+def test_sampling_from_logits_parity(bs, K, vocab, dtype):
+    """The kernel that reads logits against the reference that writes their softmax: the same
+    acceptance decisions and bonus tokens, except within rounding of a boundary (its exp is the fast
+    one, and it sums in float32), rarely; greedy rows (T = 0) and rows with a NaN or inf included."""
+    if bs * K * vocab > 2**30 // 4:
+        pytest.skip("keeps the reference's probabilities under 1 GiB")
+    dev = "cuda"
+    trees, parents, tokens, prefix, _ = make_batch(bs, K, min(vocab, 6), seed=K + vocab + bs + 1)
+    g = torch.Generator().manual_seed(bs + K + 1)
+    logits = (4 * torch.randn(bs, K, vocab, generator=g)).to(dtype)
+    logits[..., 1] = -1e4  # drafts propose token 1 but the target (almost) never emits it
+    flat = logits.view(bs * K, vocab)
+    temp = torch.empty(bs * K).uniform_(0.3, 1.5, generator=g)
+    temp[torch.rand(bs * K, generator=g) < 0.2] = 0.0  # greedy rows
+    bad_rows = torch.randperm(bs * K, generator=g)[: max(1, bs * K // 50)]
+    flat[bad_rows[0], 0] = float("nan")
+    if len(bad_rows) > 1:
+        flat[bad_rows[1:], -1] = float("inf")
+    coins, final = torch.rand(bs, K, generator=g), torch.rand(bs, generator=g)
+    _, idx = ref.tree_indices_from_parents(parents, prefix)
+    links = [t.to(dev) for t in idx[1:]]
+    for steps in sorted({1, max(1, K // 3), K}):
+        want, want_bad = ref.tree_sampling_logits(tokens, *idx[1:], coins, final, logits, temp, steps)
+        got, got_bad = kernels.tree_sampling_logits(tokens.to(dev), *links, coins.to(dev), final.to(dev),
+                                                    logits.to(dev), temp.to(dev), steps)
+        assert torch.equal(got_bad.cpu(), want_bad)
+        got = ref.VerifyResult(*(t.cpu() for t in got))
+        differ = (got.accept_token_num != want.accept_token_num).nonzero().flatten().tolist()
+        assert len(differ) <= max(1, bs // 50), differ  # an acceptance coin within rounding of q's sum
+        same = [b for b in range(bs) if b not in differ]
+        assert torch.equal(got.accept_index[same], want.accept_index[same])
+        mismatch = [i for i in (got.predicts != want.predicts).nonzero().flatten().tolist() if i // K in same]
+        assert len(mismatch) <= max(1, bs // 50), mismatch
+
+
+def test_sampling_from_logits_is_exact_chi_square_on_gpu():
+    from tests.verifier.step.test_reference_verify import exactness_pvalues
+
+    def from_logits(cand, ridx, nxt, sib, coins, final, q, steps, single, acc):
+        logits = q.log().clamp(min=-1e4)  # exp(-1e4) is 0 in float32: the target's zeros stay zeros
+        temp = torch.ones(q.shape[0] * q.shape[1], device=q.device)
+        return kernels.tree_sampling_logits(cand, ridx, nxt, sib, coins, final, logits, temp, steps, single, acc)[0]
+
+    pvalues = exactness_pvalues(from_logits, n=200_000, seed=2, device="cuda")
+    assert not any(np.isnan(list(pvalues.values()))), pvalues
+    assert min(pvalues.values()) > 1e-6, pvalues
+
+
 def test_greedy_pipeline_under_cuda_graph():
     """indices + verify + compaction captured once, replayed on new inputs, equal to eager."""
     dev, bs, K = "cuda", 64, 16

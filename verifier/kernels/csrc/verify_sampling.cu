@@ -20,28 +20,96 @@
 // One block of kThreads per request. Thread 0 walks the tree in shared memory (each node's q of
 // its own token is fetched by all threads at once beforehand); the bonus draw is a block-wide
 // chunked sum + scan over the vocabulary row, then one thread scans its own chunk.
+//
+// Two sources of q. ``ngk_tree_speculative_sampling`` reads a dense [bs, K, V] float32 q. The
+// logits form (``ngk_tree_sampling_logits``) reads the LM head's logits [bs, K, V] as they are
+// (float32 or 16-bit) with per-row softmax statistics (``ngk_softmax_rows``: the row's max, the
+// reciprocal of its sum of exp((x - max) / T), its argmax and whether it holds a NaN or an
+// infinity), and computes q(v) = exp((x_v - max) / T) / sum only where the walk and the bonus draw
+// read it: at most K values per request and the bonus row, instead of writing and reading all
+// bs * K * V. A temperature of 0 makes the row greedy (q one-hot at the argmax, as the engine's
+// greedy rows in a sampled batch); a non-finite row counts as zeroed logits (uniform q, or one-hot
+// at token 0 when greedy), as numerics.nonfinite_rows leaves it.
+#include <math.h>
+
+#include <type_traits>
+
 #include "common.cuh"
+#include "dtypes.cuh"
 
 namespace {
 
 constexpr int kThreads = 1024;
 
+// 1 / temperature, or 0 for a greedy row (temperature 0): the stats and the walk agree on it.
+__device__ __forceinline__ float inv_temp_of(float t) { return t > 0.f ? 1.f / t : 0.f; }
+
+// A dense float32 row of q.
+struct DenseRow {
+  const float* p;
+  __device__ __forceinline__ float operator()(int v) const { return __ldg(p + v); }
+};
+
+struct DenseProbs {
+  static constexpr bool kDense = true;
+  const float* p;
+  int64_t V;
+  __device__ __forceinline__ DenseRow row(int64_t r) const { return DenseRow{p + r * V}; }
+};
+
+// q of one logits row: softmax at temperature 1 / it (mode 0), one-hot at `amax` (mode 1: greedy,
+// or a non-finite greedy row, whose argmax is 0) or uniform (mode 2: a non-finite sampled row).
+template <typename T>
+struct LogitRow {
+  const T* l;
+  float mx, it, inv_sum, uniform;
+  int64_t amax;
+  int mode;
+  __device__ __forceinline__ float operator()(int v) const {
+    if (mode == 0) return __expf((ngk::to_f(l[v]) - mx) * it) * inv_sum;
+    if (mode == 1) return v == amax ? 1.f : 0.f;
+    return uniform;
+  }
+};
+
+template <typename T>
+struct LogitProbs {
+  static constexpr bool kDense = false;
+  const T* logits;
+  const float* temperature;  // [rows]; 0: greedy row
+  const float* row_max;
+  const float* row_inv_sum;
+  const int64_t* row_argmax;
+  const uint8_t* row_bad;
+  int64_t V;
+  __device__ __forceinline__ LogitRow<T> row(int64_t r) const {
+    const float it = inv_temp_of(temperature[r]);
+    const bool bad = row_bad[r] != 0;
+    const int mode = it == 0.f ? 1 : (bad ? 2 : 0);
+    return LogitRow<T>{logits + r * V, row_max[r], it, row_inv_sum[r], 1.f / static_cast<float>(V),
+                       bad ? 0 : row_argmax[r], mode};
+  }
+};
+
 // Sum of the residual over [start, end) in index order, sequentially in float32. Tokens in
 // rejected[0..num_rejected) count as 0.
-__device__ float chunk_sum(const float* row, int start, int end, const int* rejected,
+template <typename Row>
+__device__ float chunk_sum(const Row& row, int start, int end, const int* rejected,
                            int num_rejected, bool vectorised) {
   bool any_rejected = false;
   for (int k = 0; k < num_rejected; ++k) any_rejected |= (rejected[k] >= start && rejected[k] < end);
   float sum = 0.f;
-  if (!any_rejected && vectorised) {
-    for (int v = start; v < end; v += 4) {  // start, end are multiples of 4 here
-      const float4 x = __ldg(reinterpret_cast<const float4*>(row + v));
-      sum += x.x; sum += x.y; sum += x.z; sum += x.w;  // same order as the scalar loop
+  if constexpr (std::is_same_v<Row, DenseRow>) {
+    if (!any_rejected && vectorised) {
+      for (int v = start; v < end; v += 4) {  // start, end are multiples of 4 here
+        const float4 x = __ldg(reinterpret_cast<const float4*>(row.p + v));
+        sum += x.x; sum += x.y; sum += x.z; sum += x.w;  // same order as the scalar loop
+      }
+      return sum;
     }
-    return sum;
   }
   for (int v = start; v < end; ++v) {
-    float x = __ldg(row + v);
+    float x = row(v);
     if (any_rejected) {
       for (int k = 0; k < num_rejected; ++k) x = (rejected[k] == v) ? 0.f : x;
     }
@@ -77,6 +145,7 @@ __device__ float block_exclusive_scan(float value, float* total, float* warp_sum
   return offset + excl;
 }
 
+template <typename Probs>
 __global__ void __launch_bounds__(kThreads)
     tree_sampling_kernel(int32_t* predicts, int32_t* accept_index, int32_t* accept_token_num,
                          const int64_t* __restrict__ candidates,
@@ -84,7 +153,7 @@ __global__ void __launch_bounds__(kThreads)
                          const int64_t* __restrict__ next_token,
                          const int64_t* __restrict__ next_sibling,
                          const float* __restrict__ coins, const float* __restrict__ final_coins,
-                         const float* __restrict__ target_probs, int K, int S, int V,
+                         const Probs probs, int K, int S, int V,
                          float threshold_single, float threshold_acc) {
   __shared__ int64_t cand_s[NGK_MAX_NODES], ridx_s[NGK_MAX_NODES];
   __shared__ int next_s[NGK_MAX_NODES], sibling_s[NGK_MAX_NODES], parent_s[NGK_MAX_NODES];
@@ -114,7 +183,7 @@ __global__ void __launch_bounds__(kThreads)
   if (tid < K) {
     const int p = parent_s[tid];
     const int64_t tok = cand_s[tid];
-    q_s[tid] = (p >= 0 && tok >= 0 && tok < V) ? target_probs[(base + p) * V + tok] : 0.f;
+    q_s[tid] = (p >= 0 && tok >= 0 && tok < V) ? probs.row(base + p)(static_cast<int>(tok)) : 0.f;
   }
   __syncthreads();
 
@@ -131,7 +200,7 @@ __global__ void __launch_bounds__(kThreads)
         const int64_t tok = cand_s[cur];
         float q = q_s[cur];
         if (parent_s[cur] != last) {  // only for malformed links: read q at the node we are at
-          q = (tok >= 0 && tok < V) ? target_probs[(base + last) * V + tok] : 0.f;
+          q = (tok >= 0 && tok < V) ? probs.row(base + last)(static_cast<int>(tok)) : 0.f;
         }
         prob_acc += q;
         if (coin < prob_acc / threshold_acc || q >= threshold_single) {
@@ -158,10 +227,11 @@ __global__ void __launch_bounds__(kThreads)
 
   // Bonus token: inverse CDF over the residual row, thread tid owning [start, end).
   const int last = last_s;
-  const float* row = target_probs + (base + last) * V;
+  const auto row = probs.row(base + last);
   const int chunk = ((V + kThreads - 1) / kThreads + 3) & ~3;
   const int start = min(V, tid * chunk), end = min(V, start + chunk);
-  const bool vectorised = (V % 4 == 0) && ((reinterpret_cast<uintptr_t>(target_probs) & 15) == 0);
+  bool vectorised = false;
+  if constexpr (Probs::kDense) vectorised = (V % 4 == 0) && ((reinterpret_cast<uintptr_t>(probs.p) & 15) == 0);
   int num_rejected = num_rejected_s;
   float partial = chunk_sum(row, start, end, rejected_s, num_rejected, vectorised);
   float total;
@@ -180,7 +250,7 @@ __global__ void __launch_bounds__(kThreads)
     float running = excl;
     int pick = -1;
     for (int v = start; v < end; ++v) {
-      float x = __ldg(row + v);
+      float x = row(v);
       for (int k = 0; k < num_rejected; ++k) x = (rejected_s[k] == v) ? 0.f : x;
       if (x > 0.f) {
         pick = v;
@@ -192,6 +262,104 @@ __global__ void __launch_bounds__(kThreads)
   } else if (tid == 0 && owner_s == -1) {  // an all-zero row: sgl-kernel also falls back to V - 1
     predicts[ridx_s[last]] = V - 1;
   }
+}
+
+// Per-row softmax statistics of logits [rows, V] at temperature[r] (0: only the argmax is
+// needed): the max, 1 / sum exp((x - max) / temperature), the argmax (ties to the lowest
+// index, as torch.argmax) and whether the row holds a NaN or an infinity (then argmax 0 and the
+// other figures unused). One pass over the row: each thread keeps a running max and a sum
+// rescaled when the max grows (online softmax), merged across the block.
+constexpr int kStatThreads = 512;
+
+__device__ __forceinline__ void merge_stats(float& m, float& s, int& i, float m2, float s2, int i2, float it) {
+  if (m2 > m || (m2 == m && i2 < i)) {
+    s = (s > 0.f ? s * __expf((m - m2) * it) : 0.f) + s2;
+    m = m2, i = i2;
+  } else {
+    s += s2 > 0.f ? s2 * __expf((m2 - m) * it) : 0.f;
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kStatThreads)
+    softmax_rows_kernel(const T* __restrict__ logits, int64_t V, const float* __restrict__ temperature,
+                        float* __restrict__ out_max, float* __restrict__ out_inv_sum,
+                        int64_t* __restrict__ out_idx, uint8_t* __restrict__ out_bad) {
+  constexpr int kVec = 16 / sizeof(T);
+  __shared__ float sm[kStatThreads / 32], ss[kStatThreads / 32];
+  __shared__ int si[kStatThreads / 32], sbad[kStatThreads / 32];
+  const T* row = logits + blockIdx.x * V;
+  const float it = inv_temp_of(temperature[blockIdx.x]);
+  float m = -INFINITY, s = 0.f;
+  int idx = 0x7fffffff, bad = 0;
+  auto add = [&](float x, int j) {
+    bad |= !isfinite(x);
+    if (x > m) {
+      s = (m == -INFINITY ? 0.f : s * __expf((m - x) * it)) + 1.f;
+      m = x, idx = j;
+    } else {
+      s += __expf((x - m) * it);
+    }
+  };
+  const bool vec = (V % kVec == 0) && (reinterpret_cast<uintptr_t>(row) % 16 == 0);
+  if (vec) {
+    const uint4* r16 = reinterpret_cast<const uint4*>(row);
+    for (int64_t j = threadIdx.x; j < V / kVec; j += kStatThreads) {
+      const uint4 raw = r16[j];
+      const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) add(ngk::to_f(e[k]), static_cast<int>(kVec * j + k));
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < V; j += kStatThreads) add(ngk::to_f(row[j]), static_cast<int>(j));
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    merge_stats(m, s, idx, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o),
+                __shfl_xor_sync(0xffffffffu, idx, o), it);
+  }
+  bad = __any_sync(0xffffffffu, bad);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) sm[warp] = m, ss[warp] = s, si[warp] = idx, sbad[warp] = bad;
+  __syncthreads();
+  if (warp == 0) {
+    constexpr int kWarps = kStatThreads / 32;
+    m = lane < kWarps ? sm[lane] : -INFINITY;
+    s = lane < kWarps ? ss[lane] : 0.f;
+    idx = lane < kWarps ? si[lane] : 0x7fffffff;
+    bad = lane < kWarps ? sbad[lane] : 0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      merge_stats(m, s, idx, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o),
+                  __shfl_xor_sync(0xffffffffu, idx, o), it);
+    }
+    bad = __any_sync(0xffffffffu, bad);
+    if (lane == 0) {
+      out_bad[blockIdx.x] = bad ? 1 : 0;
+      out_idx[blockIdx.x] = bad ? 0 : idx;
+      out_max[blockIdx.x] = bad ? 0.f : m;
+      out_inv_sum[blockIdx.x] = (bad || !(s > 0.f)) ? 0.f : 1.f / s;
+    }
+  }
+}
+
+template <typename T>
+int launch_logits(const void* logits, int64_t rows, int64_t V, const float* temperature, float* row_max,
+                  float* row_inv_sum, int64_t* row_argmax, uint8_t* row_bad, int32_t* predicts,
+                  int32_t* accept_index, int32_t* accept_token_num, const int64_t* candidates,
+                  const int64_t* retrive_index, const int64_t* next_token, const int64_t* next_sibling,
+                  const float* coins, const float* final_coins, int batch_size, int K, int S,
+                  float threshold_single, float threshold_acc, cudaStream_t stream) {
+  const T* l = static_cast<const T*>(logits);
+  softmax_rows_kernel<T><<<static_cast<unsigned>(rows), kStatThreads, 0, stream>>>(
+      l, V, temperature, row_max, row_inv_sum, row_argmax, row_bad);
+  NGK_CHECK_LAUNCH();
+  const LogitProbs<T> probs{l, temperature, row_max, row_inv_sum, row_argmax, row_bad, V};
+  tree_sampling_kernel<LogitProbs<T>><<<batch_size, kThreads, 0, stream>>>(
+      predicts, accept_index, accept_token_num, candidates, retrive_index, next_token, next_sibling,
+      coins, final_coins, probs, K, S, static_cast<int>(V), threshold_single, threshold_acc);
+  NGK_CHECK_LAUNCH();
+  return 0;
 }
 
 }  // namespace
@@ -207,10 +375,40 @@ extern "C" int ngk_tree_speculative_sampling(
   NGK_REQUIRE(vocab_size >= 1);
   if (batch_size == 0) return 0;
   const float capped_acc = fmaxf(threshold_acc, 1e-9f);  // as sgl-kernel
-  tree_sampling_kernel<<<batch_size, kThreads, 0, stream>>>(
+  tree_sampling_kernel<DenseProbs><<<batch_size, kThreads, 0, stream>>>(
       predicts, accept_index, accept_token_num, candidates, retrive_index, next_token,
-      next_sibling, coins, final_coins, target_probs, K, num_spec_steps, vocab_size,
-      threshold_single, capped_acc);
+      next_sibling, coins, final_coins, DenseProbs{target_probs, vocab_size}, K, num_spec_steps,
+      vocab_size, threshold_single, capped_acc);
   NGK_CHECK_LAUNCH();
   return 0;
+}
+
+// The same from logits [batch_size, K, vocab_size] (dtype: 0 float32, 1 float16, 2 bfloat16,
+// contiguous) and temperature [batch_size * K] float32 (0: a greedy row). The per-row
+// statistics go to row_max, row_inv_sum [rows] float32, row_argmax [rows] int64 and row_bad
+// [rows] uint8 (a NaN or an infinity in the row), rows = batch_size * K; the caller reads row_bad.
+extern "C" int ngk_tree_sampling_logits(
+    int dtype, const void* logits, const float* temperature, float* row_max, float* row_inv_sum,
+    int64_t* row_argmax, uint8_t* row_bad, int32_t* predicts, int32_t* accept_index,
+    int32_t* accept_token_num, const int64_t* candidates, const int64_t* retrive_index,
+    const int64_t* next_token, const int64_t* next_sibling, const float* coins,
+    const float* final_coins, int batch_size, int K, int num_spec_steps, int vocab_size,
+    float threshold_single, float threshold_acc, cudaStream_t stream) {
+  NGK_REQUIRE(K >= 1 && K <= NGK_MAX_NODES);
+  NGK_REQUIRE(num_spec_steps >= 1);
+  NGK_REQUIRE(vocab_size >= 1);
+  NGK_REQUIRE(dtype == ngk::kF32 || dtype == ngk::kF16 || dtype == ngk::kBF16);
+  if (batch_size == 0) return 0;
+  const int64_t rows = static_cast<int64_t>(batch_size) * K;
+  const float capped_acc = fmaxf(threshold_acc, 1e-9f);
+  auto go = [&](auto tag) {
+    using T = decltype(tag);
+    return launch_logits<T>(logits, rows, vocab_size, temperature, row_max, row_inv_sum, row_argmax, row_bad,
+                            predicts, accept_index, accept_token_num, candidates, retrive_index, next_token,
+                            next_sibling, coins, final_coins, batch_size, K, num_spec_steps, threshold_single,
+                            capped_acc, stream);
+  };
+  if (dtype == ngk::kF16) return go(__half{});
+  if (dtype == ngk::kBF16) return go(__nv_bfloat16{});
+  return go(float{});
 }
