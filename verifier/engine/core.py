@@ -50,7 +50,7 @@ class EngineConfig:
     cost_probe_s: float = 10.0  # start-up time allowed for measuring the cost model
     cuda_graphs: bool = True  # replay captured graphs for decode/verify steps (CUDA only)
     compile: bool = True  # torch.compile the layers' elementwise ops into fused kernels (CUDA only)
-    capture_at_start: bool = True  # capture the greedy-step graphs of every bucket at start-up (CUDA graphs)
+    capture_at_start: bool = True  # capture the greedy-step and forward graphs of every bucket at start-up (CUDA graphs)
     prefill_tokens: int = 8192  # prompt tokens (padding included) per batched prefill forward
     emulate_graphs: bool = False  # tests: the graph path (padded buckets, one-graph greedy step) run eagerly on any device
     # Steps through kernels.norm_linear (norms and SwiGLU fused into the matmuls), where every step
@@ -212,9 +212,11 @@ class Engine:
                      "native" if model.native_linear else "torch")
         if self.graphs is not None and self.graphs.capture and config.capture_at_start:
             t = time.perf_counter()
-            n = self.graphs.capture_greedy_steps(None if drafter is not None else (1,))
+            buckets = None if drafter is not None else (1,)
+            n = self.graphs.capture_greedy_steps(buckets)
+            n += self.graphs.capture_forward_steps(buckets)  # sampled and processed steps
             n += self.graphs.capture_prefills()
-            log.info("captured %d greedy-step and prefill graphs in %.1f s", n, time.perf_counter() - t)
+            log.info("captured %d greedy-step, forward and prefill graphs in %.1f s", n, time.perf_counter() - t)
         self.scheduler = Scheduler(config.max_batch, config.refill_slots,
                                    longest_first=config.makespan.longest_first and drafter is not None)
         self.makespan = MakespanClock()
@@ -794,45 +796,88 @@ class Engine:
     def _verify_general(self, running: list[Request], packed: PackedTrees, inp: StepInput | None, max_prefix: int):
         """A step that is not one greedy-step graph: the forward part replayed as a forward graph
         where there are graphs (``inp``), else run eagerly at the step's shape; then either the
-        greedy tail (greedy requests without logit processing, no graphs), or the logits processed
-        on the way (penalties, grammar masks) and verified greedily or by tree rejection sampling,
-        eagerly. Returns the results on the host as greedy_step does."""
+        greedy tail (greedy requests without logit processing, no graphs), or tree rejection
+        sampling straight from the logits (``_raw_targets``: no processing, no truncation), or the
+        logits processed on the way (penalties, grammar masks, top-k/top-p) and verified greedily
+        or by tree rejection sampling, eagerly. Returns the results on the host as greedy_step does."""
         bs, K = packed.bs, packed.K
         if self.device.type != "cuda":  # a CPU forward is synchronous: hand over the corpus calls first
             self._dispatch(hold=True)
         greedy_only = inp is None and self._greedy_only(running)
-        if inp is not None:
+        raw = not greedy_only and self._raw_targets(running)
+        if inp is not None:  # (a forward graph's logits are in the model's dtype)
             f = self.graphs.launch_forward(inp, bs)
         else:
             slots = packed.slots.tolist()
             consecutive = slots == list(range(slots[0], slots[0] + bs))
-            # Logits in the model's dtype for the greedy tail (as a greedy-step graph reads them).
+            # Logits in the model's dtype for the greedy tail and the raw sampling (as a graph gives them).
             f = forward_part(self.model, self.cache, torch.from_numpy(packed.host).to(self.device), bs, K,
-                             max_prefix + K, float_logits=not greedy_only,
+                             max_prefix + K, float_logits=not (greedy_only or raw),
                              slot_range=(slots[0], bs) if consecutive else None)
         self._dispatch(hold=True)  # while the GPU runs the forward
         if greedy_only:
             return GreedyStepResult.unpack(greedy_tail(self.cache, f).cpu().numpy(), bs, K, bs, f.logits)
-        logits = f.logits
-        bad = nonfinite_rows(logits)  # before penalties: min_tokens puts -inf in on purpose
-        process_logits(logits, running, f.tokens, f.tree_mask, self.eos_ids)
-        if any(r.grammar is not None for r in running):  # structured output: each node's grammar mask
-            n, tok, par = packed.num_nodes, packed.tokens, packed.parents
-            mask_logits(running, [(tok[b, 1:n[b]], par[b, 1:n[b]] - 1) for b in range(bs)], logits)
-        idx = f.idx
-        if all(r.params.greedy for r in running):
-            res = kernels.verify_tree_greedy(f.tokens, idx.retrive_index, idx.retrive_next_token,
-                                             idx.retrive_next_sibling, logits.argmax(-1), K)
+        if raw:
+            res, bad = self._verify_raw(running, f)
+            logits = f.logits
         else:
-            res = self._verify_sampled(running, f)
+            # Processing writes into the logits: a float32 copy of a graph's 16-bit buffer.
+            logits = f.logits if f.logits.dtype == torch.float32 else f.logits.float()
+            bad = nonfinite_rows(logits)  # before penalties: min_tokens puts -inf in on purpose
+            process_logits(logits, running, f.tokens, f.tree_mask, self.eos_ids)
+            if any(r.grammar is not None for r in running):  # structured output: each node's grammar mask
+                n, tok, par = packed.num_nodes, packed.tokens, packed.parents
+                mask_logits(running, [(tok[b, 1:n[b]], par[b, 1:n[b]] - 1) for b in range(bs)], logits)
+            idx = f.idx
+            if all(r.params.greedy for r in running):
+                res = kernels.verify_tree_greedy(f.tokens, idx.retrive_index, idx.retrive_next_token,
+                                                 idx.retrive_next_sibling, logits.argmax(-1), K)
+            else:
+                res = self._verify_sampled(running, f, logits)
         keep_accepted(self.cache, f, res)
         # One device-to-host copy (each copy is a sync).
         flat = GreedyStepResult.pack(res.accept_index, res.accept_token_num, res.predicts, bad).cpu().numpy()
         return GreedyStepResult.unpack(flat, bs, K, bs, logits)
 
-    def _verify_sampled(self, running: list[Request], f: StepForward):
-        """Exact tree rejection sampling; greedy rows use one-hot targets (the same as greedy)."""
-        logits = f.logits
+    def _raw_targets(self, running: list[Request]) -> bool:
+        """Whether every request's target is the softmax of its logits as the model gave them (or
+        their argmax): no penalties or min_tokens, grammar, logprobs, top-k or top-p. Such a step
+        verifies from the logits (``kernels.tree_sampling_logits``), without a [bs, K, V]
+        distribution (at 134 requests x 16 nodes, ~0.8 ms of the H200's time per step)."""
+        V = self.model.config.vocab_size
+        return all(not needs_processing(r) and r.grammar is None and r.params.logprobs is None
+                   and not 0 < r.params.top_k < V and r.params.top_p >= 1.0 for r in running)
+
+    def _coins(self, running: list[Request], K: int, extra: list[float] | None = None) -> torch.Tensor:
+        """Each request's K node coins then its bonus coin, drawn from its own generator (zeros for
+        greedy requests), followed by ``extra`` values: one host tensor [bs * (K + 1) + len(extra)],
+        so that one copy takes them to the device."""
+        draws = []
+        for r in running:
+            g = r.generator
+            draws.append(torch.rand(K, generator=g) if g is not None else torch.zeros(K))
+            draws.append(torch.rand(1, generator=g) if g is not None else torch.zeros(1))
+        if extra is not None:
+            draws.append(torch.tensor(extra, dtype=torch.float32))
+        return torch.cat(draws)
+
+    def _verify_raw(self, running: list[Request], f: StepForward):
+        """Tree rejection sampling of a ``_raw_targets`` step straight from its logits; greedy rows
+        (temperature 0) have one-hot targets, as in ``_verify_sampled``. Returns (result, bad)."""
+        bs, K = f.tokens.shape
+        temps = [float(r.params.temperature) for r in running for _ in range(K)]
+        host = self._coins(running, K, temps)
+        dev = host.to(self.device)
+        n = bs * (K + 1)
+        draws = dev[:n].view(bs, K + 1)
+        idx = f.idx
+        return kernels.tree_sampling_logits(
+            f.tokens, idx.retrive_index, idx.retrive_next_token, idx.retrive_next_sibling,
+            draws[:, :K].contiguous(), draws[:, K].contiguous(), f.logits, dev[n:], K)
+
+    def _verify_sampled(self, running: list[Request], f: StepForward, logits: torch.Tensor):
+        """Exact tree rejection sampling of processed ``logits`` [bs, K, V] float32; greedy rows use
+        one-hot targets (the same as greedy)."""
         bs, K, V = logits.shape
         flat = logits.reshape(bs * K, V)
         probs = target_probs(flat, *self._param_tensors(running, K))
@@ -841,12 +886,8 @@ class Engine:
             one_hot = torch.zeros_like(probs).scatter_(1, flat.argmax(-1, keepdim=True), 1.0)
             probs = torch.where(greedy[:, None], one_hot, probs)
         probs = probs.view(bs, K, V)
-        coins, final = [], []
-        for r in running:
-            g = r.generator
-            coins.append(torch.rand(K, generator=g) if g is not None else torch.zeros(K))
-            final.append(torch.rand(1, generator=g) if g is not None else torch.zeros(1))
+        draws = self._coins(running, K).to(self.device).view(bs, K + 1)
         idx = f.idx
         return kernels.tree_speculative_sampling(
             f.tokens, idx.retrive_index, idx.retrive_next_token, idx.retrive_next_sibling,
-            torch.stack(coins).to(self.device), torch.cat(final).to(self.device), probs, K)
+            draws[:, :K].contiguous(), draws[:, K].contiguous(), probs, K)

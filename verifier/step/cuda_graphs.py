@@ -364,6 +364,21 @@ class GraphRunner:
                         self._steps[(B, K, L)] = self._build_step(B, K, L)
         return len(self._steps)
 
+    def capture_forward_steps(self, node_buckets: tuple[int, ...] | None = None) -> int:
+        """Captures the forward graph of every (batch, nodes, KV) bucket up front: steps whose
+        logits are processed or sampled replay these (``step_input(forward_only=True)``). Captured
+        lazily instead, a rollout batch (shrinking batches, growing prefixes, tree sizes chosen per
+        step) met a new shape every few dozen steps, each capture ~25-60 ms on the H200 (SmolLM2,
+        up to a third of a step's host time); returns how many there are."""
+        if not self.capture:
+            return 0
+        for B in self.batch_buckets:
+            for K in node_buckets or self.node_buckets:
+                for L in self.kv_buckets:
+                    if K <= L and (B, K, L) not in self._forwards:
+                        self._forwards[(B, K, L)] = self._build_step(B, K, L, forward_only=True)
+        return len(self._forwards)
+
     @property
     def captures(self) -> int:
         """Graphs captured so far (a step that captured one took longer than its replays will)."""
@@ -416,15 +431,15 @@ class GraphRunner:
         self._launches += 1
         g.inp.copy_(g.staging[inp.turn], non_blocking=True)  # ordered before the replay on this stream
         if g.graph is None:
-            g.fwd = forward_part(self.model, self.cache, g.inp, inp.B, inp.K, inp.L)
+            g.fwd = forward_part(self.model, self.cache, g.inp, inp.B, inp.K, inp.L, float_logits=False)
         else:
             g.graph.replay()
         return g.fwd.rows(bs)
 
     def forward_step(self, host: np.ndarray, bs: int, K: int, kv_len: int) -> Tensor:
         """The forward part of a step of bs rows (``host``: a ``tree_batch.PackedTrees.host`` of
-        bs rows) replayed as its forward graph; returns the logits [bs, K, V] (float32, the
-        graph's buffer). The start-up cost probe and the benchmarks time steps' forwards so."""
+        bs rows) replayed as its forward graph; returns the logits [bs, K, V] (in the model's
+        dtype, as the LM head gave them: the graph's buffer). The start-up cost probe and the benchmarks time steps' forwards so."""
         inp = self.step_input(bs, K, kv_len, forward_only=True)
         self._load_step(inp, host, bs)
         return self.launch_forward(inp, bs).logits
@@ -505,7 +520,8 @@ class GraphRunner:
         # Warm-ups and capture run on the padding input above (every row in the scratch slot), so
         # no request's K/V moves.
         if forward_only:
-            g.graph, g.fwd = self._capture(lambda: forward_part(self.model, self.cache, g.inp, B, K, L))
+            g.graph, g.fwd = self._capture(lambda: forward_part(self.model, self.cache, g.inp, B, K, L,
+                                                                float_logits=False))
             log.debug("captured a forward graph for batch %d, %d nodes, %d cache rows", B, K, L)
             return g
         g.host_out = [torch.empty(3 * B * K + B, dtype=torch.int64, pin_memory=True) for _ in range(2)]
