@@ -135,3 +135,24 @@ def test_fleet_runs_real_replicas_on_the_cpu(tmp_path):
     corpus = res["arms"]["shared"]["corpus"]
     assert corpus["policy_version"] == 1  # announced with epoch 1's weights
     assert corpus["history_keys"] == 1 and corpus["history_rollouts"] == 4  # every keyed sample, both epochs
+
+
+@pytest.mark.slow
+def test_rollout_step_runs_one_replica_share_in_process(no_shared_data, tmp_path, capsys):
+    """bench/rollout_step.py at toy scale (SmolLM2 on the CPU): both arms, two epochs with the policy
+    change copied in, the engine's phases per epoch and one summary line."""
+    from bench import rollout_step
+    from bench.common import parse_summary
+
+    out = tmp_path / "step.json"
+    res = rollout_step.main(["--device", "cpu", "--dtype", "float32", "--prompts", "1", "--max-tokens", "5",
+                             "--epochs", "2", "--max-batch", "4", "--max-len", "512", "--out", str(out)])
+    assert json.loads(out.read_text())["arms"].keys() == {"none", "local"}
+    for arm, r in res["arms"].items():
+        assert [e["epoch"] for e in r["epochs"]] == [0, 1]
+        for e in r["epochs"]:
+            assert e["requests"] == 2 and 1 <= e["longest"] <= 5 and e["steps"] >= 1
+            assert e["step_seconds"] >= e["pack_seconds"] + e["forward_seconds"] + e["commit_seconds"] - 1e-6
+    assert all(e["mat"] == 1.0 for e in res["arms"]["none"]["epochs"])
+    summary = parse_summary(capsys.readouterr().out)
+    assert summary["bench"] == "rollout_step" and summary["none_over_local"] > 0
