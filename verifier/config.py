@@ -78,8 +78,8 @@ class VerifierConfig:
     cuda_graphs: bool = flag(True, "replay decode/verify steps as CUDA graphs (cuda only)", "true/false")
     compile: bool = flag(True, "torch.compile the layers' elementwise ops into fused kernels (cuda only)",
                          "true/false")
-    capture_at_start: bool = flag(True, "capture every bucket's greedy-step graph at start-up (cuda graphs)",
-                                  "true/false")
+    capture_at_start: bool = flag(True, "capture every bucket's greedy-step and forward graph at start-up (cuda "
+                                  "graphs; false: each on its first step, tens of ms then)", "true/false")
     native_linear: str = flag(
         "auto", "steps through the fused norm + matmul kernel where every step fits it (max_batch * (max_budget + "
         "1) <= 32): 'auto' times a decode step both ways at start-up and keeps the faster", "auto, on, off")
