@@ -35,7 +35,7 @@ from ..step.numerics import error_message, nonfinite_rows
 from ..step.penalties import needs_processing, process_logits
 from ..step.sampling import SamplingParams, sample, target_probs
 from ..step.tree_batch import PackedTrees
-from .request import Request, Status, append_run, append_tokens, stop_tokens
+from .request import CoinStream, Request, Status, append_run, append_tokens, stop_tokens
 from .scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -299,8 +299,7 @@ class Engine:
         if params.grammar is not None:
             req.grammar = self.grammars.matcher(params.grammar)
         if params.temperature > 0:
-            req.generator = torch.Generator(device="cpu")
-            req.generator.manual_seed(params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item()))
+            req.coins = CoinStream(params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item()))
         with self._lock:
             if req.req_id in self._live:
                 raise ValueError(f"request id '{req.req_id}' is already live")
@@ -495,7 +494,7 @@ class Engine:
         if p.greedy:
             return int(logits[0].argmax())
         probs = target_probs(logits, *self._param_tensors([req], 1))
-        return int(sample(probs, torch.rand(1, generator=req.generator).to(probs.device))[0])
+        return int(sample(probs, torch.from_numpy(req.coins.take(1).copy()).to(probs.device))[0])
 
     def _param_tensors(self, reqs: list[Request], K: int):
         """target_probs' per-row arguments, and whether any request truncates (known here, on the host)."""
@@ -848,24 +847,25 @@ class Engine:
         return all(not needs_processing(r) and r.grammar is None and r.params.logprobs is None
                    and not 0 < r.params.top_k < V and r.params.top_p >= 1.0 for r in running)
 
-    def _coins(self, running: list[Request], K: int, extra: list[float] | None = None) -> torch.Tensor:
-        """Each request's K node coins then its bonus coin, drawn from its own generator (zeros for
-        greedy requests), followed by ``extra`` values: one host tensor [bs * (K + 1) + len(extra)],
-        so that one copy takes them to the device."""
-        draws = []
-        for r in running:
-            g = r.generator
-            draws.append(torch.rand(K, generator=g) if g is not None else torch.zeros(K))
-            draws.append(torch.rand(1, generator=g) if g is not None else torch.zeros(1))
+    @staticmethod
+    def _coins(running: list[Request], K: int, extra: np.ndarray | None = None) -> torch.Tensor:
+        """Each request's K node coins then its bonus coin, from its own stream (zeros for greedy
+        requests), followed by ``extra`` values: one host tensor [bs * (K + 1) + len(extra)], so
+        that one copy takes them to the device."""
+        bs = len(running)
+        out = np.zeros(bs * (K + 1) + (len(extra) if extra is not None else 0), dtype=np.float32)
+        for b, r in enumerate(running):
+            if r.coins is not None:
+                out[b * (K + 1):(b + 1) * (K + 1)] = r.coins.take(K + 1)
         if extra is not None:
-            draws.append(torch.tensor(extra, dtype=torch.float32))
-        return torch.cat(draws)
+            out[bs * (K + 1):] = extra
+        return torch.from_numpy(out)
 
     def _verify_raw(self, running: list[Request], f: StepForward):
         """Tree rejection sampling of a ``_raw_targets`` step straight from its logits; greedy rows
         (temperature 0) have one-hot targets, as in ``_verify_sampled``. Returns (result, bad)."""
         bs, K = f.tokens.shape
-        temps = [float(r.params.temperature) for r in running for _ in range(K)]
+        temps = np.repeat(np.array([r.params.temperature for r in running], dtype=np.float32), K)
         host = self._coins(running, K, temps)
         dev = host.to(self.device)
         n = bs * (K + 1)
