@@ -164,7 +164,7 @@ def create_app(loop: EngineLoop, model_name: str, api_key: str = "", announcer: 
             for i in range(k):  # sample i: seed + i, so n samples are n different draws
                 p = params if params.seed is None or i == 0 else dataclasses.replace(params, seed=(params.seed + i) % 2**63)
                 subs.append(loop.submit(prompt_ids, p, group=group, prompt_key=body.prompt_key,
-                                        policy_version=body.policy_version))
+                                        policy_version=body.policy_version, progress=bool(body.stream)))
         except ValueError as e:
             for req, _ in subs:
                 loop.abort(req.req_id)
