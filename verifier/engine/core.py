@@ -847,33 +847,30 @@ class Engine:
         return all(not needs_processing(r) and r.grammar is None and r.params.logprobs is None
                    and not 0 < r.params.top_k < V and r.params.top_p >= 1.0 for r in running)
 
-    @staticmethod
-    def _coins(running: list[Request], K: int, extra: np.ndarray | None = None) -> torch.Tensor:
-        """Each request's K node coins then its bonus coin, from its own stream (zeros for greedy
-        requests), followed by ``extra`` values: one host tensor [bs * (K + 1) + len(extra)], so
-        that one copy takes them to the device."""
+    def _coins(self, running: list[Request], K: int, extra: np.ndarray | None = None):
+        """Each request's K node coins [bs, K] and bonus coin [bs] on the device, from its own stream
+        (zeros for greedy requests), and ``extra`` (float32) with them: one host array, one copy."""
         bs = len(running)
-        out = np.zeros(bs * (K + 1) + (len(extra) if extra is not None else 0), dtype=np.float32)
+        n = bs * (K + 1)
+        host = np.zeros(n + (len(extra) if extra is not None else 0), dtype=np.float32)
         for b, r in enumerate(running):
             if r.coins is not None:
-                out[b * (K + 1):(b + 1) * (K + 1)] = r.coins.take(K + 1)
+                host[b * (K + 1):(b + 1) * (K + 1)] = r.coins.take(K + 1)
         if extra is not None:
-            out[bs * (K + 1):] = extra
-        return torch.from_numpy(out)
+            host[n:] = extra
+        dev = torch.from_numpy(host).to(self.device)
+        draws = dev[:n].view(bs, K + 1)
+        return draws[:, :K].contiguous(), draws[:, K].contiguous(), dev[n:]
 
     def _verify_raw(self, running: list[Request], f: StepForward):
         """Tree rejection sampling of a ``_raw_targets`` step straight from its logits; greedy rows
         (temperature 0) have one-hot targets, as in ``_verify_sampled``. Returns (result, bad)."""
         bs, K = f.tokens.shape
         temps = np.repeat(np.array([r.params.temperature for r in running], dtype=np.float32), K)
-        host = self._coins(running, K, temps)
-        dev = host.to(self.device)
-        n = bs * (K + 1)
-        draws = dev[:n].view(bs, K + 1)
+        coins, final, temps = self._coins(running, K, temps)
         idx = f.idx
-        return kernels.tree_sampling_logits(
-            f.tokens, idx.retrive_index, idx.retrive_next_token, idx.retrive_next_sibling,
-            draws[:, :K].contiguous(), draws[:, K].contiguous(), f.logits, dev[n:], K)
+        return kernels.tree_sampling_logits(f.tokens, idx.retrive_index, idx.retrive_next_token,
+                                            idx.retrive_next_sibling, coins, final, f.logits, temps, K)
 
     def _verify_sampled(self, running: list[Request], f: StepForward, logits: torch.Tensor):
         """Exact tree rejection sampling of processed ``logits`` [bs, K, V] float32; greedy rows use
@@ -886,8 +883,7 @@ class Engine:
             one_hot = torch.zeros_like(probs).scatter_(1, flat.argmax(-1, keepdim=True), 1.0)
             probs = torch.where(greedy[:, None], one_hot, probs)
         probs = probs.view(bs, K, V)
-        draws = self._coins(running, K).to(self.device).view(bs, K + 1)
+        coins, final, _ = self._coins(running, K)
         idx = f.idx
-        return kernels.tree_speculative_sampling(
-            f.tokens, idx.retrive_index, idx.retrive_next_token, idx.retrive_next_sibling,
-            draws[:, :K].contiguous(), draws[:, K].contiguous(), probs, K)
+        return kernels.tree_speculative_sampling(f.tokens, idx.retrive_index, idx.retrive_next_token,
+                                                 idx.retrive_next_sibling, coins, final, probs, K)

@@ -355,14 +355,7 @@ class GraphRunner:
     def capture_greedy_steps(self, node_buckets: tuple[int, ...] | None = None) -> int:
         """Captures the greedy-step graph of every (batch, nodes, KV) bucket up front, so that no
         step of a request pays for a capture (tens of milliseconds each); returns how many."""
-        if not self.capture:
-            return 0
-        for B in self.batch_buckets:
-            for K in node_buckets or self.node_buckets:
-                for L in self.kv_buckets:
-                    if K <= L and (B, K, L) not in self._steps:
-                        self._steps[(B, K, L)] = self._build_step(B, K, L)
-        return len(self._steps)
+        return self._capture_buckets(self._steps, node_buckets, forward_only=False)
 
     def capture_forward_steps(self, node_buckets: tuple[int, ...] | None = None) -> int:
         """Captures the forward graph of every (batch, nodes, KV) bucket up front: steps whose
@@ -370,14 +363,18 @@ class GraphRunner:
         lazily instead, a rollout batch (shrinking batches, growing prefixes, tree sizes chosen per
         step) met a new shape every few dozen steps, each capture ~25-60 ms on the H200 (SmolLM2,
         up to a third of a step's host time); returns how many there are."""
+        return self._capture_buckets(self._forwards, node_buckets, forward_only=True)
+
+    def _capture_buckets(self, graphs: dict, node_buckets: tuple[int, ...] | None, forward_only: bool) -> int:
+        """Every (batch, nodes, KV) bucket's graph of one kind captured into ``graphs``; their count."""
         if not self.capture:
             return 0
         for B in self.batch_buckets:
             for K in node_buckets or self.node_buckets:
                 for L in self.kv_buckets:
-                    if K <= L and (B, K, L) not in self._forwards:
-                        self._forwards[(B, K, L)] = self._build_step(B, K, L, forward_only=True)
-        return len(self._forwards)
+                    if K <= L and (B, K, L) not in graphs:
+                        graphs[(B, K, L)] = self._build_step(B, K, L, forward_only)
+        return len(graphs)
 
     @property
     def captures(self) -> int:
@@ -439,7 +436,8 @@ class GraphRunner:
     def forward_step(self, host: np.ndarray, bs: int, K: int, kv_len: int) -> Tensor:
         """The forward part of a step of bs rows (``host``: a ``tree_batch.PackedTrees.host`` of
         bs rows) replayed as its forward graph; returns the logits [bs, K, V] (in the model's
-        dtype, as the LM head gave them: the graph's buffer). The start-up cost probe and the benchmarks time steps' forwards so."""
+        dtype, as the LM head gave them: the graph's buffer). The start-up cost probe and the
+        benchmarks time steps' forwards so."""
         inp = self.step_input(bs, K, kv_len, forward_only=True)
         self._load_step(inp, host, bs)
         return self.launch_forward(inp, bs).logits
