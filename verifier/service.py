@@ -81,6 +81,10 @@ def serve(cfg: VerifierConfig) -> None:
     sock = socket.socket(socket.AF_INET6 if ":" in cfg.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((cfg.host, cfg.port))
+    # Listening before the port is published: a client that reads the ports file and connects at
+    # once waits in the backlog until the server accepts, instead of being refused (uvicorn listens
+    # again on start-up, which keeps the queue).
+    sock.listen(2048)
     port = sock.getsockname()[1]
     if cfg.ports_file:
         tmp = cfg.ports_file + ".tmp"
