@@ -450,6 +450,10 @@ def verifier_cmd(args: argparse.Namespace, corpus: str, ports_file: Path, token:
            "--allow-weight-updates", "true"]
     if corpus not in ("local", "none"):
         cmd += ["--corpus-token", token]
+    if args.device.startswith("cuda"):
+        # The replicas share the one GPU: a tree's extra forward time delays all of them (verifier
+        # --gpu-share; docs/rollouts.md). A --verifier-arg=--gpu-share=N overrides it.
+        cmd += ["--gpu-share", str(args.replicas)]
     if args.noise_sigma > 0:
         cmd += ["--weight-noise-sigma", repr(args.noise_sigma), "--weight-noise-seed", str(noise_seed(args, 0))]
     return cmd + list(args.verifier_arg)  # last: they override the above
@@ -626,7 +630,9 @@ def run_fleet(args: argparse.Namespace) -> dict:
     results: dict = {"mode": "fleet", "date": time.strftime("%Y-%m-%d", time.gmtime()), "trace": path.name,
                      "prompts": len(prompts), "samples": args.samples, "replicas": args.replicas,
                      "epochs": args.epochs, "temperature": args.temperature, "max_tokens": args.max_tokens,
-                     "noise_sigma": args.noise_sigma, "device": args.device, "dtype": args.dtype, "arms": {}}
+                     "noise_sigma": args.noise_sigma, "device": args.device, "dtype": args.dtype,
+                     "gpu_share": args.replicas if args.device.startswith("cuda") else None,
+                     "verifier_arg": list(args.verifier_arg), "arms": {}}
     with tempfile.TemporaryDirectory(prefix="rollouts-fleet-") as tmp:
         for arm in args.arms or ["shared", "local", "none"]:
             results["arms"][arm] = fleet_arm(arm, prompts, args, Path(tmp))

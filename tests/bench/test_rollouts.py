@@ -73,7 +73,7 @@ def test_memory_mode_counts_what_the_engine_holds(tmp_path):
 
 
 def test_fleet_replica_commands_follow_the_verifier_contract():
-    args = Namespace(model="smollm2", device="cuda", dtype="bfloat16", max_batch=160, max_len=1024, budget=15,
+    args = Namespace(model="smollm2", device="cuda", dtype="bfloat16", max_batch=160, max_len=1024, budget=15, replicas=4,
                      verifier_arg=["--log-level=WARNING"], noise_sigma=0.014075, noise_seed_base=20251202,
                      noise_seed_stride=1000)
     cmd = rollouts.verifier_cmd(args, "127.0.0.1:5000", REPO / "p.json", "tok")
@@ -84,8 +84,11 @@ def test_fleet_replica_commands_follow_the_verifier_contract():
     assert flags["--allow-weight-updates"] == "true"  # later epochs' weights: POST /v1/update-weights
     assert rollouts.noise_seed(args, 2) == 20251202 + 2000
     assert "--log-level=WARNING" in cmd
+    assert flags["--gpu-share"] == "4"  # the replicas share the one GPU
     local = rollouts.verifier_cmd(Namespace(**{**vars(args), "noise_sigma": 0.0}), "local", REPO / "p.json", "tok")
     assert "--corpus-token" not in local and "--weight-noise-sigma" not in local
+    cpu = rollouts.verifier_cmd(Namespace(**{**vars(args), "device": "cpu"}), "local", REPO / "p.json", "tok")
+    assert "--gpu-share" not in cpu
 
 
 def _fleet_part(arm: str, makespans: list[float], **over) -> dict:

@@ -71,6 +71,7 @@ class EngineCollector:
         sw.add_metric(["cost"], b.plain_switches_cost)
         sw.add_metric(["delivered"], b.plain_switches_delivered)
         sw.add_metric(["nothing"], b.plain_switches_nothing)
+        sw.add_metric(["critical"], b.plain_switches_critical)
         yield sw
         yield CounterMetricFamily("ngram_verifier_budget_cost_model_refits",
                                   "cost-model refreshes from observed steps", value=b.cost_model_refits)

@@ -34,13 +34,21 @@ steady state, not the cost of switching into it and out of it (a lone plain step
 ones waits for its own results: at batch 64 on the H200 it delivered 20k tok/s where a run of
 plain steps delivers 28k, which kept drafting on where it lost).
 
+Where several busy verifier processes share one GPU (``gpu_share`` R > 1: replicas under MPS or
+time-slicing), a step's forward time is mostly the others' work, and the extra time of a tree over
+a plain step delays every process's steps, not only its own: the node choice counts that extra
+R times. On the H200 (4 SmolLM2 replicas, RL rollouts, docs/rollouts.md) the choice without it
+verified trees whose steps took 8.4 ms against 5.5 ms plain, and a fixed 2 nodes beat it.
+
 No figure can lock drafting off for good: the cost model follows the steps, its stale observations
 expire, and one drafting step in ``explore_every`` of a bucket (and every exploring one) chooses its
 nodes optimistically (the calibration at least 1, drafting's host overhead no more than plain's,
 at least one node where the corpus drafted any), so tree sizes that the figures rule out are
 measured again. Each switch of a bucket to plain decoding is counted (``BudgetStats``) by its
 reason and logged: ``cost`` (the cost model: no tree size expected to pay), ``delivered`` (drafting
-delivered less than plain), ``nothing`` (the corpus had nothing to draft).
+delivered less than plain), ``nothing`` (the corpus had nothing to draft), ``critical`` (with
+``critical_path`` on, verifier/budget/makespan.py: drafting gains the request expected to end last
+less than it adds to the step time).
 """
 
 from __future__ import annotations
@@ -79,6 +87,7 @@ class BudgetStats:
     plain_switches_cost: int = 0
     plain_switches_delivered: int = 0
     plain_switches_nothing: int = 0
+    plain_switches_critical: int = 0
     cost_model_refits: int = 0  # the cost model's figures changed from observed steps
 
 
@@ -97,6 +106,7 @@ class _Bucket:
     prefers: bool = True  # whether drafting is the leading mode
     steps: int = 0  # decisions taken (paces the exploration)
     draft_steps: int = 0  # drafting decisions (paces the optimistic node choices)
+    plain_reason: str = "delivered"  # why plain decoding leads, where it does: "delivered" or "critical"
     state: str = "draft"  # the latest leading-mode step: "draft", or why it decoded plain ("cost", "nothing")
     version: int = -1  # the cost model version the step times were computed on
 
@@ -144,6 +154,9 @@ class BudgetPolicy:
         self._cost_version = -1  # the cost model's version the two caches hold
         self.node_bucket = lambda k: k  # tree size the forward really runs
         self.explore_every = 16
+        # Busy verifier processes sharing the GPU (module docstring): a tree's forward time beyond a
+        # plain step's counts this many times in the node choice.
+        self.gpu_share = 1
         # Consecutive plain steps per exploration turn (drafting's: one). An engine whose plain
         # steps overlap the host raises it (their first step only restarts the pipeline); a plain
         # step that does not overlap shows its cost alone.
@@ -201,24 +214,40 @@ class BudgetPolicy:
                     out[f"{b}_{'drafted' if mode else 'plain'}"] = v
         return out
 
+    def acceptance(self, bs: int, drafted: bool) -> float | None:
+        """Committed tokens per request per step of this bucket's steps of one mode (None: none seen)."""
+        st = self._buckets.get(self.batch_bucket(bs))
+        return None if st is None else st.acceptance(drafted)
+
     def relative_rate(self, bs: int) -> float | None:
         """Drafting's delivered rate over plain decoding's in this bucket (None: not measured yet)."""
         st = self._buckets.get(self.batch_bucket(bs))
         return None if st is None else st.relative
 
-    def drafting_pays(self, bs: int) -> bool:
+    def drafting_pays(self, bs: int, critical: float | None = None) -> bool:
         """False where drafting steps of this batch size deliver less than plain ones, except on
         exploration steps (per ``explore_every`` of this bucket's steps, one drafting step or
-        ``explore_run`` plain ones run the mode that is losing, or is not measured yet)."""
+        ``explore_run`` plain ones run the mode that is losing, or is not measured yet).
+        ``critical``: the tokens per drafting step of the request expected to end last
+        (``verifier.budget.makespan.critical_acceptance``); where given, drafting must deliver
+        that request more than plain decoding does, its steps' cost counted (a batch's makespan),
+        rather than the batch's mean tokens per step."""
         b = self.batch_bucket(bs)
         st = self._bucket(b)
         n = st.steps
         st.steps = n + 1
+        # Drafting's gains come in bursts (a copied passage accepts 8 tokens, most steps accept
+        # none), so it keeps the lead unless plain is ahead by more than 3%.
+        rel, reason, keep = st.relative, "delivered", 0.97
+        if rel is not None and critical is not None:
+            # The makespan's figure: that request's gain over the steps' cost ratio. It is a mean
+            # over the request's drafting steps, not one step's burst: no margin.
+            rel = critical / st.acceptance(False) / (st.step_time[True] / st.step_time[False])
+            reason, keep = "critical", 1.0
         # Plain steps are explored in runs: an overlapped plain step only shows its steady cost
         # after the one that restarts the pipeline (observe_delivered's callers skip that one and
         # the drain before the next drafting step: switching costs are exploration's, not plain's).
         # Drafting steps are not overlapped, so one shows what drafting costs.
-        rel = st.relative
         if rel is None:
             # Start by drafting; measure plain steps twice as often until the modes compare.
             every = max(self.explore_every // 2, self.explore_run + 1)
@@ -230,14 +259,18 @@ class BudgetPolicy:
         # A clear winner (25% apart) is re-checked half as often: exploring costs a step of the
         # losing mode each time.
         every = self.explore_every * (2 if rel > 1.25 or rel < 0.8 else 1)
-        # Drafting's gains come in bursts (a copied passage accepts 8 tokens, most steps accept
-        # none), so it keeps the lead unless plain is ahead by more than 3%.
-        prefers = rel >= 0.97
-        if st.prefers and not prefers:
-            self._switched(b, "delivered", f"drafting delivered {rel:.2f}x plain decoding's tokens/s "
+        prefers = rel >= keep
+        if st.prefers and not prefers and reason == "critical":
+            self._switched(b, reason, f"drafting would give the request expected to end last {critical:.2f} tokens "
+                           f"per step against {st.acceptance(False):.2f}, with steps "
+                           f"{st.step_time[True] / st.step_time[False]:.2f}x as long")
+        elif st.prefers and not prefers:
+            self._switched(b, reason, f"drafting delivered {rel:.2f}x plain decoding's tokens/s "
                            f"({st.acceptance(True):.2f} tokens per request-step against {st.acceptance(False):.2f}, "
                            f"steps {st.step_time[True] / st.step_time[False]:.2f}x as long)")
         st.prefers = prefers
+        if not prefers:
+            st.plain_reason = reason
         explore = n % every >= every - (self.explore_run if prefers else 1)
         drafts = prefers != explore
         self._exploring = explore
@@ -259,8 +292,9 @@ class BudgetPolicy:
 
     def states(self) -> dict[str, str]:
         """Per bucket: "draft", or why it decodes plain: "delivered" (drafting is the losing mode),
+        "critical" (it loses for the request expected to end last: ``critical_path``),
         "cost" or "nothing" (its latest step, drafting leading)."""
-        return {str(b): st.state if st.prefers else "delivered" for b, st in sorted(self._buckets.items())}
+        return {str(b): st.state if st.prefers else st.plain_reason for b, st in sorted(self._buckets.items())}
 
     def _switched(self, b: int, reason: str, why: str) -> None:
         """A switch of the bucket to plain decoding: counted, and logged (one line per bucket and
@@ -303,8 +337,9 @@ class BudgetPolicy:
             self._step_costs.clear()
             self._budgets.clear()
 
-    def draft_budget(self, bs: int) -> int:
-        """Nodes per request to ask the corpus for (0 = do not draft this step)."""
+    def draft_budget(self, bs: int, critical: float | None = None) -> int:
+        """Nodes per request to ask the corpus for (0 = do not draft this step). ``critical``: see
+        ``drafting_pays``."""
         self._exploring = self._optimistic = False
         self._step_bucket = None
         self._step_forward = None  # a new step: a verify step's observe_step comes after this
@@ -312,7 +347,7 @@ class BudgetPolicy:
             return self.fixed
         b = self.batch_bucket(bs)
         self._step_bucket = b
-        if not self.drafting_pays(bs):
+        if not self.drafting_pays(bs, critical):
             return 0
         st = self._bucket(b)
         st.draft_steps += 1
@@ -322,7 +357,7 @@ class BudgetPolicy:
         if best is None:  # once per batch size and cost model version
             base, best = self.cost(bs), 0
             for k in range(2, self.max_budget + 2):
-                if k * base > self.cost(bs * k):
+                if k * base > base + self.gpu_share * (self.cost(bs * k) - base):
                     best = k - 1
             self._budgets[bs] = best
         if best == 0 and self._optimistic:
@@ -391,7 +426,8 @@ class BudgetPolicy:
         self._fresh_costs()
         costs = self._step_costs.get(bs)
         if costs is None:  # the cost model and the buckets are fixed between refits: once per batch size
-            costs = self._step_costs[bs] = [self.cost(bs * self.node_bucket(k + 1)) for k in range(self.max_budget + 1)]
+            costs = [self.cost(bs * self.node_bucket(k + 1)) for k in range(self.max_budget + 1)]
+            costs = self._step_costs[bs] = [costs[0] + self.gpu_share * (c - costs[0]) for c in costs]
         c, plain, spec = self.calibration, self.overhead[False], self.overhead[True]
         optimistic, self._optimistic = self._optimistic, False
         if optimistic:  # figures that may be stale for want of drafting steps: at their most hopeful

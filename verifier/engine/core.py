@@ -21,7 +21,7 @@ from corpus_service import check_policy_version, check_prompt_key
 
 from .. import kernels
 from ..budget.cost_probe import measure_cost_model
-from ..budget.makespan import MakespanClock, MakespanConfig, expected_length
+from ..budget.makespan import MakespanClock, MakespanConfig, critical_acceptance, expected_length
 from ..budget.policy import BudgetPolicy, BudgetStats, CostModel
 from ..draft.drafter import Drafter
 from ..model import ForwardBatch, KVCache, TextCodec, Transformer
@@ -47,6 +47,8 @@ class EngineConfig:
     max_len: int = 2048  # tokens per request (prompt + output + draft nodes)
     budget: int | None = None  # draft nodes per request; None = adaptive (cost model + acceptance)
     max_budget: int = 15
+    # Verifier processes sharing this GPU (MPS or time-sliced; verifier/budget/policy.py, gpu_share).
+    gpu_share: int = 1
     cost_probe_s: float = 10.0  # start-up time allowed for measuring the cost model
     cuda_graphs: bool = True  # replay captured graphs for decode/verify steps (CUDA only)
     compile: bool = True  # torch.compile the layers' elementwise ops into fused kernels (CUDA only)
@@ -229,6 +231,7 @@ class Engine:
                                       time_budget_s=config.cost_probe_s,
                                       forward=None if self.graphs is None else self.graphs.forward_step)
         self.policy = BudgetPolicy(config.max_budget, fixed, cost)
+        self.policy.gpu_share = config.gpu_share
         if self.graphs is not None:
             self.policy.node_bucket = lambda k: self.graphs.nodes_bucket(k, config.max_len)
         if self.graphs is not None and config.overlap_plain and config.overlap_spec_plain:
@@ -583,20 +586,25 @@ class Engine:
             return True
         if not self.config.overlap_spec_plain:
             return False
-        budget = self._decide_budget(len(running))
+        budget = self._decide_budget(running)
         self._budget_now = (len(running), budget)
         return budget == 0
 
-    def _step_budget(self, bs: int) -> int:
+    def _step_budget(self, running: list[Request]) -> int:
         """The step's draft budget: the one _overlaps decided for this batch size, or the policy's."""
         decided, self._budget_now = self._budget_now, None
-        if decided is not None and decided[0] == bs:
+        if decided is not None and decided[0] == len(running):
             return decided[1]
-        return self._decide_budget(bs) if self.drafter is not None else 0
+        return self._decide_budget(running) if self.drafter is not None else 0
 
-    def _decide_budget(self, bs: int) -> int:
+    def _decide_budget(self, running: list[Request]) -> int:
         """The policy's budget for this step, raised in a batch's tail (EngineConfig.makespan)."""
-        budget = self.policy.draft_budget(bs)
+        bs = len(running)
+        critical = None
+        if self.config.makespan.critical_path and self.policy.fixed is None:
+            mean = self.policy.acceptance(bs, True)
+            critical = critical_acceptance(running, mean) if mean is not None else None
+        budget = self.policy.draft_budget(bs, critical=critical)
         tail = self.config.makespan.tail_requests
         if tail and bs <= tail and not self.scheduler.waiting and self.config.budget != 0:
             # The batch's tail: a step costs about the same whatever its tree size (verifier/budget/makespan.py).
@@ -718,6 +726,9 @@ class Engine:
             req.cache_len += 1 + n
             req.verify_steps += 1
             req.draft_tokens += num_nodes[b] - 1
+            if num_nodes[b] > 1:
+                req.spec_steps += 1
+                req.spec_committed += 1 + n
             accepted_total += n
             self.stats.spec_steps += num_nodes[b] > 1
             # Usage counts accepted tokens that were committed (a stop can cut the path short).
@@ -753,7 +764,7 @@ class Engine:
         forward graph's) at its buckets; without, at the step's exact shape (no padding to add
         compute on the CPU). Requests in ``plain`` verify no draft (a retry after non-finite logits)."""
         bs = len(running)
-        budget = self._step_budget(bs)
+        budget = self._step_budget(running)
         spec = [i for i, r in enumerate(running) if r.params.speculate and r.req_id not in plain]
         self._drafted = budget > 0 and bool(spec)
         room = self.config.max_len - max_prefix

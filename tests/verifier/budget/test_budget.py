@@ -103,3 +103,14 @@ def test_fixed_budget_ignores_delivered_rates():
     pol.observe_delivered(8, True, 1.0, 1)
     pol.observe_delivered(8, False, 1e-3, 8)
     assert pol.draft_budget(8) == 5
+
+
+def test_gpu_share_counts_a_trees_extra_forward_time_for_every_process():
+    """Replicas sharing one GPU: a tree's forward time beyond a plain step's delays all of them, so
+    the node choice and the budget's cap count it gpu_share times (smaller trees, never larger)."""
+    cm = CostModel([1, 64, 128, 256, 512, 1024], [1e-3, 1e-3, 1.1e-3, 1.3e-3, 1.8e-3, 6e-3])
+    probs = [np.array([0.6, 0.4, 0.3, 0.2, 0.1, 0.05, 0.02])] * 64
+    alone, shared = BudgetPolicy(15, None, cm), BudgetPolicy(15, None, cm)
+    shared.gpu_share = 4
+    assert 0 < shared.draft_budget(64) < alone.draft_budget(64)
+    assert 0 < shared.choose_nodes(probs) < alone.choose_nodes(probs)

@@ -114,7 +114,7 @@ def test_a_speculative_engine_overlaps_its_plain_steps_and_drains_before_draftin
                                                            emulate_graphs=True, overlap_spec_plain=True))
     decisions = itertools.cycle([0, 0, 0, 4, 0, 4, 4])  # plain runs, and drafting steps between them
     asked: list[int] = []
-    eng.policy.draft_budget = lambda bs: asked.append(bs) or next(decisions)
+    eng.policy.draft_budget = lambda bs, critical=None: asked.append(bs) or next(decisions)
     fed = _record_fed_launches(eng)
     got = eng.generate(_prompts(), params)
     assert [r.output_ids for r in got] == [r.output_ids for r in want]
@@ -145,7 +145,7 @@ def test_plain_steps_are_credited_their_steady_state_not_the_switching():
         eng = Engine(lm.model, lm.codec, Drafter(vocab_size=16),
                      EngineConfig(max_batch=2, max_len=128, max_budget=4, emulate_graphs=True, overlap_spec_plain=on))
         decisions = itertools.cycle(pattern)
-        eng.policy.draft_budget = lambda bs: next(decisions)
+        eng.policy.draft_budget = lambda bs, critical=None: next(decisions)
         overlapped, seen = [], []
         step = eng._overlapped_step
         eng._overlapped_step = lambda running: overlapped.append(len(running)) or step(running)
@@ -189,7 +189,7 @@ def test_overlapped_plain_decoding_on_captured_graphs_cuda():
     eng = Engine(lm.model, lm.codec, Drafter(vocab_size=64),
                  EngineConfig(max_batch=3, max_len=128, max_budget=4, overlap_spec_plain=True))
     decisions = itertools.cycle([0, 0, 4, 0, 4])
-    eng.policy.draft_budget = lambda bs: next(decisions)
+    eng.policy.draft_budget = lambda bs, critical=None: next(decisions)
     assert [r.output_ids for r in eng.generate(_prompts(), params)] == outs[0]
 
 

@@ -3,6 +3,7 @@ reproducible, with logprobs, prompt keys and policy versions in the corpus' hist
 summary; prompt files and their errors; the makespan rules (tail budget, longest first)."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 from tiny_lm import one_thread, tiny_lm  # noqa: F401 (a fixture)
@@ -128,10 +129,11 @@ def test_expected_length_reads_the_newest_versions_history():
 def test_the_tail_drafts_the_tail_budget():
     with tiny_llm(max_batch=4, budget="2", max_budget=7, tail_requests=2, tail_budget=6) as llm:
         e = llm.engine
-        assert e._decide_budget(4) == 2 and e._decide_budget(2) == 6 and e._decide_budget(1) == 6
+        batch = [SimpleNamespace()] * 4  # the budget reads only the batch's size here
+        assert e._decide_budget(batch) == 2 and e._decide_budget(batch[:2]) == 6 and e._decide_budget(batch[:1]) == 6
         e.add_request([1, 2], sampling.SamplingParams(max_tokens=2))
         e._take_inbox()  # one request waits: not the tail
-        assert e._decide_budget(1) == 2
+        assert e._decide_budget(batch[:1]) == 2
         while e.has_work():
             e.step()
         assert e.makespan.periods == 1 and e.makespan.last_s > 0
