@@ -54,6 +54,10 @@ class GenerateConfig:
     tail_budget: int = flag(0, "draft nodes per sample in the tail", "0 (= --max-budget) or 1..--max-budget")
     longest_first: bool = flag(False, "start the samples whose prompt history is longest first (no gain measured "
                                "on the dev rollout traces: docs/rollout_frontend.md)", "true/false")
+    critical_path: bool = flag(False, "judge drafting by the sample expected to end last, not the batch's mean "
+                               "(docs/rollout_frontend.md)", "true/false")
+    gpu_share: int = flag(1, "busy verifier processes sharing this GPU (several generators or replicas on it): "
+                          "a tree's extra forward time counts this many times", "1..64")
     weight_noise_sigma: float = flag(0.0, "perturb the decoder's linear weights (an RL policy change; as serve)",
                                      "a number 0..1")
     weight_noise_seed: int = flag(0, "the perturbation's seed", "an int 0..2^63-1")
@@ -74,7 +78,8 @@ class GenerateConfig:
     def verifier_fields(self) -> dict:
         """The LLM's (VerifierConfig's) keywords; max_len is set once the prompts are read."""
         names = ("corpus_namespace", "corpus_token", "device", "dtype", "max_batch", "budget", "max_budget",
-                 "tail_budget", "longest_first", "weight_noise_sigma", "weight_noise_seed", "cost_probe_s")
+                 "tail_budget", "longest_first", "critical_path", "gpu_share", "weight_noise_sigma",
+                 "weight_noise_seed", "cost_probe_s")
         out = {k: getattr(self, k) for k in names}
         out["tail_requests"] = max(1, self.max_batch // 8) if self.tail_requests < 0 else self.tail_requests
         out["log_level"] = "WARNING"
