@@ -663,7 +663,7 @@ def run_fleet_merge(args: argparse.Namespace) -> dict:
     result: the settings must agree, each arm may appear once."""
     parts = [json.loads(Path(p).read_text()) for p in args.inputs]
     same = ("trace", "prompts", "samples", "replicas", "epochs", "temperature", "max_tokens", "noise_sigma", "device",
-            "dtype")
+            "dtype", "gpu_share")
     merged = {k: v for k, v in parts[0].items() if k not in ("arms", "ratios")}
     merged["arms"] = {}
     for p, part in zip(args.inputs, parts):

@@ -111,6 +111,10 @@ def test_fleet_merge_joins_arms_of_one_schedule(tmp_path):
     other.write_text(json.dumps(_fleet_part("none", [5.0, 5.0], temperature=1.0)))
     with pytest.raises(SystemExit, match="temperature"):
         rollouts.main(["fleet-merge", str(paths[0]), str(other), "--out", str(tmp_path / "x.json")])
+    shared_gpu = tmp_path / "gpu_share.json"
+    shared_gpu.write_text(json.dumps(_fleet_part("none", [5.0, 5.0], gpu_share=4)))
+    with pytest.raises(SystemExit, match="gpu_share"):
+        rollouts.main(["fleet-merge", str(paths[0]), str(shared_gpu), "--out", str(tmp_path / "x.json")])
     with pytest.raises(SystemExit, match="appears twice"):
         rollouts.main(["fleet-merge", str(paths[0]), str(paths[0]), "--out", str(tmp_path / "x.json")])
 
