@@ -725,12 +725,13 @@ class Engine:
             n = num[b]
             req.cache_len += 1 + n
             req.verify_steps += 1
-            req.draft_tokens += num_nodes[b] - 1
-            if num_nodes[b] > 1:
+            nb = num_nodes[b]
+            req.draft_tokens += nb - 1
+            if nb > 1:
                 req.spec_steps += 1
                 req.spec_committed += 1 + n
+                self.stats.spec_steps += 1
             accepted_total += n
-            self.stats.spec_steps += num_nodes[b] > 1
             # Usage counts accepted tokens that were committed (a stop can cut the path short).
             if not bad_any[b] and self._commits_as_run(req):
                 req.accepted_tokens += min(n, self._commit_run(req, runs[b][:n + 1]))
