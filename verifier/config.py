@@ -127,8 +127,6 @@ class VerifierConfig:
             raise ValueError(f"weight_noise_sigma: expected a number in [0, 1], got {self.weight_noise_sigma}")
         if not 0 <= self.weight_noise_seed < 2**63:
             raise ValueError(f"weight_noise_seed: expected an int in [0, 2^63), got {self.weight_noise_seed}")
-        if isinstance(self.gpu_share, bool) or not 1 <= self.gpu_share <= 64:
-            raise ValueError(f"gpu_share: expected an int 1..64, got {self.gpu_share!r}")
         if self.log_level.upper() not in LOG_LEVELS:
             raise ValueError(f"log_level: expected one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         if not is_loopback(self.host) and not self.api_key:
@@ -167,12 +165,13 @@ class VerifierConfig:
         if self.corpus == "none":
             fixed = 0
         return EngineConfig(max_batch=self.max_batch, max_len=self.max_len, budget=fixed,
-                            max_budget=self.max_budget, gpu_share=self.gpu_share, cost_probe_s=self.cost_probe_s, cuda_graphs=self.cuda_graphs,
-                            compile=self.compile, capture_at_start=self.capture_at_start,
+                            max_budget=self.max_budget, gpu_share=self.gpu_share, cost_probe_s=self.cost_probe_s,
+                            cuda_graphs=self.cuda_graphs, compile=self.compile,
+                            capture_at_start=self.capture_at_start,
                             native_linear=self.native_linear, refill_group=self.refill_group,
                             overlap_plain=self.overlap_plain, overlap_spec_plain=self.overlap_spec_plain,
                             makespan=MakespanConfig(self.tail_requests, self.tail_budget, self.longest_first,
-                                                           self.critical_path))
+                                                    self.critical_path))
 
 
 def parse_bool(v: str | bool) -> bool:

@@ -186,7 +186,8 @@ def explain(p: Tally, s: Tally, spec: Engine) -> list[str]:
         lines.append(f"budget policy:         {drafted} of {s.steps} steps verified drafts; switches to plain "
                      f"decoding: {b.plain_switches_cost} by the cost model, {b.plain_switches_delivered} because "
                      f"drafting delivered less, {b.plain_switches_nothing} with nothing to draft"
-                     + (f", {b.plain_switches_critical} for the request expected to end last" if b.plain_switches_critical else ""))
+                     + (f", {b.plain_switches_critical} for the request expected to end last"
+                        if b.plain_switches_critical else ""))
         c = pol.cost
         lines.append(f"cost model (tokens in batch -> ms): probed {', '.join(f'{t}: {x * 1e3:.0f}' for t, x in zip(c.tokens, c.probed))}; "
                      f"now {_ms(c)} (from {c.observations} steps)")

@@ -73,8 +73,8 @@ def test_memory_mode_counts_what_the_engine_holds(tmp_path):
 
 
 def test_fleet_replica_commands_follow_the_verifier_contract():
-    args = Namespace(model="smollm2", device="cuda", dtype="bfloat16", max_batch=160, max_len=1024, budget=15, replicas=4,
-                     verifier_arg=["--log-level=WARNING"], noise_sigma=0.014075, noise_seed_base=20251202,
+    args = Namespace(model="smollm2", device="cuda", dtype="bfloat16", max_batch=160, max_len=1024, budget=15,
+                     replicas=4, verifier_arg=["--log-level=WARNING"], noise_sigma=0.014075, noise_seed_base=20251202,
                      noise_seed_stride=1000)
     cmd = rollouts.verifier_cmd(args, "127.0.0.1:5000", REPO / "p.json", "tok")
     flags = dict(zip(cmd[4::2], cmd[5::2]))

@@ -70,19 +70,20 @@ def expected_length(corpus: NgramCorpus, prompt_ids: list[int], prompt_key: str 
 PRIOR_STEPS = 16.0
 
 
-def critical_acceptance(requests, mean: float) -> float | None:
+def critical_acceptance(requests, mean: float | None) -> float | None:
     """Tokens per drafting step of the request expected to end last among ``requests`` (engine
-    requests: ``spec_steps``, ``spec_committed``, ``output_ids``, ``params.max_tokens``): each request's
-    own figure shrunk toward ``mean`` (the batch's) by PRIOR_STEPS, and its steps left as its
-    tokens left to max_tokens over that figure. None for no requests or no positive mean. The
-    length left is an upper bound (a sample may stop earlier): rollouts that run to max_tokens are
-    the ones that set a batch's makespan."""
-    if not mean > 0:
+    requests: ``spec_steps``, ``accepted_tokens``, ``output_ids``, ``params.max_tokens``): each
+    request's own figure (one token per drafting step plus the drafts it accepted) shrunk toward
+    ``mean`` (the batch's) by PRIOR_STEPS, and its steps left as its tokens left to max_tokens over
+    that figure. None for no requests, or no positive mean (None: the batch has no drafting steps
+    yet). The length left is an upper bound (a sample may stop earlier): rollouts that run to
+    max_tokens are the ones that set a batch's makespan."""
+    if mean is None or not mean > 0:
         return None
     prior = PRIOR_STEPS * mean
     best, crit = -1.0, None
     for r in requests:
-        a = (r.spec_committed + prior) / (r.spec_steps + PRIOR_STEPS)
+        a = (r.spec_steps + r.accepted_tokens + prior) / (r.spec_steps + PRIOR_STEPS)
         left = (r.params.max_tokens - len(r.output_ids)) / a
         if left > best:
             best, crit = left, a

@@ -260,14 +260,15 @@ class BudgetPolicy:
         # losing mode each time.
         every = self.explore_every * (2 if rel > 1.25 or rel < 0.8 else 1)
         prefers = rel >= keep
-        if st.prefers and not prefers and reason == "critical":
-            self._switched(b, reason, f"drafting would give the request expected to end last {critical:.2f} tokens "
-                           f"per step against {st.acceptance(False):.2f}, with steps "
-                           f"{st.step_time[True] / st.step_time[False]:.2f}x as long")
-        elif st.prefers and not prefers:
-            self._switched(b, reason, f"drafting delivered {rel:.2f}x plain decoding's tokens/s "
-                           f"({st.acceptance(True):.2f} tokens per request-step against {st.acceptance(False):.2f}, "
-                           f"steps {st.step_time[True] / st.step_time[False]:.2f}x as long)")
+        if st.prefers and not prefers:
+            longer = f"{st.step_time[True] / st.step_time[False]:.2f}x as long"
+            if reason == "critical":
+                why = (f"drafting would give the request expected to end last {critical:.2f} tokens per step "
+                       f"against {st.acceptance(False):.2f}, with steps {longer}")
+            else:
+                why = (f"drafting delivered {rel:.2f}x plain decoding's tokens/s ({st.acceptance(True):.2f} tokens "
+                       f"per request-step against {st.acceptance(False):.2f}, steps {longer})")
+            self._switched(b, reason, why)
         st.prefers = prefers
         if not prefers:
             st.plain_reason = reason
@@ -337,6 +338,11 @@ class BudgetPolicy:
             self._step_costs.clear()
             self._budgets.clear()
 
+    def _shared_cost(self, plain: float, tree: float) -> float:
+        """A tree step's cost as the GPU's busy processes bear it: a plain step's forward time, plus
+        the tree's extra counted ``gpu_share`` times (module docstring)."""
+        return plain + self.gpu_share * (tree - plain)
+
     def draft_budget(self, bs: int, critical: float | None = None) -> int:
         """Nodes per request to ask the corpus for (0 = do not draft this step). ``critical``: see
         ``drafting_pays``."""
@@ -357,7 +363,7 @@ class BudgetPolicy:
         if best is None:  # once per batch size and cost model version
             base, best = self.cost(bs), 0
             for k in range(2, self.max_budget + 2):
-                if k * base > base + self.gpu_share * (self.cost(bs * k) - base):
+                if k * base > self._shared_cost(base, self.cost(bs * k)):
                     best = k - 1
             self._budgets[bs] = best
         if best == 0 and self._optimistic:
@@ -427,7 +433,7 @@ class BudgetPolicy:
         costs = self._step_costs.get(bs)
         if costs is None:  # the cost model and the buckets are fixed between refits: once per batch size
             costs = [self.cost(bs * self.node_bucket(k + 1)) for k in range(self.max_budget + 1)]
-            costs = self._step_costs[bs] = [costs[0] + self.gpu_share * (c - costs[0]) for c in costs]
+            costs = self._step_costs[bs] = [self._shared_cost(costs[0], c) for c in costs]
         c, plain, spec = self.calibration, self.overhead[False], self.overhead[True]
         optimistic, self._optimistic = self._optimistic, False
         if optimistic:  # figures that may be stale for want of drafting steps: at their most hopeful

@@ -92,6 +92,8 @@ class EngineConfig:
             raise ValueError(f"max_len: expected 16..2^20, got {self.max_len}")
         if not 1 <= self.max_budget <= kernels.MAX_NODES - 1:
             raise ValueError(f"max_budget: expected 1..{kernels.MAX_NODES - 1}, got {self.max_budget}")
+        if isinstance(self.gpu_share, bool) or not isinstance(self.gpu_share, int) or not 1 <= self.gpu_share <= 64:
+            raise ValueError(f"gpu_share: expected an int 1..64, got {self.gpu_share!r}")
         if not 1 <= self.prefill_tokens <= 1 << 20:
             raise ValueError(f"prefill_tokens: expected 1..2^20, got {self.prefill_tokens}")
         if not 0 <= self.refill_group <= self.max_batch:
@@ -602,8 +604,7 @@ class Engine:
         bs = len(running)
         critical = None
         if self.config.makespan.critical_path and self.policy.fixed is None:
-            mean = self.policy.acceptance(bs, True)
-            critical = critical_acceptance(running, mean) if mean is not None else None
+            critical = critical_acceptance(running, self.policy.acceptance(bs, True))
         budget = self.policy.draft_budget(bs, critical=critical)
         tail = self.config.makespan.tail_requests
         if tail and bs <= tail and not self.scheduler.waiting and self.config.budget != 0:
@@ -729,7 +730,6 @@ class Engine:
             req.draft_tokens += nb - 1
             if nb > 1:
                 req.spec_steps += 1
-                req.spec_committed += 1 + n
                 self.stats.spec_steps += 1
             accepted_total += n
             # Usage counts accepted tokens that were committed (a stop can cut the path short).

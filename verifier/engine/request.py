@@ -63,8 +63,7 @@ class Request:
     verify_steps: int = 0
     draft_tokens: int = 0  # draft nodes verified
     accepted_tokens: int = 0  # draft tokens accepted
-    spec_steps: int = 0  # steps that verified drafts of this request
-    spec_committed: int = 0  # tokens those steps committed (accepted + 1 each)
+    spec_steps: int = 0  # steps that verified drafts of this request (each committed 1 + what it accepted)
     created: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     finished_at: float | None = None

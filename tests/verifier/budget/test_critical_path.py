@@ -16,7 +16,7 @@ from tiny_lm import one_thread, tiny_lm  # noqa: F401 (a fixture)
 
 
 def _req(spec_steps, spec_committed, out, max_tokens=384):
-    return SimpleNamespace(spec_steps=spec_steps, spec_committed=spec_committed, output_ids=[0] * out,
+    return SimpleNamespace(spec_steps=spec_steps, accepted_tokens=spec_committed - spec_steps, output_ids=[0] * out,
                            params=SimpleNamespace(max_tokens=max_tokens))
 
 
@@ -30,6 +30,7 @@ def test_critical_acceptance_is_the_figure_of_the_request_with_the_most_steps_le
     assert critical_acceptance([_req(0, 0, 0)], mean=1.7) == pytest.approx(1.7)
     assert critical_acceptance([], mean=2.0) is None
     assert critical_acceptance([slow], mean=0.0) is None
+    assert critical_acceptance([slow], mean=None) is None  # the batch has no drafting steps yet
 
 
 def _policy():
@@ -84,4 +85,10 @@ def test_an_engine_with_critical_path_counts_each_requests_drafting_steps_and_st
     assert [r.output_ids for r in reqs] == want
     assert sum(r.spec_steps for r in reqs) > 0
     for r in reqs:
-        assert r.spec_steps <= r.verify_steps and r.spec_steps <= r.spec_committed <= len(r.output_ids)
+        assert r.spec_steps <= r.verify_steps and r.spec_steps + r.accepted_tokens <= len(r.output_ids)
+
+
+@pytest.mark.parametrize("bad", [0, 65, True, 2.0])
+def test_gpu_share_is_checked_at_the_engine_config(bad):
+    with pytest.raises(ValueError, match="gpu_share"):
+        EngineConfig(gpu_share=bad)
