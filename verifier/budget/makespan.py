@@ -13,9 +13,10 @@ do not end together):
 - ``critical_path``: the budget policy compares drafting with plain decoding by what drafting gains
   the request expected to end last, not the batch's mean (``critical_acceptance``). A batch's
   makespan is that request's steps times the step time; drafting makes every step dearer, so it pays
-  only where that request's tokens per drafting step beat the steps' cost ratio. On the dev rollout
-  traces (lockstep replay, 8 nodes) the request that ended last committed 1.15-1.17 tokens per step
-  at T = 1.0 against a batch mean of 1.62-1.69, and 1.86-2.34 against 2.75-2.80 at T = 0.7.
+  only where that request's tokens per drafting step beat the steps' cost ratio. In the lockstep
+  replay of the dev rollout traces (``bench/rollouts.py replay``, B = 15) the epoch's last request
+  needed 1.13-1.18x fewer rounds than tokens at T = 1.0 (the batch's MAT: 1.74), 1.93-1.95x at
+  T = 0.7 (MAT 3.04).
 - ``longest_first``: waiting requests are admitted longest expected first (LPT, the classic
   makespan rule), the expectation being the mean output length of the request's prompt key's
   rollouts in the corpus' prompt history (``NgramCorpus.prompt_history``; requests without history
@@ -63,10 +64,9 @@ def expected_length(corpus: NgramCorpus, prompt_ids: list[int], prompt_key: str 
 
 # Drafting steps of prior weight: a request's own tokens per drafting step are shrunk toward the
 # batch's mean until it has some of its own. The request expected to end last is the one whose
-# figure is lowest (for equal lengths left), and the lowest of 100+ noisy 10-step means is a
-# pessimist: on the T = 0.7 dev rollouts it read 1.1-1.5 after 10 steps where the request that
-# ended last delivered 2.2. With 16 steps of prior the estimate after 30-60 steps read 1.5-2.0 there
-# (2.2 true) and 1.24-1.39 at T = 1.0 (1.16 true).
+# figure is lowest (for equal lengths left), and the lowest of 100+ noisy few-step means is a
+# pessimist: without a prior, the estimate early in an epoch is the unluckiest request's, not the
+# slowest one's.
 PRIOR_STEPS = 16.0
 
 
