@@ -7,6 +7,21 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Hypothesis profiles (docs/testing.md). "ci", chosen when CI is set: the same examples on every run
+# (derandomize: drawn from a seed fixed by each test), a fixed count, nothing written to
+# .hypothesis/, so a submission is never red for a case the previous one did not meet. "dev" (the
+# default): random examples, failures kept in .hypothesis/ and replayed first. "long": thousands of
+# random examples, run by hand (a failure prints its example: add it as an @example once fixed).
+# A test's own @settings win over its profile's: tests that should follow the profile set no
+# max_examples.
+_COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("ci", derandomize=True, max_examples=100, database=None, print_blob=True, **_COMMON)
+settings.register_profile("dev", max_examples=100, **_COMMON)
+settings.register_profile("long", max_examples=5000, database=None, print_blob=True, **_COMMON)
+_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if _CI else "dev"))
 
 REPO = Path(__file__).resolve().parent.parent
 REPO_TRACES = REPO / "bench" / "data" / "traces"

@@ -3,6 +3,11 @@
 It keeps every document as a plain list and finds candidates by brute force. With caps that do not
 bind (large max_chain and max_candidates), the native engine must find exactly these candidates and
 assign the same path probabilities (see csrc/draft_tree.h for the math).
+
+Sources: the request's own context, its prompt's history (csrc/prompt_history.h: every request that
+names no key is keyed by its prompt ids, and what it generated joins that key's rollouts when it
+finishes), the learned corpus and the external corpora. Modelled for one policy version, no groups
+and no learned source multipliers (learn_source_weights off), as the differential tests run them.
 """
 
 from __future__ import annotations
@@ -30,23 +35,29 @@ class RefRequest:
     pending: list[int] = field(default_factory=list)
     last_chunk: Doc | None = None
     chunks: list = field(default_factory=list)  # its own chunks in the learned corpus (not a source for it)
+    prompt_len: int = 0
 
 
 class RefCorpus:
     def __init__(self, *, orders, enough_candidates, enough_order, alpha, shared_alpha, weak_weight, weak_depth, lambda_, match_cap, own_weight, learned_weight, external_weight,
-                 max_match, max_depth, flush_tokens, overlap, learn_prompts, mode="score"):
+                 max_match, max_depth, flush_tokens, overlap, learn_prompts, mode="score",
+                 history_weight=1.0, history_context=16, history_max_rollouts=64):
         self.orders = orders  # source name -> n-gram orders
         self.enough = (enough_candidates, enough_order)
         self.p = dict(alpha=alpha, shared_alpha=shared_alpha, weak_weight=weak_weight, weak_depth=weak_depth, lambda_=lambda_, match_cap=match_cap, max_match=max_match, max_depth=max_depth,
                       flush_tokens=flush_tokens, overlap=overlap, learn_prompts=learn_prompts, mode=mode)
-        self.weights = {"own": own_weight, "learned": learned_weight, "external": external_weight}
+        self.weights = {"own": own_weight, "learned": learned_weight, "external": external_weight, "history": history_weight}
+        self.history_context, self.history_max_rollouts = history_context, history_max_rollouts
         self.requests: dict[str, RefRequest] = {}
         self.learned: list[Doc] = []
         self.externals: dict[str, list[Doc]] = {}
+        # Prompt key (the prompt ids: the engine's default key is their hash) -> rollouts, oldest first.
+        self.history: dict[tuple[int, ...], list[Doc]] = {}
 
     # ---------------------------------------------------------------- state changes
     def start(self, rid, prompt):
-        self.requests[rid] = RefRequest(list(prompt), list(prompt) if self.p["learn_prompts"] else [])
+        self.requests[rid] = RefRequest(list(prompt), list(prompt) if self.p["learn_prompts"] else [],
+                                        prompt_len=len(prompt))
 
     def _flush(self, r: RefRequest, min_tokens: int):
         if not r.pending or len(r.pending) < min_tokens:
@@ -70,6 +81,13 @@ class RefCorpus:
     def finish(self, rid):
         r = self.requests.pop(rid)
         self._flush(r, 1)
+        # A request with output joins its key's history: the prompt's last history_context tokens
+        # (indexed like the rest, so the first output tokens can be drafted), then the output.
+        if len(r.tokens) > r.prompt_len:
+            ctx = min(r.prompt_len, self.history_context)
+            rollouts = self.history.setdefault(tuple(r.tokens[:r.prompt_len]), [])
+            rollouts.append(Doc(r.tokens[r.prompt_len - ctx:]))
+            del rollouts[:-self.history_max_rollouts]  # the oldest go first
 
     def learned_stream(self) -> list[int]:
         out = []
@@ -111,14 +129,16 @@ class RefCorpus:
         ctx = r.tokens[-self.p["max_match"]:]
         depth = min(budget, self.p["max_depth"])
         learned = [d for d in self.learned if not any(d is c for c in r.chunks)]
-        sources = [("own", [Doc(r.tokens)], True), ("learned", learned, False)]
+        history = self.history.get(tuple(r.tokens[:r.prompt_len]), [])
+        sources = [("own", [Doc(r.tokens)], True), ("history", history, False), ("learned", learned, False)]
         sources += [("external", docs, False) for docs in self.externals.values()]
         vote: dict[tuple, float] = {}
         mass: dict[tuple, float] = {(): 0.0}
         score = self.p["mode"] == "score"
         for name, docs, excl in sources:
             for cont, m in self._candidates(docs, ctx, excl, self.orders[name]):
-                alpha = self.p["alpha"] if name == "own" else self.p["shared_alpha"]
+                # A key's rollouts are scored like the own context (its exponent and orders).
+                alpha = self.p["alpha"] if name in ("own", "history") else self.p["shared_alpha"]
 
                 def w(d):
                     return self.weights[name] * min(m + d, self.p["match_cap"]) ** alpha if score else 1.0
