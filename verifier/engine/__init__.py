@@ -1,4 +1,5 @@
-"""The speculative engine: the step loop (``core.py``), requests and their admission (``request.py``,
+"""The speculative engine: the step loop (``core.py``; the step's parts in ``prefill.py``, ``verify.py``,
+``sampled.py``, ``commit.py`` and ``overlap.py``, its config in ``config.py``), requests and their admission (``request.py``,
 ``scheduler.py``) and the thread that runs the engine for the HTTP API (``runner.py``).
 
 ``from verifier.engine import Engine`` still works: the names of ``core`` are handed on lazily, so that
