@@ -50,9 +50,15 @@ def security_warnings(cfg: Any) -> list[str]:
     if is_loopback(cfg.host):
         return []
     out = []
-    if not cfg.client_tokens:
+    if not cfg.client_tokens and cfg.admin_token:
+        # The admin token guards the admin calls of both surfaces (security/auth.py): say so, or an
+        # operator reads the warning as "anyone may reset" and loses trust in the token.
         out.append(f"SECURITY: gRPC on {cfg.host} accepts every client (no --client-tokens): anyone who can reach "
-                   "the port can draft from, feed, reset and load corpora into every namespace")
+                   "the port can draft from and feed the learned corpus of every namespace; the admin calls (REST "
+                   "writes, gRPC Reset, external corpora and policy versions) need the admin token")
+    elif not cfg.client_tokens:  # no REST admin (--admin-port -1), so no token was required
+        out.append(f"SECURITY: gRPC on {cfg.host} accepts every client (no --client-tokens, no --admin-token): "
+                   "anyone who can reach the port can draft from, feed, reset and load corpora into every namespace")
     if not cfg.tls_cert:
         out.append(f"SECURITY: gRPC and the admin on {cfg.host} are plaintext (no --tls-cert/--tls-key): bearer "
                    "tokens and token ids travel unencrypted")

@@ -172,6 +172,15 @@ def test_beyond_loopback_without_client_tokens_or_tls_is_a_loud_warning(tmp_path
     assert security_warnings(ServiceConfig()) == []
     warn = security_warnings(ServiceConfig(host="0.0.0.0", admin_token=TOKEN))
     assert len(warn) == 2 and "no --client-tokens" in warn[0] and "plaintext" in warn[1]
+    # With an admin token, anyone may draft and feed, not reset or load: the admin calls of REST and
+    # gRPC need the token (test_admin_authority.py, test_service_prompt_history.py show they do).
+    open_part, guarded = warn[0].split("; ")
+    assert "draft from and feed" in open_part and "reset" not in open_part and "load" not in open_part
+    assert all(w in guarded for w in ("REST writes", "gRPC Reset", "external corpora", "policy versions",
+                                      "need the admin token")), guarded
+    # Without a REST admin no token is required: then the gRPC admin calls are open, and it says so.
+    open_grpc = security_warnings(ServiceConfig(host="0.0.0.0", admin_port=-1))
+    assert "no --admin-token" in open_grpc[0] and "reset and load corpora" in open_grpc[0], open_grpc
     certs = make_certs(tmp_path / "certs")
     tokens = _tokens(tmp_path, [{"name": "x", "token": "tok-warn-0123456789abcdef", "namespaces": ["*"]}])
     assert security_warnings(ServiceConfig(host="0.0.0.0", admin_token=TOKEN, client_tokens=tokens,
