@@ -103,7 +103,8 @@ class CorpusServer:
     """``python -m corpus_service serve`` on 127.0.0.1 with ephemeral ports, read back from its
     ports file in ``workdir`` (its log is there too).
 
-    ``persist``: ``--data-dir workdir`` (snapshots, uploads); ``admin``: the REST admin on an
+    ``persist``: ``--data-dir workdir`` (snapshots, uploads; else ``--data-dir ''``, nothing kept, not
+    the user's default data directory); ``admin``: the REST admin on an
     ephemeral port (off otherwise); ``admin_token``: the admin token (None: a loopback server
     without one); ``log_level``: None keeps the server's default; ``args``: any other serve flags."""
 
@@ -125,7 +126,7 @@ class CorpusServer:
         return [sys.executable, "-m", "corpus_service", "serve", "--host", "127.0.0.1",
                 "--grpc-port", str(grpc_port), "--admin-port", str(admin_port),
                 "--ports-file", str(self.data_dir / "ports.json"),
-                *(("--data-dir", str(self.data_dir)) if self.persist else ()),
+                "--data-dir", str(self.data_dir) if self.persist else "",  # "": explicitly nothing persists
                 *(("--admin-token", self.admin_token) if self.admin_token else ()),
                 *(("--log-level", self.log_level) if self.log_level else ()), *self.args]
 

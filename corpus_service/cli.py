@@ -25,7 +25,9 @@ _HELP = {
     "host": "address to bind, an IP or host name (beyond loopback an admin token is required)",
     "grpc_port": "gRPC port, int in [0, 65535] (0 = ephemeral, reported in the log and --ports-file)",
     "admin_port": "REST admin port, int in [-1, 65535] (0 = ephemeral, -1 = no REST admin)",
-    "data_dir": "directory for snapshots and acknowledged uploads (created if missing); unset = nothing persists",
+    "data_dir": "directory for snapshots and acknowledged uploads (created if missing; one server per directory); "
+                "unset = $XDG_DATA_HOME/ngram-corpus or ~/.local/share/ngram-corpus; '' = nothing persists "
+                "(warned at start)",
     "admin_token": "bearer token of at least 16 characters for the admin actions: REST writes, gRPC Reset and "
                    "external corpora; required beyond loopback (prefer the environment: flags show in ps)",
     "namespaces": "NAME[:key=value,...], repeatable (env: ';'-separated); NAME: 1-64 letters, digits, '_', '.', "
@@ -106,9 +108,14 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
+    from corpus_service.admin.persistence import DataDirInUse
     from corpus_service.server.main import serve  # grpc/uvicorn are imported only for serving
 
-    asyncio.run(serve(config))
+    try:
+        asyncio.run(serve(config))
+    except DataDirInUse as e:
+        print(f"ngram-corpus serve: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,21 @@ REPO_TRACES = REPO / "bench" / "data" / "traces"
 # (tests/test_trace_fallback.py checks it where the shared folder is present).
 SAMPLED_TWINS = {"humaneval164_greedy.jsonl": "humaneval164_t07x4.jsonl",
                  "specbench_dev120_greedy.jsonl": "specbench_dev120_t07x4.jsonl"}
+
+# A server started without --data-dir keeps its data in $XDG_DATA_HOME/ngram-corpus. Servers that tests
+# start use a temporary directory or --data-dir '' (nothing kept); should one miss both, it writes into
+# this session's own folder, never the user's home, and the session fails (pytest_sessionfinish).
+XDG_DATA_HOME = Path(tempfile.mkdtemp(prefix="ngram-tests-xdg-"))
+os.environ["XDG_DATA_HOME"] = str(XDG_DATA_HOME)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    used = XDG_DATA_HOME / "ngram-corpus"
+    if used.exists():
+        print(f"\nerror: a test started a corpus server on the default data directory ({used}): give it a "
+              "temporary --data-dir, --data-dir '' or NGRAM_CORPUS_DATA_DIR")
+        session.exitstatus = 1
+    shutil.rmtree(XDG_DATA_HOME, ignore_errors=True)
 
 
 def shared_data_dir() -> Path:

@@ -97,7 +97,8 @@ def _start_server(tmp: str):
     ports = Path(tmp) / "ports.json"
     log = open(Path(tmp) / "corpus.log", "wb")
     cmd = [sys.executable, "-m", "corpus_service", "serve", "--host", "127.0.0.1", "--grpc-port", "0",
-           "--admin-port", "-1", "--ports-file", str(ports), "--log-level", "WARNING"]
+           "--admin-port", "-1", "--ports-file", str(ports), "--log-level", "WARNING",
+           "--data-dir", ""]  # a throwaway corpus: nothing kept, the user's data directory left alone
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while not ports.exists():

@@ -11,10 +11,18 @@ tombstone manifest until a snapshot without it has been written, so an older sna
 it back. A corrupt snapshot is reported and moved aside (``*.corrupt-TIMESTAMP``), never half-loaded.
 A manifest that does not parse, or a data file whose size is not the manifest's, is reported as a
 ``damaged`` corpus (never skipped: an acknowledged upload must not vanish without a word).
+
+    DATA_DIR/ngram-corpus.lock         held (flock) by the one server using the directory
+
+Two servers writing one directory would overwrite each other's snapshots and manifests: the server
+takes an exclusive lock at start (``DataDir.lock``) and refuses to start when another holds it. The
+kernel releases the lock when its process ends, however it ends (kill -9 leaves no stale lock).
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import logging
 import os
@@ -95,6 +103,11 @@ class Manifest:
 
 
 _STATES = (ACKNOWLEDGED, READY, FAILED, DELETED)
+LOCK_NAME = "ngram-corpus.lock"
+
+
+class DataDirInUse(RuntimeError):
+    """Another process holds the data directory's lock."""
 
 
 class DataDir:
@@ -102,8 +115,39 @@ class DataDir:
         self.root = Path(root)
         self.snapshots = self.root / "snapshots"
         self.uploads = self.root / "uploads"
+        self._lock_fd: int | None = None
         for d in (self.root, self.snapshots, self.uploads):
             d.mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------------ the lock
+
+    def lock(self) -> None:
+        """Takes the directory's exclusive lock for this process (until ``unlock`` or its end);
+        ``DataDirInUse`` naming the holder's pid when another process has it."""
+        if self._lock_fd is not None:
+            return
+        path = self.root / LOCK_NAME
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            try:
+                holder = path.read_text().strip() or "unknown"
+            except OSError:
+                holder = "unknown"
+            raise DataDirInUse(f"data directory {self.root} is in use by another ngram-corpus server (pid {holder}); "
+                               "stop it, or give this one another --data-dir (NGRAM_CORPUS_DATA_DIR)") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = None
 
     # ------------------------------------------------------------------ snapshots
 

@@ -22,6 +22,16 @@ from ngram_common.net import is_loopback
 ENV_PREFIX = "NGRAM_CORPUS_"
 
 
+def default_data_dir() -> str:
+    """Where a server keeps its data unless told otherwise: ``$XDG_DATA_HOME/ngram-corpus``, or
+    ``~/.local/share/ngram-corpus`` (the XDG base directory default; a relative XDG_DATA_HOME is
+    ignored, as the specification says)."""
+    base = os.environ.get("XDG_DATA_HOME", "")
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".local", "share")
+    return os.path.join(base, "ngram-corpus")
+
+
 @dataclass(frozen=True, slots=True)
 class NamespaceSpec:
     name: str
@@ -127,7 +137,9 @@ class ServiceConfig:
     host: str = "127.0.0.1"
     grpc_port: int = 50051  # 0 = an ephemeral port (reported in the log and the ports file)
     admin_port: int = 8080  # REST admin; 0 = ephemeral; -1 = no REST admin
-    data_dir: str | None = None  # snapshots and acknowledged uploads; None = nothing persists
+    # Snapshots and acknowledged uploads. None = default_data_dir() (resolved at construction); "" =
+    # nothing persists, an explicit choice that the server warns about at start.
+    data_dir: str | None = None
     admin_token: str | None = field(default=None, repr=False)  # bearer token for mutating REST routes; required off loopback
     namespaces: tuple[str, ...] = ("default",)  # NamespaceSpec strings
     max_batch: int = 1024  # requests per draft / BatchGet / step
@@ -222,6 +234,10 @@ class ServiceConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
             raise ValueError(f"host: expected a non-empty string, got {self.host!r}")
+        if self.data_dir is None:
+            self.data_dir = default_data_dir()
+        if not isinstance(self.data_dir, str) or "\0" in self.data_dir:
+            raise ValueError(f"data_dir: expected a directory path or '' (nothing persists), got {self.data_dir!r:.80}")
         for name, lo in (("grpc_port", 0), ("admin_port", -1)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= 65535:
@@ -265,6 +281,11 @@ class ServiceConfig:
             raise ValueError(f"namespaces: duplicate names in {names}")
         self.parsed_namespaces = specs
         self.parsed_client_tokens = check_security(self)
+
+    @property
+    def persistent(self) -> bool:
+        """Snapshots and uploads are kept in data_dir ("" keeps nothing)."""
+        return bool(self.data_dir)
 
     @property
     def replicated(self) -> bool:

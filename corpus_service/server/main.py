@@ -20,6 +20,7 @@ from pathlib import Path
 
 import grpc
 import uvicorn
+from prometheus_client import Gauge
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
@@ -66,10 +67,16 @@ def _hostport(host: str, port: int) -> str:
 class CorpusService:
     def __init__(self, config: ServiceConfig) -> None:
         self.config = config
+        # Without a data directory the service still needs one for uploads in flight: a temporary one.
+        self._tmp = None if config.persistent else tempfile.TemporaryDirectory(prefix="ngram-corpus-")
+        self.data = DataDir(config.data_dir if config.persistent else self._tmp.name)
+        if config.persistent:  # before anything reads it: DataDirInUse if another server has it
+            self.data.lock()
         self.state = ServiceState(config)
-        self._tmp = None if config.data_dir else tempfile.TemporaryDirectory(prefix="ngram-corpus-")
-        self.data = DataDir(config.data_dir or self._tmp.name)
-        self.catalog = Catalog(self.state, self.data, persistent=config.data_dir is not None)
+        persistent = Gauge("ngram_corpus_persistent", "1 when snapshots and uploads are kept in a data directory; "
+                           "0 with --data-dir '' (nothing persists)", registry=self.state.metrics.registry)
+        persistent.set(1 if config.persistent else 0)
+        self.catalog = Catalog(self.state, self.data, persistent=config.persistent)
         self.replica = None
         if config.replicated:  # imported only here: a single node needs no broker client
             from corpus_service.replication.service import make_replica
@@ -85,6 +92,12 @@ class CorpusService:
 
     async def start(self) -> None:
         cfg = self.config
+        if cfg.persistent:
+            log.info("data directory: %s (snapshots and uploads are kept there; --data-dir '' keeps nothing)",
+                     cfg.data_dir)
+        else:  # once, at start: an explicit choice, but one that loses everything at the next stop
+            log.warning("no data directory (--data-dir ''): nothing persists; uploads and the learned corpus are "
+                        "lost when the service stops (--data-dir DIR or NGRAM_CORPUS_DATA_DIR keeps them)")
         if self.replica is None:
             await asyncio.to_thread(self.catalog.restore)
         else:  # the replica bootstraps from the newest snapshot in the blob store and the log
@@ -130,7 +143,7 @@ class CorpusService:
         for warning in security_warnings(cfg) + deprecations(cfg):
             log.warning("%s", warning)
         log.info("ngram-corpus listening: grpc=%s admin=%s namespaces=%s data_dir=%s",
-                 _hostport(cfg.host, self.grpc_port), admin, ",".join(self.state.specs), cfg.data_dir or "(none)")
+                 _hostport(cfg.host, self.grpc_port), admin, ",".join(self.state.specs), cfg.data_dir or "(none: '')")
         if cfg.ports_file:
             tmp = Path(cfg.ports_file).with_name(Path(cfg.ports_file).name + ".tmp")
             tmp.write_text(json.dumps({"grpc_port": self.grpc_port, "admin_port": self.admin_port, "pid": os.getpid()}))
@@ -206,6 +219,7 @@ class CorpusService:
             except Exception:  # noqa: BLE001
                 log.exception("shutdown snapshot failed")
         state.close()
+        self.data.unlock()
         if self._tmp is not None:
             self._tmp.cleanup()
         log.info("stopped")
