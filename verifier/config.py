@@ -54,7 +54,16 @@ class VerifierConfig:
     allow_weight_updates: bool = flag(
         False, "accept POST /v1/update-weights: new weights (a .gguf file or HF directory of the served architecture, "
         "or the served model perturbed) copied in place between requests, for RL loops (verifier/api/weights.py); "
-        "the route reads files its caller names: keep --api-key set off loopback", "true/false")
+        "needs --admin-key; files only from --weights-dir (docs/security.md)", "true/false")
+    allow_policy_version: bool = flag(
+        False, "accept POST /v1/policy-version: announce a new policy version to the corpus namespace (with "
+        "--corpus-token's roles) for RL loops (verifier/api/policy_version.py); needs --admin-key", "true/false")
+    admin_key: str = flag(
+        "", "the credential of POST /v1/policy-version and /v1/update-weights ('Authorization: Bearer "
+        "<admin_key>'); must differ from --api-key", "any string; '' = those routes refused", repr=False)
+    weights_dir: str = flag(
+        "", "the directory /v1/update-weights may read new weights from (its 'model', after symlinks, must be "
+        "inside; relative names are taken from it)", "a directory; '' = only the served model's own weights")
     device: str = flag("cpu", "where the model runs", ", ".join(DEVICES))
     dtype: str = flag("float32", "the model's weights and activations", ", ".join(DTYPES))
     host: str = flag("127.0.0.1", "HTTP address to bind; off loopback --api-key is required",
@@ -133,6 +142,16 @@ class VerifierConfig:
             # An open inference endpoint off loopback is a decision, not a default.
             if os.environ.get(f"{ENV_PREFIX}ALLOW_OPEN", "") != "1":
                 raise ValueError(f"host {self.host!r} is not loopback: set --api-key (or {ENV_PREFIX}ALLOW_OPEN=1)")
+        for name in ("allow_weight_updates", "allow_policy_version"):
+            if getattr(self, name) and not self.admin_key:
+                # These routes act for every client of the verifier and of its corpus namespace:
+                # network reach or the API key must not be enough.
+                raise ValueError(f"{name}: needs --admin-key ({ENV_PREFIX}ADMIN_KEY), the credential of the admin "
+                                 "routes")
+        if self.admin_key and self.admin_key == self.api_key:
+            raise ValueError("admin_key: must differ from --api-key (an API client must not be an admin)")
+        if self.weights_dir and not os.path.isdir(self.weights_dir):
+            raise ValueError(f"weights_dir: {self.weights_dir!r} is not a directory")
         if self.external_corpus and self.corpus != "local":
             # A remote corpus is shared by every verifier: its corpora belong to its admin.
             raise ValueError(f"external_corpus: loads into --corpus local only (got --corpus {self.corpus}); for a "
@@ -140,6 +159,21 @@ class VerifierConfig:
         if any(not isinstance(s, str) or not s.strip() for s in self.external_corpus):
             raise ValueError(f"external_corpus: expected [NAME=]PATH strings, got {self.external_corpus!r}")
         self.engine_config()  # validates the engine fields
+
+    def startup_warnings(self) -> list[str]:
+        """What ``serve`` logs loudly at start: settings that are allowed but dangerous."""
+        out = []
+        if not is_loopback(self.host) and not self.api_key:
+            out.append(f"the API on {self.host} is open to anyone who can reach it ({ENV_PREFIX}ALLOW_OPEN=1, "
+                       "no --api-key)")
+            if self.allow_weight_updates or self.allow_policy_version:
+                out.append("... and it accepts "
+                           + " and ".join(r for r, on in (("weight updates", self.allow_weight_updates),
+                                                          ("policy-version announcements", self.allow_policy_version))
+                                          if on)
+                           + ": only --admin-key stands between the network and the served weights and the corpus "
+                           "namespace's version")
+        return out
 
     def namespace_for(self, served_model_name: str) -> str:
         """The corpus namespace this verifier drafts from: --corpus-namespace, or by default the one

@@ -66,18 +66,22 @@ def serve(cfg: VerifierConfig) -> None:
     import uvicorn
 
     from .api import create_app
+    from .api.admin import AdminAccess
     from .api.policy_version import PolicyAnnouncer
     from .api.weights import WeightUpdater
 
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for line in cfg.startup_warnings():
+        log.warning("SECURITY WARNING: %s", line)
     v = build_verifier(cfg)
     threading.Thread(target=v.engine.grammars.warm, name="grammar-warmup", daemon=True).start()
     loop = EngineLoop(v.engine).start()
     d = v.engine.drafter
     announcer = PolicyAnnouncer(d, namespace=d.health.namespace if d is not None and d.health is not None else "default",
                                 token=cfg.corpus_token or None, tls=cfg.corpus_tls_ca or None)
-    weights = WeightUpdater(loop, cfg.model, announcer, enabled=cfg.allow_weight_updates)
-    app = create_app(loop, v.model_name, cfg.api_key, announcer, weights)
+    weights = WeightUpdater(loop, cfg.model, announcer, enabled=cfg.allow_weight_updates, weights_dir=cfg.weights_dir)
+    app = create_app(loop, v.model_name, cfg.api_key, announcer, weights,
+                     AdminAccess(cfg.admin_key, policy_version=cfg.allow_policy_version))
     sock = socket.socket(socket.AF_INET6 if ":" in cfg.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((cfg.host, cfg.port))

@@ -24,6 +24,7 @@ from ..engine.request import Request as GenRequest
 from ..engine.runner import EngineLoop, Update
 from ..step.sampling import SamplingParams
 from . import choices
+from .admin import AdminAccess
 from .body import ApiError, parse_body
 from .metrics import ApiMetrics
 from .policy_version import PolicyAnnouncer, PolicyVersionRequest
@@ -54,10 +55,12 @@ class _TextStream:
 
 
 def create_app(loop: EngineLoop, model_name: str, api_key: str = "", announcer: PolicyAnnouncer | None = None,
-               weights: WeightUpdater | None = None) -> FastAPI:
+               weights: WeightUpdater | None = None, admin: AdminAccess | None = None) -> FastAPI:
     """``announcer``: how ``POST /v1/policy-version`` reaches the corpus (default: this engine's
     drafter, its corpus service's default namespace and no token); ``weights``: ``POST
-    /v1/update-weights`` (default: refused, 403)."""
+    /v1/update-weights`` (default: refused, 403); ``admin``: who may call those two (admin.py;
+    default: nobody)."""
+    admin = admin or AdminAccess()
     app = FastAPI(title="ngram-verifier", version="0.1.0")
     announcer = announcer or PolicyAnnouncer(loop.engine.drafter)
     weights = weights or WeightUpdater(loop, "", announcer, enabled=False)
@@ -110,17 +113,20 @@ def create_app(loop: EngineLoop, model_name: str, api_key: str = "", announcer: 
     async def prometheus():
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/v1/policy-version", dependencies=auth)
-    async def policy_version(request: Request):
-        """The policy's weights changed (verifier/api/policy_version.py)."""
+    @app.post("/v1/policy-version")
+    async def policy_version(request: Request, authorization: Annotated[str | None, Header()] = None):
+        """The policy's weights changed (verifier/api/policy_version.py); admin key only (admin.py)."""
+        admin.require("/v1/policy-version", admin.policy_version, "--allow-policy-version", authorization)
         body = await parse_body(request, PolicyVersionRequest)
         out = await asyncio.to_thread(announcer.announce, body.version)
         metrics.requests.labels("/v1/policy-version", "200").inc()
         return out
 
-    @app.post("/v1/update-weights", dependencies=auth)
-    async def update_weights(request: Request):
-        """New weights in place (verifier/api/weights.py); requests wait while they go in."""
+    @app.post("/v1/update-weights")
+    async def update_weights(request: Request, authorization: Annotated[str | None, Header()] = None):
+        """New weights in place (verifier/api/weights.py); requests wait while they go in; admin key
+        only (admin.py)."""
+        admin.require("/v1/update-weights", weights.enabled, "--allow-weight-updates", authorization)
         body = await parse_body(request, UpdateWeightsRequest)
         out = await weights.update(body)
         metrics.requests.labels("/v1/update-weights", "200").inc()
@@ -150,10 +156,20 @@ def create_app(loop: EngineLoop, model_name: str, api_key: str = "", announcer: 
             return _error(404, f"model '{body.model}' is not served here (serving '{model_name}')", "model", "model_not_found")
         subs: list[tuple[GenRequest, asyncio.Queue]] = []
         rid = f"{'chatcmpl' if kind.startswith('chat') else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        room = engine.config.max_len - len(prompt_ids) - 1  # tokens of output the model length leaves
+        if room < 1:
+            where = "messages" if kind.startswith("chat") else "prompt"
+            metrics.requests.labels(route, "400").inc()
+            return _error(400, f"{where}: {len(prompt_ids)} prompt tokens fill the model length of this server "
+                          f"({engine.config.max_len - 1} tokens): no room for any output; shorten the prompt", where)
+        vocab = engine.model.config.vocab_size
+        if bad := [t for t in body.stop_token_ids or () if t >= vocab]:
+            metrics.requests.labels(route, "400").inc()
+            return _error(400, f"stop_token_ids: {bad[0]} is outside the vocabulary [0, {vocab})", "stop_token_ids")
         if weights.updating:  # held until the new weights are in (and the running requests drained)
             await weights.admit()
         try:
-            params: SamplingParams = body.sampling(min(DEFAULT_MAX_TOKENS, engine.config.max_len - len(prompt_ids) - 1))
+            params: SamplingParams = body.sampling(min(DEFAULT_MAX_TOKENS, room))
             k = body.samples()
             if k > body.n and params.logprobs is None:  # best_of ranks by cumulative logprob
                 params = dataclasses.replace(params, logprobs=0)

@@ -21,7 +21,7 @@ from .schemas import MAX_POLICY_VERSION
 
 
 class PolicyVersionRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     version: int = Field(ge=0, le=MAX_POLICY_VERSION)
 

@@ -19,6 +19,14 @@ from ..step.structured_spec import from_openai
 
 MAX_SAMPLES = 16  # n and best_of: samples of one prompt decoded together
 MAX_POLICY_VERSION = (1 << 62) - 1  # the corpus' bound (corpus_service/engine/prompt_keys.py)
+# Counts a request may ask for (tokens, top_k, token ids): any int in JSON parses, but the engine's
+# tensors hold int64 and its C++ int32 (an int past them was a 500 "Overflow when unpacking long
+# long"); the model's own limits (vocabulary, --max-len) are checked where they are known (app.py).
+MAX_COUNT = (1 << 31) - 1
+MAX_STOP_TOKEN_IDS = 256
+# Every schema is strict: JSON's true is no 1, 1.0 no int and "5" no number (a client sending them
+# has a bug that a silent conversion would hide).
+STRICT = ConfigDict(extra="forbid", strict=True)
 
 # OpenAI request fields not implemented here, with why (the 400's message).
 UNSUPPORTED_COMMON = {
@@ -58,13 +66,13 @@ def unsupported_fields(schema: type[BaseModel]) -> dict[str, str]:
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     include_usage: bool = False
 
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     # Accepted and unused: identifiers and cache hints that change nothing in the output.
     user: str | None = None
@@ -72,10 +80,10 @@ class _Common(BaseModel):
     prompt_cache_key: str | None = None
 
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0)
+    top_k: int = Field(default=0, ge=0, le=MAX_COUNT)  # (larger than the vocabulary: no truncation)
     n: int = Field(default=1, ge=1, le=MAX_SAMPLES)
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -86,8 +94,9 @@ class _Common(BaseModel):
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
-    min_tokens: int = Field(default=0, ge=0)
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    min_tokens: int = Field(default=0, ge=0, le=MAX_COUNT)
+    stop_token_ids: list[Annotated[int, Field(ge=0, le=MAX_COUNT)]] | None = Field(default=None,
+                                                                                  max_length=MAX_STOP_TOKEN_IDS)
     # Structured output (verifier/step/structured_spec.py): OpenAI's response_format, or SGLang's regex / ebnf.
     response_format: dict | None = None
     regex: str | None = None
@@ -132,7 +141,7 @@ class _Common(BaseModel):
 class CompletionRequest(_Common):
     UNSUPPORTED: ClassVar[dict[str, str]] = {**UNSUPPORTED_COMMON, **UNSUPPORTED_COMPLETIONS}
 
-    prompt: str | list[int] = Field(min_length=1)
+    prompt: str | list[Annotated[int, Field(ge=0, le=MAX_COUNT)]] = Field(min_length=1)
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     best_of: int | None = Field(default=None, ge=1, le=MAX_SAMPLES)  # the n best by cumulative logprob
 
@@ -154,7 +163,7 @@ class ChatMessage(BaseModel):
     taken where they are text; ``developer`` is OpenAI's newer name for ``system``. Fields the
     template cannot show (``name``, ``tool_calls``, ``tool_call_id``) answer 400."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict]
@@ -180,7 +189,7 @@ class ChatCompletionRequest(_Common):
     UNSUPPORTED: ClassVar[dict[str, str]] = {**UNSUPPORTED_COMMON, **UNSUPPORTED_CHAT}
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
 

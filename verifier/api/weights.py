@@ -7,14 +7,19 @@ optionally perturbed as ``--weight-noise-sigma/--weight-noise-seed`` do), then, 
 ``update_weights_from_disk`` does, holds new requests back, lets the running ones finish with the old
 weights (``drain_timeout_s``), copies the new ones into the live tensors (same addresses: the CUDA graphs
 stay valid) and lets the held requests in. With ``policy_version`` it then announces the new version to
-the corpus (as ``POST /v1/policy-version``). Off unless the verifier runs with ``--allow-weight-updates``:
-the route reads files named by its caller.
+the corpus (as ``POST /v1/policy-version``). Off unless the verifier runs with ``--allow-weight-updates``
+(and then only with its admin key, ``admin.py``): the route reads files named by its caller, so only
+from ``--weights-dir``: a ``model`` outside it (after symlinks) is refused with 403 before anything
+on disk is touched, and the answer does not say whether the path exists. The served model's own spec
+(the default) is always allowed. Anything wrong with the files is 400 ``bad_weights`` (counted in
+``failed_updates``); weights holding NaN or Inf are refused before any copy.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -30,7 +35,7 @@ log = logging.getLogger(__name__)
 
 
 class UpdateWeightsRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    model_config = ConfigDict(extra="forbid", strict=True, protected_namespaces=())
 
     model: str | None = Field(default=None, min_length=1, max_length=4096)
     weight_noise_sigma: float = Field(default=0.0, ge=0.0, le=1.0)
@@ -45,6 +50,7 @@ class WeightUpdater:
     model: str  # what the verifier loaded: the default source of new weights
     announcer: PolicyAnnouncer  # where policy_version goes (409 without a corpus)
     enabled: bool = False
+    weights_dir: str = ""  # where other weights may come from ('' = only the served model's)
     updates: int = 0
     failures: int = 0
     last: dict = field(default_factory=dict)
@@ -82,15 +88,37 @@ class WeightUpdater:
                 log.warning("weight update failed (HTTP %d): %s", e.status, e.message)
                 raise
 
+    def source(self, model: str | None) -> str:
+        """The model spec to read: the served one (``model`` None or the same spec), or a path under
+        ``weights_dir`` (relative paths are taken from it); ApiError 403 otherwise, decided on the
+        name alone (the answer says nothing of what exists outside the directory)."""
+        if model is None or model == self.model:
+            return self.model
+        refused = ApiError(403, "update-weights: model must name a .gguf file or HF directory under the verifier's "
+                           "--weights-dir" + ("" if self.weights_dir else " (none is configured: only the served "
+                                              "model's own weights, optionally perturbed)"),
+                           "model", "weights_outside_dir")
+        if not self.weights_dir or "\x00" in model:
+            raise refused
+        root = os.path.realpath(self.weights_dir)
+        path = os.path.realpath(os.path.join(root, os.path.expanduser(model)))  # (an absolute model stays as is)
+        if path == root or os.path.commonpath([root, path]) != root:
+            raise refused
+        return path
+
     async def _update(self, body: UpdateWeightsRequest) -> dict:
         t0 = time.monotonic()
-        source = body.model or self.model
+        source = self.source(body.model)
         engine = self.loop.engine
         try:
             cfg, state = await asyncio.to_thread(read_weights, source, body.weight_noise_sigma, body.weight_noise_seed)
             check_weights(engine.model, cfg, state)
         except (ValueError, OSError, ImportError) as e:  # a missing file, another architecture, a bad checkpoint
-            raise ApiError(400, f"update-weights: {e}", "model", "bad_weights") from None
+            raise ApiError(400, f"update-weights: {str(e)[:500]}", "model", "bad_weights") from None
+        except Exception as e:  # a reader's own failure on a malformed file (gguf, safetensors): still the file's
+            log.warning("weight update: reading %s failed: %s: %s", source, type(e).__name__, e)
+            raise ApiError(400, f"update-weights: the weights could not be read ({type(e).__name__}: {str(e)[:200]})",
+                           "model", "bad_weights") from None
         read_s = time.monotonic() - t0
         self._open.clear()
         try:

@@ -5,7 +5,7 @@ policy_version reach the corpus with every sample (their outputs join the key's 
 answer 400, and POST /v1/policy-version moves the corpus' version forward."""
 
 import pytest
-from engine_fixtures import serve_api
+from engine_fixtures import ADMIN, serve_api
 
 from verifier.draft.drafter import DraftConfig, Drafter
 
@@ -35,7 +35,7 @@ class RecordingDrafter(Drafter):
 @pytest.fixture(scope="module")
 def served(smollm2):
     drafter = RecordingDrafter(vocab_size=smollm2.model.config.vocab_size)
-    with serve_api(smollm2, budget=4, drafter=drafter) as client:
+    with serve_api(smollm2, budget=4, drafter=drafter, policy_version=True) as client:
         yield client, drafter
 
 
@@ -133,12 +133,15 @@ def test_policy_version_route_moves_forward_only(served):
     api, drafter = served
     current = drafter.local.policy_version()
     r = api.post("/v1/policy-version", json={"version": current + 2})
+    assert r.status_code == 401 and "admin key" in r.json()["error"]["message"], r.text  # the route is the admin's
+    assert drafter.local.policy_version() == current
+    r = api.post("/v1/policy-version", json={"version": current + 2}, headers=ADMIN)
     assert r.status_code == 200, r.text
     assert r.json() == {"version": current + 2, "corpus": "local"} and drafter.local.policy_version() == current + 2
-    stale = api.post("/v1/policy-version", json={"version": current + 1})
+    stale = api.post("/v1/policy-version", json={"version": current + 1}, headers=ADMIN)
     assert stale.status_code == 409 and "older" in stale.json()["error"]["message"], stale.text
-    for bad in ({}, {"version": -1}, {"version": 1, "extra": 1}):
-        assert api.post("/v1/policy-version", json=bad).status_code == 400
+    for bad in ({}, {"version": -1}, {"version": 1, "extra": 1}, {"version": True}, {"version": 2**70}):
+        assert api.post("/v1/policy-version", json=bad, headers=ADMIN).status_code == 400
     # A request without a version is sampled by the announced one.
     drafter.history.clear()
     r = api.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, "temperature": 0, "prompt_key": "v-test"})

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.verifier.conftest import load_smollm2
-from tests.verifier.engine_fixtures import serve_api
+from tests.verifier.engine_fixtures import ADMIN, serve_api
 from tests.verifier.tiny_lm import next_logits, tiny_lm
 from verifier.model.loader import copy_weights_, read_weights
 
@@ -56,20 +56,22 @@ def test_another_architecture_is_refused_before_any_copy(own_model):
 
 def test_off_unless_enabled(own_model):
     with serve_api(own_model, budget=4) as client:
-        r = client.post("/v1/update-weights", json={})
+        r = client.post("/v1/update-weights", json={}, headers=ADMIN)
         assert r.status_code == 403 and "--allow-weight-updates" in r.json()["error"]["message"]
         assert client.get("/healthz").json()["weights"]["updates_enabled"] is False
 
 
 def test_update_over_http(own_model, perturbed_logits, tmp_path):
     body = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0}
-    with serve_api(own_model, budget=4, weights_from="smollm2") as client:
+    (tmp_path / "dir").mkdir()
+    with serve_api(own_model, budget=4, weights_from="smollm2", weights_dir=str(tmp_path)) as client:
         before = client.post("/v1/completions", json=body).json()["choices"][0]["text"]
         orig = next_logits(own_model.model, PROMPT)
+        assert client.post("/v1/update-weights", json={}).status_code == 401  # no admin key: not even read
         for bad, why in (({"weight_noise_sigma": 2}, "weight_noise_sigma"), ({"seed": 1}, "seed"),
                          ({"model": str(tmp_path / "none.gguf")}, "nothing at"),
-                         ({"model": str(tmp_path)}, "config.json")):
-            r = client.post("/v1/update-weights", json=bad)
+                         ({"model": "dir"}, "config.json")):
+            r = client.post("/v1/update-weights", json=bad, headers=ADMIN)
             assert r.status_code == 400 and why in r.json()["error"]["message"], (bad, r.text)
 
         # A long request runs (600 tokens: longer than reading the weights twice): an update that may
@@ -83,11 +85,11 @@ def test_update_over_http(own_model, perturbed_logits, tmp_path):
         while 'ngram_verifier_requests{state="running"} 1.0' not in client.get("/metrics").text:
             assert time.monotonic() < deadline
         r = client.post("/v1/update-weights", json={"weight_noise_sigma": SIGMA, "weight_noise_seed": SEED,
-                                                    "drain_timeout_s": 0.05})
+                                                    "drain_timeout_s": 0.05}, headers=ADMIN)
         assert r.status_code == 503 and "unchanged" in r.json()["error"]["message"]
         assert torch.equal(next_logits(own_model.model, PROMPT), orig)
         r = client.post("/v1/update-weights", json={"weight_noise_sigma": SIGMA, "weight_noise_seed": SEED,
-                                                    "policy_version": 3})
+                                                    "policy_version": 3}, headers=ADMIN)
         t.join(60)
         assert r.status_code == 200, r.text
         out = r.json()
@@ -98,6 +100,6 @@ def test_update_over_http(own_model, perturbed_logits, tmp_path):
         assert health["updates"] == 1 and health["failed_updates"] == 3 and not health["updating"]
         assert health["last"]["weight_noise_seed"] == SEED
 
-        r = client.post("/v1/update-weights", json={})  # the served model's own weights again
+        r = client.post("/v1/update-weights", json={}, headers=ADMIN)  # the served model's own weights again
         assert r.status_code == 200
         assert client.post("/v1/completions", json=body).json()["choices"][0]["text"] == before
