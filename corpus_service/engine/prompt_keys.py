@@ -15,6 +15,7 @@ the namespace's current version, which ``announce`` moves forward.
 from __future__ import annotations
 
 import hashlib
+import unicodedata
 from collections.abc import Sequence
 
 import numpy as np
@@ -22,7 +23,12 @@ import numpy as np
 MAX_PROMPT_KEY_CHARS = 256
 MAX_POLICY_VERSION = (1 << 62) - 1
 DEFAULT_KEY_PREFIX = "ids:"
-PROMPT_KEY_RULE_TEXT = f"1-{MAX_PROMPT_KEY_CHARS} characters without control characters"
+PROMPT_KEY_RULE_TEXT = (f"1-{MAX_PROMPT_KEY_CHARS} characters without control characters (C0, DEL, C1 such as "
+                        "U+0085), line or paragraph separators (U+2028/U+2029) or lone surrogates")
+# Unicode categories a key may not contain: control (Cc: C0, DEL, C1), surrogate (Cs: only a lone one
+# can be in a str; no UTF-8 carries it, so the C++ index could not take it), line and paragraph
+# separator (Zl, Zp): keys are written to logs and JSON lines, where these break or fake lines.
+_FORBIDDEN_CATEGORIES = frozenset({"Cc", "Cs", "Zl", "Zp"})
 
 
 def default_prompt_key(prompt_ids: Sequence[int] | np.ndarray) -> str:
@@ -37,8 +43,9 @@ def prompt_key_error(key: object) -> str | None:
         return f"expected a str, got {type(key).__name__}"
     if not 1 <= len(key) <= MAX_PROMPT_KEY_CHARS:
         return f"expected {PROMPT_KEY_RULE_TEXT}, got {len(key)} characters"
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in key):
-        return f"expected {PROMPT_KEY_RULE_TEXT}, got {key!r:.80}"
+    bad = next((ch for ch in key if unicodedata.category(ch) in _FORBIDDEN_CATEGORIES), None)
+    if bad is not None:
+        return f"expected {PROMPT_KEY_RULE_TEXT}, got U+{ord(bad):04X} at character {key.index(bad)}"
     return None
 
 

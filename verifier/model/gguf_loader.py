@@ -33,9 +33,16 @@ def config_from_gguf(reader) -> ModelConfig:
     if arch not in ("llama", "qwen2"):
         raise ValueError(f"GGUF: unsupported architecture {arch!r} (llama, qwen2)")
     g = lambda k, d=None: _meta(reader, f"{arch}.{k}", d)  # noqa: E731
+
+    def need(key: str) -> int:  # a missing key is the file's problem: ValueError, not int(None)'s TypeError
+        v = g(key)
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise ValueError(f"GGUF: metadata {arch}.{key} is {'missing' if v is None else f'not an int ({v!r:.40})'}")
+        return int(v)
+
     names = {t.name for t in reader.tensors}
-    heads = int(g("attention.head_count"))
-    hidden = int(g("embedding_length"))
+    heads = need("attention.head_count")
+    hidden = need("embedding_length")
     scaling = RopeScaling()
     kind = g("rope.scaling.type")
     if kind and kind != "none":
@@ -43,10 +50,13 @@ def config_from_gguf(reader) -> ModelConfig:
                                        "original_max_position_embeddings": g("rope.scaling.original_context_length")},
                                       int(g("context_length", 8192)))
     eos = _meta(reader, "tokenizer.ggml.eos_token_id")
-    vocab = g("vocab_size") or len(_meta(reader, "tokenizer.ggml.tokens"))
+    tokens = _meta(reader, "tokenizer.ggml.tokens")
+    vocab = g("vocab_size") or (len(tokens) if isinstance(tokens, list) else None)
+    if vocab is None:
+        raise ValueError(f"GGUF: neither {arch}.vocab_size nor tokenizer.ggml.tokens in the metadata")
     return ModelConfig(
-        vocab_size=int(vocab), hidden_size=hidden, intermediate_size=int(g("feed_forward_length")),
-        num_layers=int(g("block_count")), num_heads=heads, num_kv_heads=int(g("attention.head_count_kv", heads)),
+        vocab_size=int(vocab), hidden_size=hidden, intermediate_size=need("feed_forward_length"),
+        num_layers=need("block_count"), num_heads=heads, num_kv_heads=int(g("attention.head_count_kv", heads)),
         head_dim=int(g("attention.key_length", 0) or 0), rope_theta=float(g("rope.freq_base", 10000.0)),
         rope_scaling=scaling, rms_norm_eps=float(g("attention.layer_norm_rms_epsilon", 1e-5)),
         max_position_embeddings=int(g("context_length", 8192)),

@@ -38,8 +38,30 @@ def resolve_model_path(spec: str) -> Path:
     return path
 
 
+# The keys of a HF config.json that ModelConfig.from_hf cannot do without.
+HF_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+
+
+def hf_config(path: Path) -> ModelConfig:
+    """The model config of a HF directory's config.json; ValueError (FileNotFoundError without the
+    file) naming what is wrong, never a KeyError or TypeError of a bare dict lookup."""
+    try:
+        raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f"{path.name}/config.json: not valid JSON ({str(e)[:120]})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path.name}/config.json: expected a JSON object, got {type(raw).__name__}")
+    missing = [k for k in HF_REQUIRED if k not in raw]
+    if missing:
+        raise ValueError(f"{path.name}/config.json: missing {', '.join(missing)} (a Llama-family config.json)")
+    try:
+        return ModelConfig.from_hf(raw)
+    except (TypeError, KeyError, AttributeError, OverflowError) as e:  # a key of the wrong type
+        raise ValueError(f"{path.name}/config.json: {type(e).__name__}: {str(e)[:160]}") from None
+
+
 def _load_safetensors_dir(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    cfg = ModelConfig.from_hf(json.loads((path / "config.json").read_text()))
+    cfg = hf_config(path)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{path}: no *.safetensors files")
@@ -118,6 +140,12 @@ def check_weights(model: Transformer, cfg: ModelConfig, state: dict[str, torch.T
     if bad:
         raise ValueError(f"{bad[0]} has shape {tuple(state[bad[0]].shape)}, the served model's "
                          f"{tuple(params[bad[0]].shape)} ({len(bad)} tensors differ)")
+    # A NaN or Inf in any weight makes every request end in error (the logits are NaN): refused here,
+    # before anything is copied, so the served weights stay as they were.
+    nonfinite = [k for k in params if state[k].is_floating_point() and not bool(torch.isfinite(state[k]).all())]
+    if nonfinite:
+        raise ValueError(f"{nonfinite[0]} holds NaN or Inf values ({len(nonfinite)} tensors do): the weights are "
+                         "refused")
 
 
 def copy_weights_(model: Transformer, cfg: ModelConfig, state: dict[str, torch.Tensor]) -> int:

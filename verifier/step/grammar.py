@@ -30,6 +30,9 @@ from .structured_spec import GrammarSpec
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ",
                 "json_allow_general_unicode_escapes": True}
 _ALL = np.uint32(0xFFFFFFFF)
+# llguidance's own limits at their defaults, but errors without the parser's state and the grammar
+# (verbose errors dump both: an API answer and a request's error must not carry them).
+_LIMITS: dict = {"verbose_errors": False}
 _LL_TOKENIZERS: dict = {}  # (id(tokenizer), vocab_size, eos_ids) -> (tokenizer, LLTokenizer)
 _LL_LOCK = threading.Lock()
 
@@ -83,10 +86,20 @@ class GrammarCompiler:
 
         if not isinstance(spec, GrammarSpec):
             raise ValueError(f"grammar: expected a GrammarSpec, got {type(spec).__name__}")
+        from llguidance import LLParserLimits
+
         text = grammar_text(spec)
-        m = LLMatcher(self._ll_tokenizer(), text, log_level=0)
+        m = LLMatcher(self._ll_tokenizer(), text, log_level=0, limits=LLParserLimits(**_LIMITS))
+        if not m.is_error():
+            # llguidance builds lazily: a grammar with no finite output ({"$ref": "#"}, root ::= root) or
+            # one past its lexer limits fails at the first mask. Computing it here (it does not advance
+            # the matcher) turns that into the request's 400 instead of an empty "stop" or an error later.
+            first = np.zeros(self.words, dtype=np.uint32)
+            m.unsafe_compute_mask_ptr(first.ctypes.data, first.nbytes)
+            if not m.is_error() and not first.any():
+                raise ValueError(f"{spec.kind}: the grammar allows no token at all")
         if m.is_error():
-            raise ValueError(f"{spec.kind}: {m.get_error().strip()}")
+            raise ValueError(f"{spec.kind}: the grammar cannot be used: {_short_error(m.get_error())}")
         return GrammarMatcher(m, self.words, self.eos_ids)
 
 
@@ -165,6 +178,15 @@ class GrammarMatcher:
                 self.m.rollback(1)
 
         walk(-1)
+
+
+def _short_error(err: str | None) -> str:
+    """llguidance's message without its placeholder for the verbose dump; "NoExtensionBias" (the
+    parser has nowhere to go) said in words."""
+    text = " ".join((err or "").replace("<non-verbose/>", " ").split())[:300]
+    if text == "NoExtensionBias" or not text:
+        return "it has no finite output (e.g. a schema or rule that refers to itself with nothing else allowed)"
+    return text
 
 
 def _children(parents: np.ndarray) -> list[list[int]]:

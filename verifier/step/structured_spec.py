@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from .spec_limits import check_regex, check_schema
+
 KINDS = ("json_schema", "json_object", "regex", "ebnf")
 MAX_SOURCE_CHARS = 1 << 18  # a schema or grammar larger than this is refused before compiling
 
@@ -31,12 +33,20 @@ class GrammarSpec:
                 schema = json.loads(self.source)
             except json.JSONDecodeError as e:
                 raise ValueError(f"json_schema: not valid JSON: {e}") from None
+            except RecursionError:
+                raise ValueError("json_schema: nested too deeply") from None
             if not isinstance(schema, (dict, bool)):
                 raise ValueError(f"json_schema: expected a JSON object, got {type(schema).__name__}")
+            check_schema(schema)  # depth, $ref recursion, patterns (spec_limits.py)
+        if self.kind == "regex":
+            check_regex(self.source)
 
     @classmethod
     def json_schema(cls, schema: dict | bool | str) -> "GrammarSpec":
-        return cls("json_schema", schema if isinstance(schema, str) else json.dumps(schema))
+        try:
+            return cls("json_schema", schema if isinstance(schema, str) else json.dumps(schema))
+        except RecursionError:
+            raise ValueError("json_schema: nested too deeply") from None
 
 
 def from_openai(response_format: dict | None, regex: str | None, ebnf: str | None) -> GrammarSpec | None:
