@@ -191,9 +191,28 @@ def _ls(args: argparse.Namespace) -> int:
 
 
 def _rm(args: argparse.Namespace) -> int:
+    """Removes NAME from --namespace; without one, from the namespace that holds it (of those the
+    token may read), refusing a name that several hold (it names them: --namespace says which)."""
+    from corpus_service.names import check_corpus_name
+
+    try:
+        check_corpus_name(args.name)
+    except ValueError as e:
+        print(f"ngram-corpus rm: {e}", file=sys.stderr)
+        return 2
     with _admin(args) as admin:
-        admin.delete(args.namespace, args.name)
-    print(f"removed {args.namespace}/{args.name}")
+        namespace = args.namespace
+        if namespace is None:
+            names = [ns["name"] for ns in admin.namespaces()]
+            holders = [ns for ns in names if any(c["name"] == args.name for c in admin.corpora(ns))]
+            if len(holders) != 1:
+                why = (f"corpus '{args.name}' is in namespaces {', '.join(holders)}: say which with --namespace"
+                       if holders else f"no corpus '{args.name}' in any namespace ({', '.join(names) or 'none'})")
+                print(f"ngram-corpus rm: {why}", file=sys.stderr)
+                return 1
+            namespace = holders[0]
+        admin.delete(namespace, args.name)
+    print(f"removed {namespace}/{args.name}")
     return 0
 
 
@@ -251,6 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--namespace", default=os.environ.get(_env("namespace")),
                            help=f"this namespace only (env {_env('namespace')}); default: every namespace the "
                                 "token may read")
+        elif name == "rm":  # without one, the namespace holding the name
+            p.add_argument("--namespace", default=os.environ.get(_env("namespace")),
+                           help=f"the corpus' namespace (env {_env('namespace')}); default: the one namespace "
+                                "that holds a corpus of this name (several: refused, naming them)")
         else:
             p.add_argument("--namespace", default=os.environ.get(_env("namespace"), "default"),
                            help=f"namespace: 1-64 letters, digits, '_', '.', '-' (env {_env('namespace')}; default "

@@ -130,3 +130,24 @@ def test_ls_without_namespace_lists_every_namespace_and_stats_are_integers(serve
     r = cli("stats", "--namespace", "small", env=env)
     assert set(json.loads(r.stdout)) == {"small"}
     assert cli("rm", "in-small", "--namespace", "small", env=env).returncode == 0
+
+
+def test_rm_without_namespace_finds_the_one_namespace_or_names_them(server, tmp_path):
+    env = {"NGRAM_CORPUS_ADMIN_URL": server.admin_url, "NGRAM_CORPUS_ADMIN_TOKEN": TOKEN}
+    env = {**{k: v for k, v in os.environ.items() if k != "NGRAM_CORPUS_NAMESPACE"}, **env}
+    path = tmp_path / "twice.ids"
+    path.write_text("1 2 3 4\n")
+    for ns in ("default", "small"):
+        assert cli("upload", str(path), "--name", "twice", "--namespace", ns, "--quiet", env=env).returncode == 0
+    r = cli("rm", "twice", env=env)  # held by two namespaces: refused, naming them
+    assert r.returncode == 1 and "corpus 'twice' is in namespaces default, small: say which with --namespace" \
+        in r.stderr, r.stderr
+    assert "twice" in cli("ls", "--namespace", "small", env=env).stdout  # nothing was removed
+    r = cli("rm", "twice", "--namespace", "small", env=env)
+    assert r.returncode == 0 and r.stdout.strip() == "removed small/twice", r.stderr
+    r = cli("rm", "twice", env=env)  # now one namespace holds it
+    assert r.returncode == 0 and r.stdout.strip() == "removed default/twice", r.stderr
+    r = cli("rm", "twice", env=env)
+    assert r.returncode == 1 and "no corpus 'twice' in any namespace (default, small, smollm2)" in r.stderr, r.stderr
+    r = cli("rm", "../x", env=env)
+    assert r.returncode == 2 and "corpus name" in r.stderr, r.stderr
