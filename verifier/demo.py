@@ -117,6 +117,7 @@ class Tally:
     tokens: int = 0
     steps: int = 0  # verify steps
     accepted: int = 0  # draft tokens accepted (and committed)
+    verified: int = 0  # steps that verified draft tokens (a tree of at least one node)
 
     @property
     def tok_s(self) -> float:
@@ -148,6 +149,7 @@ def run_interleaved(plain: Engine, spec: Engine, prompts: list[list[int]], max_t
             tallies[m].tokens += len(req.output_ids)
             tallies[m].steps += req.verify_steps
             tallies[m].accepted += req.accepted_tokens
+            tallies[m].verified += req.spec_steps
             outs[m].append(req.output_ids)
     return tallies[0], tallies[1], outs[0], outs[1]
 
@@ -156,14 +158,29 @@ def _ms(cost) -> str:
     return ", ".join(f"{t}: {x * 1e3:.0f}" for t, x in zip(cost.tokens, cost.seconds))
 
 
+def steps_line(s: Tally, spec: Engine) -> str:
+    """The speculative engine's steps in one sentence, each count a part of the one before: the
+    steps, those that asked the corpus for a draft tree (the budget policy skips drafting on the
+    others), and those that verified draft tokens (the rest got an empty tree, or one with no node
+    the policy found worth verifying)."""
+    d = spec.drafter.stats if spec.drafter is not None else None
+    asked = d.remote_steps + d.local_steps + d.fallback_steps if d is not None else 0
+    where = (f" ({d.remote_steps} with the remote corpus' tree, {d.local_steps} in process, {d.fallback_steps} "
+             f"in process as a fallback)" if d is not None else "")
+    return (f"steps:                 {s.steps} verify steps; {asked} asked the corpus for a draft tree{where}; "
+            f"{s.verified} of those verified draft tokens (the other {max(asked - s.verified, 0)} trees were empty "
+            f"or had no node worth verifying)")
+
+
 def explain(p: Tally, s: Tally, spec: Engine) -> list[str]:
-    """The figures and what they mean: tokens/s of both modes, the accepted draft tokens, MAT, the
-    speed-up (only where drafts were accepted: otherwise both runs decoded alike and a ratio is
-    noise), and what the budget policy did."""
+    """The figures and what they mean: tokens/s of both modes, the steps (drafted, verified), the
+    accepted draft tokens, MAT, the speed-up (only where drafts were accepted: otherwise both runs
+    decoded alike and a ratio is noise), and what the budget policy did."""
     lines = [f"plain decoding:        {p.tok_s:7.2f} tok/s ({p.tokens} tokens in {p.seconds:.2f} s, "
              f"{p.steps} steps)",
              f"speculative decoding:  {s.tok_s:7.2f} tok/s ({s.tokens} tokens in {s.seconds:.2f} s, "
              f"{s.steps} verify steps)",
+             steps_line(s, spec),
              f"accepted drafts:       {s.accepted} of {s.tokens} tokens came from accepted draft tokens; MAT "
              f"{s.mat:.2f} tokens per verify step (plain decoding: {p.mat:.2f})"]
     if s.accepted == 0:
@@ -183,8 +200,7 @@ def explain(p: Tally, s: Tally, spec: Engine) -> list[str]:
     pol, st = spec.policy, spec.stats
     if pol.fixed is None:
         b = st.budget
-        drafted = st.spec_steps
-        lines.append(f"budget policy:         {drafted} of {s.steps} steps verified drafts; switches to plain "
+        lines.append(f"budget policy:         adaptive; switches to plain "
                      f"decoding: {b.plain_switches_cost} by the cost model, {b.plain_switches_delivered} because "
                      f"drafting delivered less, {b.plain_switches_nothing} with nothing to draft"
                      + (f", {b.plain_switches_critical} for the request expected to end last"
@@ -233,10 +249,9 @@ def run_demo(cfg: DemoConfig) -> int:
             for line in explain(p, s, spec):
                 print(line)
             d = drafter.stats
-            print(f"drafts:                {d.remote_steps} remote, {d.local_steps} local, {d.fallback_steps} fallback")
-            if drafter.remote:
-                print(f"remote asks: {d.asks} sent, {d.asks_skipped} skipped (no measured gain); accepted tokens "
-                      f"only the remote corpus drafted: {d.remote_gain_tokens}")
+            if drafter.remote:  # asks: what the verifier sent the remote corpus, one step ahead of its trees
+                print(f"remote corpus:         {d.asks} asks sent, {d.asks_skipped} skipped (no measured gain); "
+                      f"accepted tokens only its trees drafted: {d.remote_gain_tokens}")
             same = outs0 == outs1
             print(f"outputs identical:     {'yes' if same else 'NO'}")
         finally:
