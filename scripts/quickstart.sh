@@ -27,7 +27,7 @@ def fibonacci(n):
 EOF
 ngram-corpus upload fib.py --name code --namespace smollm2 --admin-url http://127.0.0.1:$ADMIN_PORT --quiet
 
-# 3. The verifier (CPU, the real SmolLM2-135M-Instruct), drafting from the corpus' smollm2 namespace.
+# 3. The verifier (CPU; SmolLM2-135M-Instruct's Q4_1 GGUF in float32), drafting from the corpus' smollm2 namespace.
 ngram-verifier serve --model smollm2 --corpus 127.0.0.1:$GRPC_PORT --device cpu --port $API_PORT &
 curl -sf --retry 120 --retry-connrefused --retry-delay 1 127.0.0.1:$API_PORT/healthz; echo
 

@@ -22,10 +22,10 @@ ENV_EXAMPLE = REPO / ".env.example"
 
 
 PROFILES = ("cpu", "gpu", "second-gpu", "replicated", "replicated-second-gpu")
-# Compose's warnings (v2: logrus lines with level=warning; v1: "WARNING: ..."). Its errors are plain
-# lines ("yaml: line 1: ...", "validating ...: additional properties ...", v1's "ERROR: ..."): any
-# other line on stderr counts as one.
-_WARNING = re.compile(r"\blevel=(?:warning|info)\b|^WARN(?:ING)?\b")
+# Compose's warnings (v2: logrus lines with level=warning; v1: "WARNING: ...", indented continuation
+# lines). Its errors are plain lines ("yaml: line 1: ...", "validating ...: additional properties ...",
+# v1's "ERROR: ..."): any other line on stderr counts as one.
+_WARNING = re.compile(r"\blevel=(?:warning|info)\b|^WARN(?:ING)?\b|^\s")
 
 
 def compose_v1() -> list[str] | None:
