@@ -144,8 +144,8 @@ def check_weights(model: Transformer, cfg: ModelConfig, state: dict[str, torch.T
     # before anything is copied, so the served weights stay as they were.
     nonfinite = [k for k in params if state[k].is_floating_point() and not bool(torch.isfinite(state[k]).all())]
     if nonfinite:
-        raise ValueError(f"{nonfinite[0]} holds NaN or Inf values ({len(nonfinite)} tensors do): the weights are "
-                         "refused")
+        raise ValueError(f"{nonfinite[0]} holds NaN or Inf values ({len(nonfinite)} of {len(params)} tensors "
+                         "do): the weights are refused")
 
 
 def copy_weights_(model: Transformer, cfg: ModelConfig, state: dict[str, torch.Tensor]) -> int:
