@@ -200,6 +200,21 @@ def test_the_corpus_keeps_its_data_on_a_named_volume(v2, env_file):
             assert not volumes[data_dir].get("read_only"), name
 
 
+def test_kubernetes_and_the_image_set_the_same_explicit_data_dir_on_a_volume():
+    """Compose, the Kubernetes manifests and the corpus image agree: the data dir is set, never the
+    server's per-user default, and a volume is mounted there."""
+    docs = list(yaml.safe_load_all((REPO / "deploy" / "k8s" / "base" / "corpus.yaml").read_text()))
+    config = next(d for d in docs if d and d["kind"] == "ConfigMap")
+    data_dir = config["data"]["NGRAM_CORPUS_DATA_DIR"]
+    pod = next(d for d in docs if d and d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    (corpus,) = [c for c in pod["containers"] if c["name"] == "corpus"]
+    mounted = {m["mountPath"]: m["name"] for m in corpus["volumeMounts"]}
+    assert data_dir == "/data" and data_dir in mounted
+    assert any(v["name"] == mounted[data_dir] for v in pod["volumes"])
+    env = " ".join(a for op, a in final_stage(REPO / "deploy" / "corpus.Dockerfile") if op == "ENV")
+    assert f"NGRAM_CORPUS_DATA_DIR={data_dir}" in env
+
+
 def test_own_model_mounted_from_the_env(v2, env_file, tmp_path):
     from corpus_service.engine.tokenizer import load_tokenizer, smollm2_gguf_path
     from corpus_service.server.config import NamespaceSpec
