@@ -104,6 +104,22 @@ class Manifest:
 
 _STATES = (ACKNOWLEDGED, READY, FAILED, DELETED)
 LOCK_NAME = "ngram-corpus.lock"
+# Descriptors of held locks. A forked child (a replica's snapshot writer) shares them, and a flock lasts
+# until every descriptor of it is closed: the child closes its copies at once, so a server killed
+# while a child runs does not leave its directory locked behind it.
+_HELD_LOCKS: set[int] = set()
+
+
+def _drop_locks_in_child() -> None:
+    for fd in _HELD_LOCKS:
+        try:
+            os.close(fd)  # the parent's descriptor keeps the lock
+        except OSError:
+            pass
+    _HELD_LOCKS.clear()
+
+
+os.register_at_fork(after_in_child=_drop_locks_in_child)
 
 
 class DataDirInUse(RuntimeError):
@@ -143,9 +159,11 @@ class DataDir:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._lock_fd = fd
+        _HELD_LOCKS.add(fd)
 
     def unlock(self) -> None:
         if self._lock_fd is not None:
+            _HELD_LOCKS.discard(self._lock_fd)
             os.close(self._lock_fd)  # closing the descriptor releases the flock
             self._lock_fd = None
 

@@ -98,3 +98,25 @@ def test_no_data_dir_is_explicit_warns_once_and_keeps_nothing(tmp_path):
     log = srv.log()
     assert log.count(NO_DATA_DIR_WARNING) == 1, log
     assert not xdg.exists() and not list(Path(tmp_path / "work").glob("snapshots"))
+
+
+def test_a_forked_child_does_not_keep_the_lock(tmp_path):
+    # A replica forks its snapshot writers: were the child to keep the lock's descriptor, a server
+    # killed while one runs would leave its directory locked until the child ends.
+    held = DataDir(tmp_path)
+    held.lock()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the parent lets go; the child must not hold the lock now
+        os.close(w)
+        os.read(r, 1)
+        try:
+            DataDir(tmp_path).lock()
+            os._exit(0)
+        except DataDirInUse:
+            os._exit(3)
+    os.close(r)
+    held.unlock()
+    os.write(w, b"x")
+    os.close(w)
+    assert os.waitpid(pid, 0)[1] == 0
