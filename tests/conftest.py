@@ -35,7 +35,7 @@ SAMPLED_TWINS = {"humaneval164_greedy.jsonl": "humaneval164_t07x4.jsonl",
 
 # A server started without --data-dir keeps its data in $XDG_DATA_HOME/ngram-corpus. Servers that tests
 # start use a temporary directory or --data-dir '' (nothing kept); should one miss both, it writes into
-# this session's own folder, never the user's home, and the session fails (pytest_sessionfinish).
+# a folder of the test run's own, never the user's home, and the run fails (pytest_sessionfinish).
 XDG_DATA_HOME = Path(tempfile.mkdtemp(prefix="ngram-tests-xdg-"))
 os.environ["XDG_DATA_HOME"] = str(XDG_DATA_HOME)
 
