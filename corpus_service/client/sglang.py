@@ -154,5 +154,13 @@ class RemoteNgramCorpus:
                                    pb.ListExternalCorporaRequest(namespace=self.namespace), None)
         return dict(resp.corpora)
 
+    def describe_namespaces(self, timeout: float = 30.0) -> dict[str, dict]:
+        """The namespaces this client may read (``CorpusClient.describe_namespaces``)."""
+        return self._client.describe_namespaces(timeout=timeout)
+
+    @property
+    def target(self) -> str:
+        return self._client.target
+
     def close(self) -> None:
         self._client.close()
