@@ -6,6 +6,7 @@ the dependency aliases are local to ``create_admin_app``."""
 
 
 import asyncio
+import json
 import logging
 import time
 import uuid
@@ -16,6 +17,7 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Path, Query, Reques
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -37,6 +39,27 @@ _ERRORS = {c: {"model": ErrorResponse} for c in (400, 401, 403, 404, 409, 413, 4
 
 def _error(status: int, code: str, message: str, headers: dict | None = None) -> JSONResponse:
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
+
+
+async def json_body(request: Request, schema):
+    """The request's body as ``schema``, read as JSON whatever its Content-Type; 422 naming the field
+    (or saying JSON is expected) otherwise."""
+    raw = await request.body()
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        kind = request.headers.get("content-type", "none")
+        raise HTTPException(422, f"body: expected a JSON object such as {{\"version\": 3}} (got {len(raw)} bytes that "
+                                 f"are not JSON: {str(e)[:120]}; Content-Type {kind})") from None
+    if not isinstance(obj, dict):
+        raise HTTPException(422, f"body: expected a JSON object, got {type(obj).__name__}")
+    try:
+        return schema.model_validate(obj)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first.get("loc", ())) or "body"
+        msg = "unknown field" if first.get("type") == "extra_forbidden" else first.get("msg", "invalid value")
+        raise HTTPException(422, f"{where}: {msg}") from None
 
 
 def create_admin_app(state: ServiceState, catalog: Catalog) -> FastAPI:
@@ -114,7 +137,7 @@ def create_admin_app(state: ServiceState, catalog: Catalog) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)  # FastAPI's HTTPException and unmatched routes
     async def http_error(request: Request, exc: StarletteHTTPException):
         code = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
-                429: "rate_limited", 503: "unavailable"}.get(exc.status_code, "error")
+                422: "invalid_request", 429: "rate_limited", 503: "unavailable"}.get(exc.status_code, "error")
         return _error(exc.status_code, code, str(exc.detail), getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
@@ -260,11 +283,16 @@ def create_admin_app(state: ServiceState, catalog: Catalog) -> FastAPI:
         require(principal, Role.READ, job.namespace)
         return job.to_dict()
 
-    @app.post("/v1/namespaces/{namespace}/policy-version", response_model=PolicyVersionOut)
-    async def announce_policy_version(namespace: AdminNamespace, body: PolicyVersionIn):
+    @app.post("/v1/namespaces/{namespace}/policy-version", response_model=PolicyVersionOut,
+              openapi_extra={"requestBody": {"required": True, "content": {
+                  "application/json": {"schema": PolicyVersionIn.model_json_schema()}}}})
+    async def announce_policy_version(namespace: AdminNamespace, request: Request):
         """The policy's weights changed (an RL step): the namespace's version moves forward (409 for
-        an older one; the same one again changes nothing). Requests started without a version are
-        sampled by it; prompt history the configured number of versions older is dropped."""
+        an older one; the same one again changes nothing; 400 for a jump past
+        --max-policy-version-step). Requests started without a version are sampled by it; prompt
+        history the configured number of versions older is dropped. The body is JSON whatever its
+        Content-Type (``curl -d`` sends form-urlencoded)."""
+        body = await json_body(request, PolicyVersionIn)
         return {"namespace": namespace, "policy_version": await announce(state, namespace, body.version)}
 
     @app.post("/v1/snapshot", response_model=SnapshotOut)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class ErrorBody(BaseModel):
@@ -78,8 +78,11 @@ class UploadCheckOut(BaseModel):
 
 
 class PolicyVersionIn(BaseModel):
+    # Strict: JSON's true is no version 1; unknown fields are refused (a typo must not pass unnoticed).
+    model_config = ConfigDict(extra="forbid", strict=True)
+
     version: int = Field(ge=0, le=(1 << 62) - 1, description="the policy version now sampling (an RL step); "
-                         "versions only move forward")
+                         "versions only move forward, by at most the server's --max-policy-version-step at once")
 
 
 class PolicyVersionOut(BaseModel):

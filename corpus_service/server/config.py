@@ -211,6 +211,13 @@ class ServiceConfig:
     tls_cert: str | None = None  # PEM certificate chain: gRPC and the admin serve TLS (HTTPS)
     tls_key: str | None = None  # PEM private key of tls_cert
     tls_client_ca: str | None = None  # PEM CA: clients must present a certificate it signed (mutual TLS)
+    # One announcement moves a namespace's policy version forward by at most this much: versions never
+    # go back (csrc/corpus.cc), so one absurd announcement (2**62 - 1) would fix the namespace's version
+    # for good, surviving restarts through the snapshots. An RL loop steps by 1 per update.
+    max_policy_version_step: int = field(default=1 << 20, metadata={"help": (
+        "the most one policy-version announcement (gRPC AnnouncePolicyVersion, REST POST .../policy-version) may "
+        "move a namespace's version forward, int in [1, 2**62 - 1]; a larger jump is refused (INVALID_ARGUMENT, "
+        "REST 400)")})
     admin_rate_per_s: float = 10.0  # mutating admin calls (REST and gRPC) per caller and second; 0 = no limit
     admin_rate_burst: int = 100
     put_rate_per_s: float = 2000.0  # BatchPut calls per caller and second (SGLang puts once a step); 0 = no limit
@@ -251,6 +258,7 @@ class ServiceConfig:
             "max_upload_bytes": (1, 1 << 50),
             "worker_threads": (0, 1024),
             "inline_work": (0, 1 << 20),
+            "max_policy_version_step": (1, (1 << 62) - 1),
         }
         for name, (lo, hi) in bounds.items():
             v = getattr(self, name)

@@ -5,7 +5,9 @@ that every replica applies the same history in stream order: a finished request'
 ``["h", ...]`` event (published by the replica whose engine held the request, whose own engine does
 not add it: its requests start unlearned), and an announcement a ``["v", NS, V]`` marker, applied like
 a reset. gRPC ``AnnouncePolicyVersion`` and REST ``POST /v1/namespaces/{ns}/policy-version`` both call
-``announce``.
+``announce``, which refuses a jump of more than ``--max-policy-version-step`` past the current version
+(versions never go back: one announcement of 2**62 - 1 would otherwise fix the namespace's version for
+good, snapshots included). Persistence is unchanged: the version is a namespace's state as before.
 """
 
 from __future__ import annotations
@@ -30,9 +32,12 @@ async def announce(state: ServiceState, namespace: str, version: object) -> int:
     v = check_policy_version(version, "version")
     if v < 0:
         raise ValueError("version: expected a non-negative int")
+    current, step = corpus.policy_version(), state.config.max_policy_version_step
+    if v - current > step:
+        raise ValueError(f"version: {v} is {v - current} ahead of the namespace's current {current}; one announcement "
+                         f"moves it at most {step} forward (--max-policy-version-step)")
     if state.replica is None:
         return await state.run(corpus.announce_policy_version, v)
-    current = corpus.policy_version()
     if v < current:  # checked here; replicas apply the log's markers as max(current, v)
         raise StalePolicyVersionError(f"policy version {v} is older than the namespace's current {current} "
                                       f"(versions only move forward)")

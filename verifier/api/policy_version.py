@@ -6,7 +6,8 @@ newest; a request without one is sampled by the namespace's current version. Ann
 current version forward, so that requests without a version count as the new policy's and history
 of keys not sampled again ages out too. On a verifier drafting from a corpus service the
 announcement goes to the service (its admin role: ``--corpus-token`` must carry it), then to this
-verifier's in-process mirror; with ``--corpus local`` to the in-process corpus.
+verifier's in-process mirror; with ``--corpus local`` to the in-process corpus. Off unless the verifier
+runs with ``--allow-policy-version``, and then for the ``--admin-key`` only (``admin.py``).
 """
 
 from __future__ import annotations
@@ -46,11 +47,14 @@ class PolicyAnnouncer:
             except ValueError as e:
                 raise ApiError(409, f"version: {e}", "version", "stale_policy_version") from None
         from corpus_service.client import CorpusClient, CorpusError
+        from corpus_service.protocol.status import CorpusInvalidArgument
 
         try:
             with CorpusClient(d.target, namespace=self.namespace, timeout=self.timeout_s, token=self.token,
                               tls=self.tls) as client:
                 current = client.announce_policy_version(version)
+        except CorpusInvalidArgument as e:  # e.g. a jump past the corpus' --max-policy-version-step
+            raise ApiError(400, f"version: refused by the corpus: {e}", "version", "bad_policy_version") from None
         except ValueError as e:  # CorpusFailedPrecondition: older than the namespace's version
             raise ApiError(409, f"version: {e}", "version", "stale_policy_version") from None
         except CorpusError as e:
