@@ -11,6 +11,7 @@ from dataclasses import MISSING, dataclass, fields
 from corpus_service import check_namespace_name
 from ngram_common.net import is_loopback
 
+from .api.lifecycle import LifecycleConfig
 from .budget.makespan import MakespanConfig
 from .draft.config import CorpusEndpoint, DraftConfig
 from .engine.core import EngineConfig
@@ -112,6 +113,15 @@ class VerifierConfig:
         False, "batches that end together (RL rollouts): draft only where drafting gains the request expected "
         "to end last more than it adds to the step time, not where it gains the batch's mean "
         "(verifier/budget/makespan.py)", "true/false")
+    max_waiting: int = flag(
+        1024, "samples queued and not running yet (a request of n samples counts n); beyond it new requests get "
+        "429 with Retry-After (verifier/api/lifecycle.py)", "an int 1..2^24; a request always gets in while nothing waits")
+    max_waiting_tokens: int = flag(
+        1 << 20, "tokens of the queued samples (prompt + max_tokens each); beyond it new requests get 429",
+        "an int 1..2^40")
+    shutdown_timeout: float = flag(
+        5.0, "SIGTERM/SIGINT: new requests get 503 and running ones this long to finish; then they are aborted and "
+        "the process exits 0", "seconds 0..3600")
     log_level: str = flag("INFO", "logging threshold", ", ".join(LOG_LEVELS) + " (any case)")
 
     def __post_init__(self) -> None:
@@ -159,6 +169,7 @@ class VerifierConfig:
         if any(not isinstance(s, str) or not s.strip() for s in self.external_corpus):
             raise ValueError(f"external_corpus: expected [NAME=]PATH strings, got {self.external_corpus!r}")
         self.engine_config()  # validates the engine fields
+        self.lifecycle_config()
 
     def startup_warnings(self) -> list[str]:
         """What ``serve`` logs loudly at start: settings that are allowed but dangerous."""
@@ -193,6 +204,9 @@ class VerifierConfig:
         """The corpus service this verifier drafts from (--corpus HOST:PORT), as whom."""
         return CorpusEndpoint(self.corpus, self.namespace_for(served_model_name), token=self.corpus_token or None,
                               tls=self.corpus_tls_ca or None)
+
+    def lifecycle_config(self) -> LifecycleConfig:
+        return LifecycleConfig(self.max_waiting, self.max_waiting_tokens, self.shutdown_timeout)
 
     def engine_config(self) -> EngineConfig:
         fixed = None if self.budget == "auto" else int(self.budget)

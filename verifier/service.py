@@ -6,6 +6,7 @@ import functools
 import json
 import logging
 import os
+import signal
 import socket
 import threading
 from dataclasses import dataclass
@@ -67,6 +68,7 @@ def serve(cfg: VerifierConfig) -> None:
 
     from .api import create_app
     from .api.admin import AdminAccess
+    from .api.lifecycle import DrainingServer
     from .api.policy_version import PolicyAnnouncer
     from .api.weights import WeightUpdater
 
@@ -81,7 +83,7 @@ def serve(cfg: VerifierConfig) -> None:
                                 token=cfg.corpus_token or None, tls=cfg.corpus_tls_ca or None)
     weights = WeightUpdater(loop, cfg.model, announcer, enabled=cfg.allow_weight_updates, weights_dir=cfg.weights_dir)
     app = create_app(loop, v.model_name, cfg.api_key, announcer, weights,
-                     AdminAccess(cfg.admin_key, policy_version=cfg.allow_policy_version))
+                     AdminAccess(cfg.admin_key, policy_version=cfg.allow_policy_version), cfg.lifecycle_config())
     sock = socket.socket(socket.AF_INET6 if ":" in cfg.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((cfg.host, cfg.port))
@@ -97,10 +99,24 @@ def serve(cfg: VerifierConfig) -> None:
         os.replace(tmp, cfg.ports_file)  # readers never see a partial file
     log.info("serving %s on http://%s:%d (corpus: %s%s)", v.model_name, cfg.host, port, cfg.corpus,
              f", namespace {d.health.namespace}" if d is not None and d.health is not None else "")
-    server = uvicorn.Server(uvicorn.Config(app, log_level=cfg.log_level.lower(), access_log=False))
+    # uvicorn's own graceful-shutdown timeout is only the backstop: DrainingServer aborts the live
+    # requests at --shutdown-timeout, and their handlers answer at once.
+    server = DrainingServer(uvicorn.Config(app, log_level=cfg.log_level.lower(), access_log=False,
+                                           timeout_graceful_shutdown=cfg.shutdown_timeout + 5), app.state.lifecycle)
+    # uvicorn re-raises the signal that stopped it once it is done, with the handlers it found: with
+    # the default ones SIGTERM would kill the process (exit -15) after a clean drain, and SIGINT
+    # raise KeyboardInterrupt. The drained shutdown exits 0. (A signal just before uvicorn takes
+    # them over stops it as soon as it starts.)
+    def stop(signum, frame) -> None:
+        server.should_exit = True
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         server.run(sockets=[sock])
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         loop.stop()
         if v.engine.drafter is not None:
             v.engine.drafter.close()
+

@@ -19,6 +19,7 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.requests import ClientDisconnect
 
 from ..engine.request import Request as GenRequest
 from ..engine.runner import EngineLoop, Update
@@ -26,6 +27,7 @@ from ..step.sampling import SamplingParams
 from . import choices
 from .admin import AdminAccess
 from .body import ApiError, parse_body
+from .lifecycle import Lifecycle, LifecycleConfig
 from .metrics import ApiMetrics
 from .policy_version import PolicyAnnouncer, PolicyVersionRequest
 from .schemas import ChatCompletionRequest, CompletionRequest
@@ -55,11 +57,13 @@ class _TextStream:
 
 
 def create_app(loop: EngineLoop, model_name: str, api_key: str = "", announcer: PolicyAnnouncer | None = None,
-               weights: WeightUpdater | None = None, admin: AdminAccess | None = None) -> FastAPI:
+               weights: WeightUpdater | None = None, admin: AdminAccess | None = None,
+               lifecycle: LifecycleConfig | None = None) -> FastAPI:
     """``announcer``: how ``POST /v1/policy-version`` reaches the corpus (default: this engine's
     drafter, its corpus service's default namespace and no token); ``weights``: ``POST
     /v1/update-weights`` (default: refused, 403); ``admin``: who may call those two (admin.py;
-    default: nobody)."""
+    default: nobody); ``lifecycle``: the waiting queue's bounds and the shutdown's deadline
+    (lifecycle.py; app.state.lifecycle is the gate a DrainingServer drains)."""
     admin = admin or AdminAccess()
     app = FastAPI(title="ngram-verifier", version="0.1.0")
     announcer = announcer or PolicyAnnouncer(loop.engine.drafter)
@@ -67,6 +71,7 @@ def create_app(loop: EngineLoop, model_name: str, api_key: str = "", announcer: 
     engine = loop.engine
     codec = engine.codec
     metrics = ApiMetrics(engine)
+    life = app.state.lifecycle = Lifecycle(loop, lifecycle or LifecycleConfig(), metrics.registry)
     created = int(time.time())
     token_str = choices.TokenStrings(codec.decode)
 
@@ -89,6 +94,12 @@ def create_app(loop: EngineLoop, model_name: str, api_key: str = "", announcer: 
         metrics.requests.labels(request.url.path, str(exc.status)).inc()
         return _error(exc.status, exc.message, exc.param, exc.code)
 
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, exc: ClientDisconnect):
+        """The client left while its body was read (sent and dropped): nothing was queued."""
+        life.abandoned.labels(request.url.path).inc()
+        return Response(status_code=499)  # (nobody reads it)
+
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException):
         return _error(exc.status_code, str(exc.detail))
@@ -101,8 +112,9 @@ def create_app(loop: EngineLoop, model_name: str, api_key: str = "", announcer: 
         alive = loop.alive
         d = engine.drafter
         corpus = {"target": "none"} if d is None else d.health.snapshot() if d.health is not None else {"target": "local"}
-        return JSONResponse({"status": "ok" if alive else "engine stopped", "corpus": corpus,
-                             "weights": weights.state()}, status_code=200 if alive else 503)
+        status = "draining" if life.draining else "ok" if alive else "engine stopped"
+        return JSONResponse({"status": status, "corpus": corpus, "weights": weights.state()},
+                            status_code=200 if alive and not life.draining else 503)
 
     @app.get("/v1/models", dependencies=auth)
     async def models():
@@ -139,7 +151,7 @@ def create_app(loop: EngineLoop, model_name: str, api_key: str = "", announcer: 
             prompt_ids = codec.encode(body.prompt)
         else:
             prompt_ids = list(body.prompt)
-        return await _run("/v1/completions", "text_completion", body, prompt_ids)
+        return await _run(request, "/v1/completions", "text_completion", body, prompt_ids)
 
     @app.post("/v1/chat/completions", dependencies=auth)
     async def chat(request: Request):
@@ -148,9 +160,9 @@ def create_app(loop: EngineLoop, model_name: str, api_key: str = "", announcer: 
             text = codec.apply_chat_template([m.for_template() for m in body.messages])
         except Exception as e:  # a template that fails on these messages is the request's problem
             return _error(400, f"messages: the chat template failed: {e}", "messages")
-        return await _run("/v1/chat/completions", "chat.completion", body, codec.encode(text))
+        return await _run(request, "/v1/chat/completions", "chat.completion", body, codec.encode(text))
 
-    async def _run(route: str, kind: str, body, prompt_ids: list[int]):
+    async def _run(request: Request, route: str, kind: str, body, prompt_ids: list[int]):
         if body.model is not None and body.model != model_name:
             metrics.requests.labels(route, "404").inc()
             return _error(404, f"model '{body.model}' is not served here (serving '{model_name}')", "model", "model_not_found")
@@ -177,6 +189,9 @@ def create_app(loop: EngineLoop, model_name: str, api_key: str = "", announcer: 
             # An explicit prompt_key groups every live request of the key in the corpus namespace
             # (this request's samples and their siblings on other replicas): no group of its own then.
             group = rid if k > 1 and body.prompt_key is None else None
+            if (refused := life.refusal(route, k, len(prompt_ids) + params.max_tokens)) is not None:
+                metrics.requests.labels(route, str(refused.status_code)).inc()
+                return refused
             for i in range(k):  # sample i: seed + i, so n samples are n different draws
                 p = params if params.seed is None or i == 0 else dataclasses.replace(params, seed=(params.seed + i) % 2**63)
                 subs.append(loop.submit(prompt_ids, p, group=group, prompt_key=body.prompt_key,
@@ -191,10 +206,11 @@ def create_app(loop: EngineLoop, model_name: str, api_key: str = "", announcer: 
             metrics.requests.labels(route, "200").inc()
             return StreamingResponse(_sse(route, kind, rid, body, subs, t0), media_type="text/event-stream")
         try:
-            for _, queue in subs:
-                while not (await queue.get()).finished:
-                    pass
-        except asyncio.CancelledError:
+            if not await life.answered(request, [queue for _, queue in subs]):
+                life.abandon(route, [req.req_id for req, _ in subs])  # the client left: nobody waits for it
+                metrics.requests.labels(route, "499").inc()
+                return Response(status_code=499)  # (nobody reads it)
+        except asyncio.CancelledError:  # (uvicorn cancels handlers past its graceful-shutdown timeout)
             for req, _ in subs:
                 loop.abort(req.req_id)
             raise

@@ -113,6 +113,9 @@ class Engine(Prefill, Verify, Sampled, Commits, Overlap):
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._live: dict[str, Request] = {}
+        # Requests queued and not yet running, and their tokens (prompt + max_tokens each): what the
+        # HTTP API bounds admission by (verifier/api/lifecycle.py). Under _lock: the API's thread adds.
+        self._waiting = self._waiting_tokens = 0
         self._extends: list[tuple[str, list[int]]] = []  # this step's committed tokens for the drafter
         self._drafted = False  # whether this step asked the corpus for drafts (BudgetPolicy.observe_delivered)
         self._budget_now: tuple[int, int] | None = None  # (batch size, budget) decided by _overlaps
@@ -177,11 +180,30 @@ class Engine(Prefill, Verify, Sampled, Commits, Overlap):
                 raise ValueError(f"request id '{req.req_id}' is already live")
             self._live[req.req_id] = req
             self._inbox.append(req)
+            self._waiting += 1
+            self._waiting_tokens += _waiting_cost(req)
         return req
 
     def abort(self, req_id: str) -> None:
+        """Finishes the request (finish_reason "abort") at the next step: a waiting one leaves the
+        queue without a prefill, a running one frees its slot. Unknown or finished ids are ignored."""
         with self._lock:
             self._aborts.append(req_id)
+
+    def abort_all(self) -> int:
+        """Aborts every live request (a shutdown's deadline); returns how many."""
+        with self._lock:
+            self._aborts.extend(self._live)
+            return len(self._live)
+
+    def waiting_load(self) -> tuple[int, int]:
+        """(requests queued and not running yet, their tokens: prompt + max_tokens each)."""
+        with self._lock:
+            return self._waiting, self._waiting_tokens
+
+    def num_live(self) -> int:
+        with self._lock:
+            return len(self._live)
 
     def quiesce(self) -> None:
         """With no request running (the engine thread, between steps): retires the plain step launched
@@ -209,6 +231,7 @@ class Engine(Prefill, Verify, Sampled, Commits, Overlap):
         # (Newcomers prefill while a step is in flight: the stream orders their prefill after it, and
         # the batch change makes the next step drain it and start from the host's tokens.)
         admitted = self.scheduler.admit()
+        self._left_waiting(admitted)
         stepped = False
         if admitted:
             t = time.perf_counter()
@@ -276,6 +299,7 @@ class Engine(Prefill, Verify, Sampled, Commits, Overlap):
         self._inflight = None  # whatever it computed is not committed
         self._take_inbox()
         reqs = list(self.scheduler.waiting) + self.scheduler.running
+        self._left_waiting([r for r in self.scheduler.waiting if not r.finished])
         self.scheduler.waiting.clear()
         for req in reqs:
             if not req.finished:
@@ -309,5 +333,19 @@ class Engine(Prefill, Verify, Sampled, Commits, Overlap):
             if req.req_id in aborts and not req.finished:
                 req.status, req.finish_reason, req.finished_at = Status.FINISHED, "abort", time.monotonic()
                 done.append(req)
+        self._left_waiting([r for r in done if r.slot < 0])  # (a running request holds a slot)
         self.scheduler.waiting = deque(r for r in self.scheduler.waiting if not r.finished)
         return done
+
+    def _left_waiting(self, reqs: list[Request]) -> None:
+        """``reqs`` left the queue (admitted, aborted or failed while waiting): waiting_load drops."""
+        if reqs:
+            tokens = sum(_waiting_cost(r) for r in reqs)
+            with self._lock:
+                self._waiting -= len(reqs)
+                self._waiting_tokens -= tokens
+
+
+def _waiting_cost(req: Request) -> int:
+    """A queued request's tokens in waiting_load: its prompt to prefill and the output it may ask for."""
+    return len(req.prompt_ids) + req.params.max_tokens

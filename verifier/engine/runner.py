@@ -79,6 +79,12 @@ class EngineLoop:
         self.engine.abort(req_id)
         self._wake.set()
 
+    def abort_all(self) -> int:
+        """Aborts every live request (Engine.abort_all); returns how many."""
+        n = self.engine.abort_all()
+        self._wake.set()
+        return n
+
     def call_when_idle(self, fn) -> concurrent.futures.Future:
         """Runs ``fn()`` on the engine thread once no request is queued or running (between steps,
         so nothing reads the model meanwhile: a weight update) and returns its future. The caller
