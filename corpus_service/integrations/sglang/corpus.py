@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from corpus_service.client.request_log import token_array
 from corpus_service.client.sglang import RemoteNgramCorpus
 from corpus_service.engine.corpus import NgramCorpus as LocalCorpus
 from corpus_service.integrations.settings import IntegrationSettings
@@ -77,9 +78,10 @@ class SharedNgramCorpus:
                                          timeout=settings.timeout)
         self.health = CorpusHealth(settings.target, settings.namespace)
         self._served: dict[str, dict] | None = None
+        self._model: tuple | None = None  # (vocab_size, tokenizer) to check once an unreachable corpus answers
         self._last_try = 0.0
         self._prompt_keys: OrderedDict[str, str] = OrderedDict()
-        self._seen: set[str] = set()  # requests drafted since the last reset (erased on the service by reset)
+        self._seen: set[str] = set()  # live requests drafted since the last reset (reset erases them on the service)
         self.steps_remote = self.steps_local = 0
         self._connect()
 
@@ -129,9 +131,8 @@ class SharedNgramCorpus:
                     return False
                 check_served(self.settings.target, self.settings.namespace, served)
                 self._served = served
-                model = getattr(self, "_model", None)
-                if model is not None:
-                    check_model(self.settings.target, self.settings.namespace, served, *model)
+                if self._model is not None:
+                    check_model(self.settings.target, self.settings.namespace, served, *self._model)
             except ValueError as e:  # wrong namespace found mid-run: local drafting for good, said once
                 self.health.namespace_state, self.health.namespace_note = "mismatch", str(e)
                 log.error("ngram_corpus: %s; drafting locally until SGLang restarts", e)
@@ -165,6 +166,13 @@ class SharedNgramCorpus:
         if not (n == len(batch_tokens) == len(total_lens)):
             raise ValueError(f"batch_get: req_ids, batch_tokens and total_lens must have one entry per request, "
                              f"got {n}, {len(batch_tokens)}, {len(total_lens)}")
+        if n == 0:  # every rank knows: nothing to ask or send
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        if self._tp.world_size > 1:
+            # Bad input must fail on every rank alike: one rank raising alone would leave the others
+            # waiting in the broadcast.
+            for i, w in enumerate(batch_tokens):
+                token_array(w, f"batch_tokens[{i}]")
         drafts = mask = None
         if self._tp.leader:
             drafts, mask = self._draft([str(r) for r in req_ids], batch_tokens, total_lens)
@@ -174,6 +182,8 @@ class SharedNgramCorpus:
         keys = [self._prompt_keys.get(r) for r in ids]
         keys_arg = keys if any(keys) else None
         self._seen.update(ids)
+        if len(self._seen) > MAX_PROMPT_KEYS:  # requests SGLang never erased: bounded, forget half
+            self._seen = set(list(self._seen)[len(self._seen) // 2:])
         if self._remote_usable():
             asked = time.monotonic()
             try:
