@@ -21,7 +21,8 @@ def reachable_namespaces(client, timeout: float) -> dict[str, dict] | None:
     except CorpusError as e:
         if e.code in TRANSIENT:
             return None
-        raise ValueError(f"{TARGET_ENV}: the corpus at {client.target} refused the plugin ({e.code.name}: {e}); "
+        which = "NGRAM_CORPUS_TOKEN" if e.code.name in ("UNAUTHENTICATED", "PERMISSION_DENIED") else TARGET_ENV
+        raise ValueError(f"{which}: the corpus at {client.target} refused the plugin ({e.code.name}: {e}); "
                          f"check NGRAM_CORPUS_TOKEN and the TLS settings (docs/sglang.md)") from None
 
 

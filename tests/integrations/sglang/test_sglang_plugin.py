@@ -133,3 +133,21 @@ def test_unusable_setting_fails_the_worker_not_sglang(server):
     out = run_scenario("bad_config", {"k": 8}, env_for(server, NGRAM_CORPUS_TIMEOUT="soon"))
     assert "NGRAM_CORPUS_TIMEOUT" in out["outcome"] and "will fail to start" in out["outcome"]
     assert out["error"].startswith("NGRAM_CORPUS_TIMEOUT: expected a number of seconds")
+
+
+def test_wrong_token_is_one_clear_error_at_start(tmp_path):
+    import json
+
+    token = "tok-replica-3f9a0c7e51d24b68"
+    clients = [{"name": "replica", "token": token, "namespaces": ["default"], "role": "draft"}]
+    (tmp_path / "tokens.json").write_text(json.dumps({"clients": clients}))
+    srv = ServerProcess(tmp_path, "--namespace", "default", "--client-tokens", str(tmp_path / "tokens.json")).start()
+    try:
+        wrong = run_scenario("bad_config", {"k": 8}, engine_env(NGRAM_CORPUS_TARGET=srv.target,
+                                                                NGRAM_CORPUS_TOKEN=token[:-1] + "0"))
+        right = run_scenario("bad_config", {"k": 8}, engine_env(NGRAM_CORPUS_TARGET=srv.target, NGRAM_CORPUS_TOKEN=token))
+    finally:
+        srv.stop()
+    assert wrong["error"].startswith("NGRAM_CORPUS_TOKEN: the corpus at") and "UNAUTHENTICATED" in wrong["error"]
+    assert token[:-1] not in wrong["error"]  # the token is never echoed
+    assert right.get("built") == "SharedNgramCorpus" and "error" not in right
