@@ -75,6 +75,15 @@ class EngineCollector:
         yield sw
         yield CounterMetricFamily("ngram_verifier_budget_cost_model_refits",
                                   "cost-model refreshes from observed steps", value=b.cost_model_refits)
+        # Per request (verifier/budget/request_gate.py): no drafts where its own acceptance does not pay.
+        rs = CounterMetricFamily("ngram_verifier_budget_request_no_draft_switches",
+                                 "times a request was switched to no drafts within drafting steps, by why",
+                                 labels=["reason"])
+        rs.add_metric(["acceptance"], b.request_switches_acceptance)
+        yield rs
+        yield CounterMetricFamily("ngram_verifier_budget_request_steps_no_draft",
+                                  "request-steps of drafting steps in which the request got no drafts (its acceptance "
+                                  "did not pay)", value=b.request_steps_held)
 
 
 class ApiMetrics:

@@ -49,6 +49,9 @@ reason and logged: ``cost`` (the cost model: no tree size expected to pay), ``de
 delivered less than plain), ``nothing`` (the corpus had nothing to draft), ``critical`` (with
 ``critical_path`` on, verifier/budget/makespan.py: drafting gains the request expected to end last
 less than it adds to the step time).
+
+Within a drafting step, a request whose own measured acceptance does not pay for a drafting step's
+cost gets no drafts (verifier/budget/request_gate.py; counted per request, not per bucket).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .cost_model import CostModel
+from .request_gate import RequestGate
 
 __all__ = ["BudgetPolicy", "BudgetStats", "CostModel"]
 
@@ -89,6 +93,10 @@ class BudgetStats:
     plain_switches_nothing: int = 0
     plain_switches_critical: int = 0
     cost_model_refits: int = 0  # the cost model's figures changed from observed steps
+    # Per request (verifier/budget/request_gate.py): requests switched to no drafts because their
+    # measured acceptance does not pay for a drafting step, and the request-steps held off so.
+    request_switches_acceptance: int = 0
+    request_steps_held: int = 0
 
 
 @dataclass
@@ -143,6 +151,8 @@ class BudgetPolicy:
             raise ValueError(f"budget: expected 0..{max_budget}, got {fixed}")
         self.max_budget, self.fixed, self.cost = max_budget, fixed, cost
         self.stats = BudgetStats()
+        # Which requests of a drafting step get drafts (an adaptive budget only; the engine may turn it off).
+        self.request_gate = RequestGate(self.stats, enabled=fixed is None)
         self.predicted = 1.0  # decayed sums for the calibration c = accepted / predicted
         self.accepted = 1.0
         # Observed step time / modeled forward time, for plain and for speculative steps (medians
@@ -223,6 +233,16 @@ class BudgetPolicy:
         """Drafting's delivered rate over plain decoding's in this bucket (None: not measured yet)."""
         st = self._buckets.get(self.batch_bucket(bs))
         return None if st is None else st.relative
+
+    def step_cost_ratio(self, bs: int) -> float | None:
+        """This bucket's drafting step time over its plain step time (medians of the latest steps,
+        host work included; None until both modes have MIN_STEPS): what a request's drafted step
+        must deliver, in tokens, to pay (``RequestGate``)."""
+        st = self._buckets.get(self.batch_bucket(bs))
+        if st is None or min(len(st.times[True]), len(st.times[False])) < MIN_STEPS:
+            return None
+        td, tp = st.step_time[True], st.step_time[False]
+        return td / tp if td and tp else None
 
     def drafting_pays(self, bs: int, critical: float | None = None) -> bool:
         """False where drafting steps of this batch size deliver less than plain ones, except on

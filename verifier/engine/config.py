@@ -49,6 +49,9 @@ class EngineConfig:
     # Batches that end together (RL rollouts): deeper drafts in the batch's tail, longest expected
     # requests admitted first, from the corpus' prompt history (verifier/budget/makespan.py). Off by default.
     makespan: MakespanConfig = MakespanConfig()
+    # Within a drafting step, no drafts for a request whose own measured acceptance does not pay for
+    # a drafting step's cost (penalties, grammars: verifier/budget/request_gate.py); adaptive budget only.
+    request_gate: bool = True
 
     @property
     def refill_slots(self) -> int:

@@ -23,6 +23,9 @@ from .request import Request
 class Verify:
     """The verify step (mixed into ``Engine``, whose state it uses)."""
 
+    # This step's requests that get no drafts (the budget decision's RequestGate.select).
+    _gate_held: frozenset[str] = frozenset()
+
     def _step_budget(self, running: list[Request]) -> int:
         """The step's draft budget: the one _overlaps decided for this batch size, or the policy's."""
         decided, self._budget_now = self._budget_now, None
@@ -41,6 +44,17 @@ class Verify:
         if tail and bs <= tail and not self.scheduler.waiting and self.config.budget != 0:
             # The batch's tail: a step costs about the same whatever its tree size (verifier/budget/makespan.py).
             budget = max(budget, self.config.makespan.tail_budget or self.config.max_budget)
+        self._gate_held = frozenset()
+        gate = self.policy.request_gate
+        if budget > 0 and self.config.request_gate and gate.enabled:
+            # Requests whose acceptance does not pay for the step's cost get no drafts; none left
+            # to draft: a plain step (overlapped where it can be).
+            ids = [r.req_id for r in running]
+            drafts = gate.select(ids, self.policy.step_cost_ratio(bs))
+            if not any(drafts):
+                return 0
+            if not all(drafts):
+                self._gate_held = frozenset(i for i, d in zip(ids, drafts) if not d)
         return budget
 
     @staticmethod
@@ -103,6 +117,7 @@ class Verify:
         # Python lists: indexing them is several times cheaper than numpy scalars, per request per step.
         num, runs = num.tolist(), runs.tolist()
         slow = None  # the general commit's inputs, made once if a request needs them
+        gate = self.policy.request_gate
         for b, req in enumerate(running):
             n = num[b]
             req.cache_len += 1 + n
@@ -112,6 +127,7 @@ class Verify:
             if nb > 1:
                 req.spec_steps += 1
                 self.stats.spec_steps += 1
+                gate.observe(req.req_id, n)
             accepted_total += n
             # Usage counts accepted tokens that were committed (a stop can cut the path short).
             if not bad_any[b] and self._commits_as_run(req):
@@ -147,7 +163,8 @@ class Verify:
         compute on the CPU). Requests in ``plain`` verify no draft (a retry after non-finite logits)."""
         bs = len(running)
         budget = self._step_budget(running)
-        spec = [i for i, r in enumerate(running) if r.params.speculate and r.req_id not in plain]
+        held = self._gate_held  # (set by the budget decision: RequestGate)
+        spec = [i for i, r in enumerate(running) if r.params.speculate and r.req_id not in plain and r.req_id not in held]
         self._drafted = budget > 0 and bool(spec)
         room = self.config.max_len - max_prefix
         k = nodes = 0

@@ -1,0 +1,140 @@
+"""Which requests of a drafting step get drafts: none for a request whose own measured acceptance
+does not pay for what a drafting step costs.
+
+The batch policy (``verifier.budget.policy``) decides per batch-size bucket whether a step drafts
+and how deep; it sees the batch's mean. Requests differ: in one batch, a plain greedy request may
+accept 2-3 tokens per drafted step while one with presence and frequency penalties accepts 0.02
+(the penalties steer away from repeating the context, which is what n-gram drafts propose; H200,
+2026-11-30: MAT 1.02-1.03 and speculation at 0.85x plain), and a structured-output request pays a
+grammar mask per drafted node (MAT 2.32 and still 0.70x plain at batch 1). So each request keeps
+its own figure: accepted draft tokens per step it verified drafts in (decayed sums, ``DECAY``), and
+drafts only while ``1 + gain`` reaches the bucket's measured cost of a drafting step over a plain
+one (``BudgetPolicy.step_cost_ratio``: median step times, host work included); before the bucket
+has both figures, while ``gain`` reaches ``MIN_GAIN``.
+
+A request is judged after ``MIN_DRAFTED`` drafted steps. One that is held off drafts again on one
+step in ``EXPLORE_EVERY`` of its steps in a drafting batch (text that starts to repeat itself,
+a structured field whose value the prompt holds), which refreshes its figure. Every switch of a
+request to no drafts is counted by its reason (``acceptance``: its measured gain, against the step
+cost ratio or ``MIN_GAIN``) in ``BudgetStats.request_switches_acceptance``, the request-steps held
+off in ``request_steps_held``, and logged once per ``LOG_EVERY_S``. Per-request state lives here
+only while the request runs: entries of requests no longer seen are dropped (``MAX_IDLE`` decisions
+after their last).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+DECAY = 0.9  # per drafted step: a request's figure follows its last ~10 drafted steps
+MIN_DRAFTED = 4  # drafted steps before a request can be held off (its first steps are a guess)
+MIN_GAIN = 0.05  # accepted tokens per drafted step below which a request is held off without a cost ratio
+EXPLORE_EVERY = 16  # a held-off request drafts once per this many of its steps in drafting batches
+LOG_EVERY_S = 60.0
+MAX_IDLE = 256  # select() calls after which a request not seen in any is forgotten
+
+
+@dataclass(slots=True)
+class _Request:
+    accepted: float = 0.0  # decayed accepted draft tokens over drafted steps
+    drafted: float = 0.0  # decayed drafted steps
+    steps: int = 0  # drafted steps seen (not decayed)
+    held: bool = False
+    since: int = 0  # steps held off since the last exploration
+    seen: int = 0  # the select() call that last saw it
+
+    @property
+    def gain(self) -> float:
+        return self.accepted / self.drafted if self.drafted > 0 else 0.0
+
+
+class RequestGate:
+    """Per-request draft decisions for one engine (its engine thread only)."""
+
+    def __init__(self, stats, enabled: bool = True) -> None:
+        """``stats``: the policy's ``BudgetStats``, whose request counters this gate raises."""
+        self.enabled = enabled
+        self.stats = stats
+        self._reqs: dict[str, _Request] = {}
+        self._calls = 0
+        self._last_log = -LOG_EVERY_S
+        self._switches_since_log = 0
+
+    def select(self, req_ids: list[str], ratio: float | None) -> list[bool]:
+        """For a step that drafts: whether each request gets drafts. ``ratio``: the bucket's
+        drafting step time over its plain step time (None: not measured yet)."""
+        self._calls += 1
+        if not self.enabled:
+            return [True] * len(req_ids)
+        need = 1.0 + MIN_GAIN if ratio is None else ratio
+        out = []
+        now = self._calls
+        for rid in req_ids:
+            st = self._reqs.get(rid)
+            if st is None:
+                st = self._reqs[rid] = _Request()
+            st.seen = now
+            if st.steps < MIN_DRAFTED:
+                out.append(True)
+                continue
+            pays = 1.0 + st.gain >= need
+            if pays:
+                st.held = False
+                out.append(True)
+                continue
+            if not st.held:
+                st.held, st.since = True, 0
+                self._switched(rid, st.gain, ratio)
+            st.since += 1
+            if st.since >= EXPLORE_EVERY:  # drafts this step: its figure is measured again
+                st.since = 0
+                out.append(True)
+            else:
+                self.stats.request_steps_held += 1
+                out.append(False)
+        if now % 64 == 0 and len(self._reqs) > 2 * len(req_ids) + 64:
+            self._forget(now)
+        return out
+
+    def observe(self, req_id: str, accepted: int) -> None:
+        """A drafted step of the request (it verified draft nodes) accepted ``accepted`` of them."""
+        st = self._reqs.get(req_id)
+        if st is None:
+            return
+        st.accepted = DECAY * st.accepted + accepted
+        st.drafted = DECAY * st.drafted + 1.0
+        st.steps += 1
+
+    def gain(self, req_id: str) -> float | None:
+        st = self._reqs.get(req_id)
+        return None if st is None or st.steps == 0 else st.gain
+
+    def held(self, req_id: str) -> bool:
+        st = self._reqs.get(req_id)
+        return st is not None and st.held
+
+    def counts(self) -> dict[str, int]:
+        return {"tracked": len(self._reqs), "held_now": sum(s.held for s in self._reqs.values()),
+                "switches_acceptance": self.stats.request_switches_acceptance,
+                "request_steps_held": self.stats.request_steps_held}
+
+    def _forget(self, now: int) -> None:
+        """Drops requests that no select() saw in the last MAX_IDLE calls (finished or aborted)."""
+        for rid in [r for r, s in self._reqs.items() if now - s.seen > MAX_IDLE]:
+            del self._reqs[rid]
+
+    def _switched(self, rid: str, gain: float, ratio: float | None) -> None:
+        self.stats.request_switches_acceptance += 1
+        self._switches_since_log += 1
+        t = time.monotonic()
+        if t - self._last_log >= LOG_EVERY_S:
+            against = f"a drafting step {ratio:.2f}x as long as a plain one" if ratio is not None else \
+                f"the minimum {MIN_GAIN}"
+            more = f" ({self._switches_since_log} requests since the last line)" if self._switches_since_log > 1 else ""
+            log.info("request %s: no drafts (acceptance): %.3f accepted tokens per drafted step against %s%s",
+                     rid, gain, against, more)
+            self._last_log, self._switches_since_log = t, 0
