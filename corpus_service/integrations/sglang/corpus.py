@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from corpus_service.client.circuit_breaker import CircuitBreaker
 from corpus_service.client.request_log import token_array
 from corpus_service.client.sglang import RemoteNgramCorpus
 from corpus_service.engine.corpus import NgramCorpus as LocalCorpus
@@ -74,8 +75,11 @@ class SharedNgramCorpus:
                                   max_trie_depth=max_trie_depth, min_bfs_breadth=min_bfs_breadth,
                                   max_bfs_breadth=max_bfs_breadth, external_sam_budget=external_sam_budget,
                                   external_corpus_max_tokens=external_corpus_max_tokens) if self._tp.leader else None
+        # The client's circuit breaker stays open no longer than the retry period: the replica is back
+        # on the corpus within NGRAM_CORPUS_RETRY_SECONDS of its return.
         self._remote = RemoteNgramCorpus(settings.target, settings.namespace, draft_token_num=draft_token_num,
-                                         timeout=settings.timeout)
+                                         timeout=settings.timeout,
+                                         breaker=CircuitBreaker(cooldown_s=settings.retry_seconds))
         self.health = CorpusHealth(settings.target, settings.namespace)
         self._served: dict[str, dict] | None = None
         self._model: tuple | None = None  # (vocab_size, tokenizer) to check once an unreachable corpus answers

@@ -205,7 +205,7 @@ def s_outage(args: dict) -> dict:
     down = decode(corpus, "down", prompt, output, k)  # drafted locally, the same tokens
     late = build(cls, k)  # a replica that starts while the corpus is away
     late_accepted = decode(late, "late", prompt, output, k)
-    during = corpus.stats()
+    during, late_during = corpus.stats(), late.stats()
     srv.start(grpc_port=srv.grpc_port)
     t_up, back_after = time.monotonic(), None
     r = {"rid": "back", "ctx": prompt + output[:1], "truth": output[1:] * 50}
@@ -225,7 +225,7 @@ def s_outage(args: dict) -> dict:
     srv.stop()
     unreachable_lines = [ln for ln in LOG.lines if "is unreachable" in ln]
     return {"remote_before": remote_before, "down_accepted": sum(down), "down_steps": len(down),
-            "during": during, "late_accepted": sum(late_accepted), "back_after_s": back_after,
+            "during": during, "late_steps": len(late_accepted), "late_during": late_during, "back_after_s": back_after,
             "after": corpus.stats(), "late_back": late_back, "unreachable_lines": unreachable_lines,
             "reachable_again_lines": [ln for ln in LOG.lines if "reachable again" in ln]}
 
