@@ -118,13 +118,20 @@ def s_replicas(args: dict) -> dict:
     fresh = build(cls, k)  # a third replica, for the empty case: an unseen context still gets K tokens
     fresh.synchronize()
     d, m = fresh.batch_get(["x"], [[7, 8, 9]], [3])
-    a.note_prompts([("a-1", prompt)])
+    from corpus_service.client import CorpusClient
+
+    service = CorpusClient(os.environ["NGRAM_CORPUS_TARGET"], os.environ.get("NGRAM_CORPUS_NAMESPACE", "default"))
+    history = ("history_keys", "history_rollouts_added", "source_history_age0_tested_nodes")
+    stats0 = {key: service.stats()[key] for key in history}
+    a.note_prompts([("a-1", prompt)])  # what the worker hook does: the request's prompt, its history key
     taught = decode(a, "a-1", prompt, output, k)  # replica A learns the request's tokens
+    stats1 = {key: service.stats()[key] for key in history}
     b.note_prompts([("b-1", prompt)])
-    learned = decode(b, "b-1", prompt, output, k)  # replica B drafts them
+    learned = decode(b, "b-1", prompt, output, k)  # replica B drafts them (learned corpus and prompt history)
+    stats2 = {key: service.stats()[key] for key in history}
     return {"before": sum(before), "taught": sum(taught), "learned": sum(learned), "steps_b": len(learned),
             "empty_drafts": d.tolist(), "empty_mask": m.tolist(), "cls": type(a).__name__,
-            "stats_a": a.stats(), "stats_b": b.stats()}
+            "stats_a": a.stats(), "stats_b": b.stats(), "history": [stats0, stats1, stats2]}
 
 
 def s_external(args: dict) -> dict:

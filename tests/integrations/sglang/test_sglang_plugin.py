@@ -66,6 +66,12 @@ def test_two_replicas_draft_each_others_tokens(server, k):
     # B drafted A's request almost whole: 59 tokens in few steps of up to k - 1 accepted drafts.
     assert out["learned"] >= 59 - out["steps_b"] - 2 and out["steps_b"] <= 59 // (k - 1) + 3
     assert out["stats_b"]["steps_remote"] > 0 and out["stats_b"]["steps_local"] == 0
+    # The prompt the worker hook passes keys both requests: A's output joined the key's history on the
+    # service, and B drafted from it.
+    before, after_a, after_b = out["history"]
+    assert after_a["history_keys"] == before["history_keys"] + 1
+    assert after_a["history_rollouts_added"] == before["history_rollouts_added"] + 1
+    assert after_b["source_history_age0_tested_nodes"] > after_a["source_history_age0_tested_nodes"]
     drafts, mask = out["empty_drafts"], out["empty_mask"]
     assert len(drafts) == k and drafts[0] == 9 and len(mask) == k * k  # nothing known: K tokens all the same
 
