@@ -28,6 +28,25 @@ def _say(level: int, line: str) -> str:
     return line
 
 
+def _register(settings_error: str) -> str:
+    """Registers the REPLACE hook (and the worker hooks where SGLang can run its NGRAM worker); returns
+    what was registered, in words."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from corpus_service.integrations.sglang.compat import CORPUS_TARGET
+    from corpus_service.integrations.sglang.corpus import SharedNgramCorpus
+
+    SharedNgramCorpus.settings_error = settings_error
+    HookRegistry.register(CORPUS_TARGET, SharedNgramCorpus, HookType.REPLACE)
+    if importlib.util.find_spec("sgl_kernel") is None:
+        return "no worker hooks: sgl-kernel is not installed, so SGLang cannot run its NGRAM worker in this environment"
+    from corpus_service.integrations.sglang.worker_hooks import HOOKS
+
+    for target, hook in HOOKS.items():
+        HookRegistry.register(target, hook, HookType.AROUND)
+    return "worker hooks: namespace checked against the model at start, prompt keys from each request"
+
+
 def load_plugin() -> str:
     """SGLang's entry point. Returns the line it logged."""
     try:
@@ -37,26 +56,18 @@ def load_plugin() -> str:
     if settings is None and not settings_error:
         return _say(logging.INFO, "NGRAM_CORPUS_TARGET is not set: SGLang keeps its own n-gram corpus")
     try:
-        from corpus_service.integrations.sglang.compat import CORPUS_TARGET, check_engine
+        from corpus_service.integrations.sglang.compat import check_engine
 
         why = check_engine()
     except Exception as e:  # never SGLang's start-up's problem
         why = f"cannot check SGLang: {type(e).__name__}: {e}"
     if why:
         return _say(logging.WARNING, f"{why}: SGLang keeps its own n-gram corpus")
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    from corpus_service.integrations.sglang.corpus import SharedNgramCorpus
-
-    SharedNgramCorpus.settings_error = settings_error
-    HookRegistry.register(CORPUS_TARGET, SharedNgramCorpus, HookType.REPLACE)
-    hooks = "no worker hooks: sgl-kernel is not installed, so SGLang cannot run its NGRAM worker in this environment"
-    if importlib.util.find_spec("sgl_kernel") is not None:
-        from corpus_service.integrations.sglang.worker_hooks import HOOKS
-
-        for target, hook in HOOKS.items():
-            HookRegistry.register(target, hook, HookType.AROUND)
-        hooks = "worker hooks: namespace checked against the model at start, prompt keys from each request"
+    try:
+        hooks = _register(settings_error)
+    except Exception as e:  # a registry this plugin cannot use: SGLang keeps its corpus, start-up goes on
+        return _say(logging.WARNING, f"cannot register hooks with SGLang ({type(e).__name__}: {e}): "
+                                     f"SGLang keeps its own n-gram corpus")
     if settings_error:
         return _say(logging.ERROR, f"NgramCorpus replaced, but {settings_error}: the NGRAM worker will fail to start")
     return _say(logging.INFO, f"NgramCorpus replaced by the shared corpus at {settings.target}, namespace "
