@@ -165,11 +165,11 @@ def steps_line(s: Tally, spec: Engine) -> str:
     the policy found worth verifying)."""
     d = spec.drafter.stats if spec.drafter is not None else None
     asked = d.remote_steps + d.local_steps + d.fallback_steps if d is not None else 0
-    where = (f" ({d.remote_steps} with the remote corpus' tree, {d.local_steps} in process, {d.fallback_steps} "
-             f"in process as a fallback)" if d is not None else "")
-    return (f"steps:                 {s.steps} verify steps; {asked} asked the corpus for a draft tree{where}; "
-            f"{s.verified} of those verified draft tokens (the other {max(asked - s.verified, 0)} trees were empty "
-            f"or had no node worth verifying)")
+    where = (f" ({d.remote_steps} remote, {d.local_steps} in process, {d.fallback_steps} in-process fallback)"
+             if d is not None else "")
+    return (f"steps:                 {s.steps} verify steps; {asked} asked the corpus for a draft tree{where}, "
+            f"{max(s.steps - asked, 0)} did not (the budget policy decoded plainly); {s.verified} of the {asked} "
+            f"verified draft tokens (the other {max(asked - s.verified, 0)}: an empty tree or no node worth verifying)")
 
 
 def explain(p: Tally, s: Tally, spec: Engine) -> list[str]:

@@ -46,15 +46,16 @@ def test_steps_alternate_and_the_report_explains_the_ratio():
     assert "budget policy:" in text and "cost model" in text
     # The step counts read as parts of one whole: steps, those that asked for a draft tree, those that
     # verified draft tokens (once printed as "22 of 122 steps verified drafts" beside "114 remote").
-    m = re.search(r"steps: +(\d+) verify steps; (\d+) asked the corpus for a draft tree \((\d+) with the remote "
-                  r"corpus' tree, (\d+) in process, (\d+) in process as a fallback\); (\d+) of those verified draft "
-                  r"tokens \(the other (\d+) trees", text)
+    m = re.search(r"steps: +(\d+) verify steps; (\d+) asked the corpus for a draft tree \((\d+) remote, (\d+) in "
+                  r"process, (\d+) in-process fallback\), (\d+) did not \(the budget policy decoded plainly\); (\d+) "
+                  r"of the (\d+) verified draft tokens \(the other (\d+): an empty tree", text)
     assert m, text
-    steps, asked, remote, local, fallback, verified, other = map(int, m.groups())
+    steps, asked, remote, local, fallback, plain_steps, verified, asked_again, other = map(int, m.groups())
     d = spec.drafter.stats
     assert (steps, asked, verified) == (s.steps, d.remote_steps + d.local_steps + d.fallback_steps, s.verified)
     assert (remote, local, fallback) == (d.remote_steps, d.local_steps, d.fallback_steps)
-    assert verified == spec.stats.spec_steps and verified + other == asked <= steps and verified > 0
+    assert asked_again == asked == remote + local + fallback and asked + plain_steps == steps
+    assert verified == spec.stats.spec_steps and verified + other == asked and verified > 0
     if s.accepted:  # the tiny random model accepts few drafts, but these prompts repeat
         m = re.search(r"speed-up: +([0-9.]+)x = speculative tok/s / plain tok/s", text)
         assert m and float(m.group(1)) == pytest.approx(s.tok_s / p.tok_s, abs=0.006)
