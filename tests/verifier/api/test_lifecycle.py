@@ -25,11 +25,12 @@ PROMPT = "def fibonacci(n):"
 
 @contextlib.contextmanager
 def serve(lm, lifecycle: LifecycleConfig = LifecycleConfig(), max_batch: int = 1):
-    """A real server over a plain-decoding engine of ``max_batch`` slots; yields (client, port)."""
+    """A real server over a plain-decoding engine of ``max_batch`` slots; yields (client, port, app)."""
     loop = EngineLoop(engine(lm, None, max_batch=max_batch)).start()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(loop, "smollm2", lifecycle=lifecycle), log_level="warning"))
+    app = create_app(loop, "smollm2", lifecycle=lifecycle)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     while not server.started:
@@ -37,7 +38,7 @@ def serve(lm, lifecycle: LifecycleConfig = LifecycleConfig(), max_batch: int = 1
     port = sock.getsockname()[1]
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
-            yield client, port
+            yield client, port, app
     finally:
         loop.abort_all()
         server.should_exit = True
@@ -83,7 +84,7 @@ def long_request(n: int = 1, prompt: str = PROMPT, max_tokens: int = LONG) -> di
 
 
 def test_a_non_streaming_client_that_leaves_is_aborted(smollm2):
-    with serve(smollm2) as (client, port):
+    with serve(smollm2) as (client, port, _):
         s = send(port, long_request())
         wait_for(client, lambda m: m[RUNNING] == 1 and m["ngram_verifier_generated_tokens_total"] > 0, "running")
         s.close()
@@ -96,7 +97,7 @@ def test_a_non_streaming_client_that_leaves_is_aborted(smollm2):
 
 
 def test_requests_aborted_while_waiting_leave_the_queue_without_a_prefill(smollm2):
-    with serve(smollm2) as (client, port):
+    with serve(smollm2) as (client, port, _):
         held = send(port, long_request())  # holds the engine's one slot
         wait_for(client, lambda m: m[RUNNING] == 1, "running")
         dropped = send(port, long_request(n=4, prompt="class Stack:"))
@@ -112,7 +113,7 @@ def test_requests_aborted_while_waiting_leave_the_queue_without_a_prefill(smollm
 
 
 def test_beyond_the_waiting_bound_requests_get_429(smollm2):
-    with serve(smollm2, LifecycleConfig(max_waiting=4)) as (client, port):
+    with serve(smollm2, LifecycleConfig(max_waiting=4)) as (client, port, _):
         held = send(port, long_request())
         wait_for(client, lambda m: m[RUNNING] == 1, "running")
         queued = send(port, long_request(n=4))
@@ -136,7 +137,7 @@ def test_beyond_the_waiting_bound_requests_get_429(smollm2):
 
 
 def test_the_token_bound_and_an_empty_queue(smollm2):
-    with serve(smollm2, LifecycleConfig(max_waiting_tokens=200)) as (client, port):
+    with serve(smollm2, LifecycleConfig(max_waiting_tokens=200)) as (client, port, _):
         held = send(port, long_request())
         wait_for(client, lambda m: m[RUNNING] == 1, "running")
         # Nothing waits: a request larger than the bound still gets in (else it never could).
@@ -153,7 +154,7 @@ def test_the_token_bound_and_an_empty_queue(smollm2):
 
 
 def test_many_clients_that_give_up_are_each_freed(smollm2):
-    with serve(smollm2, max_batch=2) as (client, port):
+    with serve(smollm2, max_batch=2) as (client, port, _):
         socks = [send(port, long_request(n=2, prompt=f"def f{i}(x):")) for i in range(12)]
         wait_for(client, lambda m: m[RUNNING] == 2, "running")
         for s in socks:
@@ -162,6 +163,30 @@ def test_many_clients_that_give_up_are_each_freed(smollm2):
         assert m["ngram_verifier_waiting_tokens"] == 0
         r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, "temperature": 0})
         assert r.status_code == 200, r.text
+
+
+def test_a_body_cut_off_by_the_client_leaving_is_counted(smollm2):
+    with serve(smollm2) as (client, port, _):
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: verifier\r\nContent-Length: 1000\r\n\r\n{\"prompt\": ")
+        time.sleep(0.2)  # (the handler is reading the body)
+        s.close()
+        m = wait_for(client, lambda m: m.get(ABANDONED, 0) == 1, "counted")
+        assert m[WAITING] == 0 and m[RUNNING] == 0
+        assert 'ngram_verifier_http_requests_total{route="/v1/completions",status="500"}' not in m
+
+
+def test_while_draining_new_requests_get_503(smollm2):
+    with serve(smollm2) as (client, port, app):
+        app.state.lifecycle.draining = True  # what DrainingServer sets on SIGTERM (test_shutdown.py)
+        r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1, r.text
+        assert r.json()["error"]["code"] == "server_shutting_down"
+        h = client.get("/healthz")
+        assert h.status_code == 503 and h.json()["status"] == "draining"
+        m = metrics(client)
+        assert m['ngram_verifier_http_refused_total{reason="draining",route="/v1/chat/completions"}'] == 1
+        assert m[WAITING] == 0 and m[RUNNING] == 0
 
 
 @pytest.mark.parametrize("field, value, needle", [
