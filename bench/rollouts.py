@@ -447,7 +447,7 @@ def verifier_cmd(args: argparse.Namespace, corpus: str, ports_file: Path, token:
     cmd = [sys.executable, "-m", "verifier", "serve", "--model", args.model, "--device", args.device,
            "--dtype", args.dtype, "--port", "0", "--ports-file", str(ports_file), "--corpus", corpus,
            "--max-batch", str(args.max_batch), "--max-len", str(args.max_len), "--max-budget", str(args.budget),
-           "--allow-weight-updates", "true"]
+           "--allow-weight-updates", "true", "--allow-policy-version", "true", "--admin-key", VERIFIER_ADMIN_KEY]
     if corpus not in ("local", "none"):
         cmd += ["--corpus-token", token]
     if args.device.startswith("cuda"):
@@ -457,6 +457,10 @@ def verifier_cmd(args: argparse.Namespace, corpus: str, ports_file: Path, token:
     if args.noise_sigma > 0:
         cmd += ["--weight-noise-sigma", repr(args.noise_sigma), "--weight-noise-seed", str(noise_seed(args, 0))]
     return cmd + list(args.verifier_arg)  # last: they override the above
+
+
+# The replicas' admin credential: /v1/update-weights and /v1/policy-version answer only it (verifier/api/admin.py).
+VERIFIER_ADMIN_KEY = "rollouts-bench-verifier-admin-key"
 
 
 def noise_seed(args: argparse.Namespace, epoch: int) -> int:
@@ -477,8 +481,9 @@ async def post_all(urls: list[str], route: str, body: dict, timeout: float) -> f
     import httpx
 
     t = time.perf_counter()
+    admin = {"Authorization": f"Bearer {VERIFIER_ADMIN_KEY}"}  # (both routes it posts to are admin routes)
     async with httpx.AsyncClient(timeout=timeout) as http:
-        rs = await asyncio.gather(*(http.post(u + route, json=body) for u in urls))
+        rs = await asyncio.gather(*(http.post(u + route, json=body, headers=admin) for u in urls))
     for u, r in zip(urls, rs):
         if r.status_code != 200:
             raise RuntimeError(f"{u}{route}: HTTP {r.status_code}: {r.text[:500]}")

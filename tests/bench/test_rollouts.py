@@ -82,6 +82,7 @@ def test_fleet_replica_commands_follow_the_verifier_contract():
     assert flags["--corpus"] == "127.0.0.1:5000" and flags["--corpus-token"] == "tok"
     assert flags["--weight-noise-sigma"] == "0.014075" and flags["--weight-noise-seed"] == "20251202"  # epoch 0's
     assert flags["--allow-weight-updates"] == "true"  # later epochs' weights: POST /v1/update-weights
+    assert flags["--allow-policy-version"] == "true" and flags["--admin-key"] == rollouts.VERIFIER_ADMIN_KEY
     assert rollouts.noise_seed(args, 2) == 20251202 + 2000
     assert "--log-level=WARNING" in cmd
     assert flags["--gpu-share"] == "4"  # the replicas share the one GPU
