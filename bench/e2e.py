@@ -43,6 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from verifier.budget.cost_probe import chain_step  # noqa: E402
+from corpus_service import CorpusConfig, NgramCorpus  # noqa: E402
+from verifier.draft.config import CorpusEndpoint  # noqa: E402
 from verifier.draft.drafter import DraftConfig, Drafter, auto_draft_threads  # noqa: E402
 from verifier.engine.core import Engine, EngineConfig  # noqa: E402
 from verifier.model import KVCache, ModelConfig, build_model, load_model  # noqa: E402
@@ -57,8 +59,12 @@ from bench.common import CorpusServer, median_run, write_report  # noqa: E402
 from bench.host_cpu import CpuWatch, cpu_limit  # noqa: E402
 
 TRACE = "specbench_dev120_greedy.jsonl"
-# Speculative modes with the corpus service (--corpus): "remote" is the verifier's default.
-REMOTE_MODES = ("remote", "remote_always", "remote_thread", "remote_sync")
+# Speculative modes with the corpus service (--corpus): "remote" is the verifier's default;
+# "remote_rank" drafts from a namespace of the same server with the rank model on.
+REMOTE_MODES = ("remote", "remote_always", "remote_thread", "remote_sync", "remote_rank")
+# The rank model (docs/ranking.md) on against off, in process and remote: (on, off) mode pairs.
+RANK_PAIRS = (("local_rank", "local"), ("remote_rank", "remote"))
+RANK_NAMESPACE = "ranked"  # the server's namespace with rank_model=true (remote_rank)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -196,17 +202,24 @@ def run_spec(mode: str, lm, B: int, prompts: list[list[int]], base: dict, target
     remote = mode.startswith("remote")
     if remote and target is None:
         return None
+    namespace = RANK_NAMESPACE if mode == "remote_rank" else "default"
     if remote:  # a fresh corpus per run, like the local mode's
         from corpus_service.client import CorpusClient
 
-        with CorpusClient(target) as c:
+        with CorpusClient(target, namespace) as c:
             c.reset()
     draft = DraftConfig(draft_timeout_s=args.draft_timeout,
                         remote_drafts="sync" if mode == "remote_sync" else "pipelined",
                         remote_client="thread" if mode == "remote_thread" else "process",
                         remote_asks="always" if mode == "remote_always" else "adaptive",
                         draft_threads=args.draft_threads)
-    drafter = Drafter(target if remote else "local", draft, vocab_size=V)
+    if mode == "local_rank":
+        corpus = NgramCorpus(CorpusConfig(vocab_size=V, draft_threads=draft.threads, rank_model=True))
+    elif remote:
+        corpus = CorpusEndpoint(target, namespace)
+    else:
+        corpus = "local"
+    drafter = Drafter(corpus, draft, vocab_size=V)
     spec = Engine(lm.model, lm.codec, drafter,
                   EngineConfig(max_batch=B, max_len=max_len, budget=budget, max_budget=args.max_budget,
                                refill_group=min(args.refill_group, B),
@@ -291,7 +304,8 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
     tmp = tempfile.TemporaryDirectory()
     if any(m.startswith("remote") for m in args.corpus):
         try:
-            server = CorpusServer(tmp.name).start()
+            server = CorpusServer(tmp.name, "--namespace", "default",
+                                  "--namespace", f"{RANK_NAMESPACE}:rank_model=true").start()
             target = server.target
             res["remote_server"] = target
         except Exception as e:  # report, don't crash: the rest of the benchmark still runs
@@ -353,6 +367,10 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
             for m in REMOTE_MODES:
                 if "local" in row and m in row:
                     row[f"{m}_vs_local"] = ratio(row[m]["tok_s"], row["local"]["tok_s"])
+            for on, off in RANK_PAIRS:  # the rank model's default (issue 43): on / off, round by round
+                if on in runs and off in runs:
+                    row[f"{on}_vs_{off}_rounds"] = [ratio(a["tok_s"], b["tok_s"]) for a, b in zip(runs[on], runs[off])]
+                    row[f"{on}_vs_{off}_pooled"] = ratio(pooled_tok_s(runs[on]), pooled_tok_s(runs[off]))
             res["batches"][str(B)] = row
             print(f"smollm2 batch {B}: " + json.dumps({m: {k: row[m][k] for k in (
                 "tok_s", "mat", "speedup", "identical", "rounds_tok_s", "rounds_mat", "slowest_vs_median_round",
@@ -523,7 +541,7 @@ def summarize(smol: dict | None, big: dict | None, structured: dict | None = Non
         b = smol["batches"]
         for B, row in b.items():
             s[f"smol_b{B}_plain_tok_s"] = row["plain"]["tok_s"]
-            for mode in ("local", *REMOTE_MODES):
+            for mode in ("local", "local_rank", *REMOTE_MODES):
                 if mode in row:
                     s[f"smol_b{B}_{mode}_tok_s"] = row[mode]["tok_s"]
                     s[f"smol_b{B}_{mode}_x"] = row[mode]["speedup"]
@@ -538,6 +556,10 @@ def summarize(smol: dict | None, big: dict | None, structured: dict | None = Non
                 for stat in ("median_round", "pooled"):
                     if f"{m}_vs_local_{stat}" in row:
                         s[f"smol_b{B}_{m}_vs_local_{stat}"] = row[f"{m}_vs_local_{stat}"]
+            for on, off in RANK_PAIRS:
+                for stat in ("rounds", "pooled"):
+                    if f"{on}_vs_{off}_{stat}" in row:
+                        s[f"smol_b{B}_{on}_vs_{off}_{stat}"] = row[f"{on}_vs_{off}_{stat}"]
         if "remote_error" in smol:
             s["remote"] = "skipped: " + smol["remote_error"][-160:]
     if big:
@@ -566,7 +588,8 @@ def main(argv: list[str] | None = None) -> int:
                         "issue's targets are judged at; 64 ends most prompts early)")
     p.add_argument("--corpus", default="local,remote,remote_sync",
                    help="speculative modes (comma-separated): local (in process), remote (the corpus service, "
-                        "pipelined drafts, its client in a child process, asks by measured gain), remote_always "
+                        "pipelined drafts, its client in a child process, asks by measured gain), local_rank and "
+                        "remote_rank (the same with the rank model on: CorpusConfig.rank_model), remote_always "
                         "(the same, asking every step), remote_thread (the client on a thread of the engine's "
                         "process), remote_sync (waiting for its drafts every step)")
     p.add_argument("--budget", default="auto", help="draft nodes per request, or 'auto' (cost model + acceptance)")
@@ -611,8 +634,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--draft-threads: expected 0 (auto) or more, got {args.draft_threads}")
     args.draft_threads = args.draft_threads or auto_draft_threads()
     args.corpus = [c.strip() for c in args.corpus.split(",") if c.strip()]
-    if any(c not in ("local", *REMOTE_MODES) for c in args.corpus):
-        p.error(f"--corpus: expected some of local, {', '.join(REMOTE_MODES)}, got {args.corpus}")
+    if any(c not in ("local", "local_rank", *REMOTE_MODES) for c in args.corpus):
+        p.error(f"--corpus: expected some of local, local_rank, {', '.join(REMOTE_MODES)}, got {args.corpus}")
     if args.budget != "auto" and not args.budget.isdigit():
         p.error("--budget: expected 'auto' or an int")
 

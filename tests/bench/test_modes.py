@@ -1,0 +1,46 @@
+"""CPU checks of bench/modes.py's request sets and summary (the benchmark itself runs on a GPU)."""
+
+import pytest
+
+from bench import modes
+from bench.penalty_workload import PENALTIES
+
+
+def test_each_mode_builds_its_requests():
+    prompts = [[i, i + 1] for i in range(8)]
+    json_prompts = [[100 + i] for i in range(8)]
+    ids, params, groups = modes.mode_requests("json", prompts, json_prompts, 16)
+    assert ids == json_prompts and all(p.grammar is not None and p.greedy for p in params)
+    ids, params, _ = modes.mode_requests("penalties", prompts, json_prompts, 16)
+    assert ids == prompts and all(p.presence_penalty == PENALTIES["presence_penalty"] for p in params)
+    _, params, _ = modes.mode_requests("sampled", prompts, json_prompts, 16)
+    assert {p.temperature for p in params} == {0.8} and {p.top_p for p in params} == {0.95}
+    assert len({p.seed for p in params}) == len(prompts)  # a seed per request
+    _, params, _ = modes.mode_requests("logprobs", prompts, json_prompts, 16)
+    assert all(p.logprobs == 5 and p.greedy for p in params)
+    # n = 4: the samples of one prompt share it and a request group, each with its own seed.
+    ids, params, groups = modes.mode_requests("n4", prompts, json_prompts, 16)
+    assert len(ids) == 8 and ids[:4] == [prompts[0]] * 4 and ids[4:] == [prompts[1]] * 4
+    assert groups == ["g0"] * 4 + ["g1"] * 4 and len({p.seed for p in params}) == 8
+    _, params, _ = modes.mode_requests("mixed", prompts, json_prompts, 16)
+    assert [p.penalized for p in params] == [False, True] * 4
+    with pytest.raises(ValueError):
+        modes.mode_requests("beam", prompts, json_prompts, 16)
+
+
+def test_summary_ratios_and_the_worst_case():
+    res = {"arms": ["spec", "spec_nogate"], "batches": {
+        "1": {"prompts": 4, "json": {"plain": {}, "spec": {"x_plain": 0.98, "mat": 1.1},
+                                     "spec_nogate": {"x_plain": 0.7, "mat": 2.3}},
+              "penalties": {"plain": {}, "spec": {"x_plain": 1.01, "mat": 1.0}}}}}
+    s = modes.summarize(res)
+    assert s["json_b1_spec_x"] == 0.98 and s["json_b1_spec_nogate_x"] == 0.7
+    assert s["min_spec_x"] == 0.98  # the worst mode of the default arm
+
+
+def test_arms_need_the_engine_field_and_bad_arguments_are_refused(capsys):
+    assert modes.available_arms(["spec", "spec_nogate"]) == ["spec", "spec_nogate"]  # EngineConfig.request_gate
+    for argv in (["--modes", "beam"], ["--arms", "fast"], ["--prompts", "0"]):
+        with pytest.raises(SystemExit):
+            modes.main(argv)
+    assert "expected" in capsys.readouterr().err
