@@ -6,12 +6,18 @@ prompts into a JSONL of completions, one line per sample, written as each sample
      "finish_reason": "stop", "accepted_draft_tokens": 80, "verify_steps": 61}
 
 The last line on stderr (and ``--summary`` as JSON) gives the batch's makespan, tokens/s and MAT.
+
+Every prompt is read and checked (``prompts.py``: UTF-8, JSON, the HTTP API's chat rules, the fit in
+``--max-len``) before the engine starts, and ``--out`` is written to a temporary file beside it that
+replaces it only once the run ends: a bad input or a failed run leaves an existing ``--out`` as it was.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import tempfile
 from dataclasses import dataclass
 
 from ..config import flag
@@ -94,7 +100,7 @@ def run_generate(cfg: GenerateConfig) -> int:
     from ..config import VerifierConfig
     from ..model import load_model
     from .llm import LLM, SamplingParams
-    from .prompts import read_prompts
+    from .prompts import check_lengths, read_prompts
 
     logging.basicConfig(level="WARNING", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     params = SamplingParams(n=cfg.n, max_tokens=cfg.max_new, temperature=cfg.temperature, top_p=cfg.top_p,
@@ -107,8 +113,16 @@ def run_generate(cfg: GenerateConfig) -> int:
     prompts = read_prompts(cfg.prompts, lm.codec, lm.model.config.vocab_size, cfg.prompt_key_field)
     longest = max(len(p.prompt_ids) for p in prompts)
     kwargs["max_len"] = cfg.max_len or max(16, longest + cfg.max_new + cfg.max_budget + 2)
+    check_lengths(prompts, kwargs["max_len"], cfg.max_new)
+    out_dir = os.path.dirname(os.path.abspath(cfg.out))
+    if cfg.out != "-" and not os.path.isdir(out_dir):
+        raise ValueError(f"out: the directory {out_dir} does not exist")
     llm = LLM(cfg.model, cfg.corpus, loaded=lm, **kwargs)
-    out = sys.stdout if cfg.out == "-" else open(cfg.out, "w", encoding="utf-8")
+    if cfg.out == "-":
+        out, tmp = sys.stdout, None
+    else:  # beside --out (same file system), renamed over it once the run ends
+        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(cfg.out) + ".", suffix=".tmp", dir=out_dir)
+        out = os.fdopen(fd, "w", encoding="utf-8")
     version = None if cfg.policy_version < 0 else cfg.policy_version
     outs_keys = [p.prompt_key or default_prompt_key(p.prompt_ids) for p in prompts]
 
@@ -120,12 +134,19 @@ def run_generate(cfg: GenerateConfig) -> int:
                "accepted_draft_tokens": c.accepted_draft_tokens, "verify_steps": c.verify_steps}
         out.write(json.dumps(rec) + "\n")
 
+    done = False
     try:
         llm.generate([p.prompt_ids for p in prompts], params, prompt_keys=[p.prompt_key for p in prompts],
                      policy_version=version, use_tqdm=cfg.progress, on_done=write)
+        done = True
     finally:
-        if out is not sys.stdout:
+        if tmp is not None:
             out.close()
+            if done:
+                os.chmod(tmp, 0o644 & ~_umask())  # mkstemp makes it 0600; --out gets a plain file's mode
+                os.replace(tmp, cfg.out)
+            else:
+                os.unlink(tmp)
         llm.close()
     s = llm.last_run.as_dict()
     s.update(model=cfg.model, corpus=cfg.corpus, n=cfg.n, temperature=cfg.temperature, max_new=cfg.max_new)
@@ -136,3 +157,9 @@ def run_generate(cfg: GenerateConfig) -> int:
         with open(cfg.summary, "w", encoding="utf-8") as f:
             json.dump(s, f, indent=1)
     return 1 if s["errors"] else 0
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
