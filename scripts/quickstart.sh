@@ -13,6 +13,7 @@ ngram-corpus serve --grpc-port $GRPC_PORT --admin-port $ADMIN_PORT \
 curl -sf --retry 60 --retry-connrefused --retry-delay 1 127.0.0.1:$ADMIN_PORT/readyz; echo
 
 # 2. Upload a corpus: here one file of code (blank-line-separated text; .jsonl and token ids work too).
+#    The corpus keeps its uploads, so --replace: a second run swaps in this file instead of failing (409).
 cat > fib.py <<'EOF'
 def fibonacci(n):
     if n <= 0:
@@ -25,7 +26,7 @@ def fibonacci(n):
             fib_sequence.append(fib_sequence[i - 1] + fib_sequence[i - 2])
         return fib_sequence[n]
 EOF
-ngram-corpus upload fib.py --name code --namespace smollm2 --admin-url http://127.0.0.1:$ADMIN_PORT --quiet
+ngram-corpus upload fib.py --name code --namespace smollm2 --replace --admin-url http://127.0.0.1:$ADMIN_PORT --quiet
 
 # 3. The verifier (CPU; SmolLM2-135M-Instruct's Q4_1 GGUF in float32), drafting from the corpus' smollm2 namespace.
 ngram-verifier serve --model smollm2 --corpus 127.0.0.1:$GRPC_PORT --device cpu --port $API_PORT &
