@@ -96,7 +96,7 @@ def test_tensor_parallel_ranks_propose_identical_drafts(server):
 
     port = free_port()
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        runs = [pool.submit(run_scenario, "tp", {"rank": r, "k": 8, "port": port, "delay": 1.0}, env_for(server))
+        runs = [pool.submit(run_scenario, "tp", {"rank": r, "k": 8, "port": port, "delay": 2.0}, env_for(server))
                 for r in (0, 1)]
         r0, r1 = (f.result() for f in runs)
     assert r0["drafts"] == r1["drafts"] and r0["mask"] == r1["mask"]
