@@ -50,6 +50,15 @@ def sglang_version() -> str | None:
         return None
 
 
+def version_mismatch(version: str | None) -> str:
+    """Why SGLang ``version`` (None: not installed) is not one this plugin replaces the corpus of ('' if it is)."""
+    if version is None:
+        return "SGLang is not installed"
+    if version not in TESTED_VERSIONS:
+        return f"SGLang {version} is not a version this plugin was built for ({', '.join(TESTED_VERSIONS)})"
+    return ""
+
+
 def _params(fn) -> tuple[str, ...]:
     return tuple(p for p in inspect.signature(fn).parameters if p != "self")
 
@@ -87,10 +96,9 @@ def worker_mismatch(source: str) -> str:
 def check_engine() -> str:
     """'' when the installed SGLang is one this plugin replaces the corpus of, else why not (one line)."""
     version = sglang_version()
-    if version is None:
-        return "SGLang is not installed"
-    if version not in TESTED_VERSIONS:
-        return f"SGLang {version} is not a version this plugin was built for ({', '.join(TESTED_VERSIONS)})"
+    why = version_mismatch(version)
+    if why:
+        return why
     spec = importlib.util.find_spec(WORKER_MODULE)
     if spec is None or spec.origin is None:
         return f"SGLang {version} has no {WORKER_MODULE}"

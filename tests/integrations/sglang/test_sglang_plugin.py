@@ -11,7 +11,7 @@ import pytest
 from tests.corpus_service.service_fixtures import TOKEN, ServerProcess
 from tests.integrations.sglang.engine import ENGINE_DIR, engine_env, require_engine, run_scenario
 
-from corpus_service.integrations.sglang.compat import worker_mismatch
+from corpus_service.integrations.sglang.compat import version_mismatch, worker_mismatch
 
 REPLACED = "corpus_service.integrations.sglang.corpus.SharedNgramCorpus"
 SGLANGS = "sglang.srt.speculative.cpp_ngram.ngram_corpus.NgramCorpus"
@@ -47,6 +47,12 @@ def test_loaded_by_sglang_replaces_its_corpus(server):
     assert out["original_mismatch"] == ""  # SGLang 0.5.23's own class is the one it was built for
     assert "sam_threads" in out["wider_mismatch"]
     assert "Applied 1 hook(s) to " + SGLANGS in out["stderr"]
+
+
+def test_another_sglang_version_is_refused():
+    assert version_mismatch("0.5.23") == ""
+    assert version_mismatch("0.5.24") == "SGLang 0.5.24 is not a version this plugin was built for (0.5.23)"
+    assert version_mismatch(None) == "SGLang is not installed"
 
 
 def test_a_different_worker_is_refused():
