@@ -515,15 +515,68 @@ async def run_epoch_requests(urls: list[str], prompts: list[Sample], args: argpa
             return {"end": end, "latency": end - t, "tokens": u["completion_tokens"],
                     "steps": u.get("verify_steps", 0), "accepted": u.get("accepted_draft_tokens", 0)}
 
+        async def counters() -> dict[str, float]:  # the replicas' engine counters, summed
+            out: dict[str, float] = {}
+            for text in await asyncio.gather(*(fetch_text(http, u + "/metrics") for u in urls)):
+                add_counters(text, out)
+            return out
+
+        n = len(prompts) * args.samples
+        bulk_live = args.phase_live * len(urls)  # the bulk phase: more than --phase-live requests per replica
+        live = {"n": n, "t": None, "task": None}
+
+        async def tracked(p: Sample, s: int) -> dict:
+            d = await one(p, s)
+            live["n"] -= 1
+            if live["n"] <= bulk_live and live["task"] is None:
+                live["t"] = time.perf_counter()
+                live["task"] = asyncio.ensure_future(counters())
+            return d
+
+        c0 = await counters()
         t0 = time.perf_counter()
-        done = await asyncio.gather(*(one(p, s) for p in prompts for s in range(args.samples)))
+        done = await asyncio.gather(*(tracked(p, s) for p in prompts for s in range(args.samples)))
+        c2 = await counters()
+        c1 = await live["task"] if live["task"] is not None else c0
+        t1 = live["t"] if live["t"] is not None else t0
     makespan = max(d["end"] for d in done) - t0
+    phases = {"bulk": phase_stats(c0, c1, t1 - t0, [d for d in done if d["end"] <= t1]),
+              "tail": phase_stats(c1, c2, makespan - (t1 - t0), [d for d in done if d["end"] > t1])}
     tokens = sum(d["tokens"] for d in done)
     steps = sum(d["steps"] for d in done)
     accepted = sum(d["accepted"] for d in done)
     return {"makespan_s": makespan, "tokens": tokens, "tokens_per_s": tokens / max(makespan, 1e-9),
             "mat": (steps + accepted) / steps if steps else 1.0, "requests": len(done),
-            "p50_latency_s": float(np.median([d["latency"] for d in done]))}
+            "p50_latency_s": float(np.median([d["latency"] for d in done])),
+            # Where the makespan went (issue 43): while more than --phase-live requests per replica
+            # were live (bulk) and after (tail); the replicas' /metrics read at the boundary.
+            "phase_live_per_replica": args.phase_live, "phases": phases}
+
+
+async def fetch_text(http, url: str) -> str:
+    async with http.get(url) as r:
+        return await r.text()
+
+
+def phase_stats(before: dict[str, float], after: dict[str, float], seconds: float, finished: list[dict]) -> dict:
+    """One phase of an epoch: its seconds, the replicas' engine steps and their tokens, draft nodes
+    (the budget spent) and accepted drafts between two counter readings, and the requests that
+    finished in it (their own MAT: output tokens over their verify steps)."""
+    def d(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    steps = d("ngram_verifier_steps_total")
+    gen, drafted = d("ngram_verifier_generated_tokens_total"), d("ngram_verifier_draft_tokens_total")
+    req_steps = sum(x["steps"] for x in finished)
+    switches = sum(after.get(k, 0.0) - before.get(k, 0.0) for k in after
+                   if k.startswith("ngram_verifier_budget_plain_switches"))
+    return {"seconds": round(seconds, 3), "engine_steps": int(steps),
+            "step_ms": round(1e3 * d("ngram_verifier_step_seconds_total") / steps, 3) if steps else None,
+            "tokens": int(gen), "tokens_per_engine_step": round(gen / steps, 2) if steps else None,
+            "draft_nodes_per_engine_step": round(drafted / steps, 2) if steps else None,
+            "acceptance": round(d("ngram_verifier_accepted_draft_tokens_total") / drafted, 3) if drafted else None,
+            "plain_switches": int(switches), "requests_finished": len(finished),
+            "finished_mat": round(sum(x["tokens"] for x in finished) / req_steps, 3) if req_steps else None}
 
 
 def hash_key(key: str) -> int:
@@ -585,22 +638,29 @@ def fleet_arm(arm: str, prompts: list[Sample], args: argparse.Namespace, work: P
 # often drafting was on, to read a makespan ratio by.
 REPLICA_COUNTERS = ("ngram_verifier_steps", "ngram_verifier_step_seconds", "ngram_verifier_generated_tokens",
                     "ngram_verifier_draft_tokens", "ngram_verifier_accepted_draft_tokens",
-                    "ngram_verifier_budget_plain_switches")
+                    "ngram_verifier_budget_plain_switches", "ngram_verifier_budget_request_steps_no_draft")
+
+
+def add_counters(text: str, out: dict[str, float]) -> dict[str, float]:
+    """REPLICA_COUNTERS of one replica's /metrics ``text`` added into ``out`` (label values in the key)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for fam in text_string_to_metric_families(text):
+        if fam.name in REPLICA_COUNTERS:
+            for sample in fam.samples:
+                if sample.name.endswith("_created"):
+                    continue
+                key = sample.name + "".join(f"_{v}" for v in sample.labels.values())
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
 
 
 def replica_metrics(urls: list[str]) -> dict:
     import httpx
-    from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, float] = {}
     for u in urls:
-        for fam in text_string_to_metric_families(httpx.get(u + "/metrics", timeout=30).text):
-            if fam.name in REPLICA_COUNTERS:
-                for sample in fam.samples:
-                    if sample.name.endswith("_created"):
-                        continue
-                    key = sample.name + "".join(f"_{v}" for v in sample.labels.values())
-                    out[key] = out.get(key, 0.0) + sample.value
+        add_counters(httpx.get(u + "/metrics", timeout=30).text, out)
     steps = out.get("ngram_verifier_steps_total", 0.0)
     if steps:
         out["seconds_per_step"] = out.get("ngram_verifier_step_seconds_total", 0.0) / steps
@@ -754,6 +814,8 @@ def main(argv: list[str] | None = None) -> dict:
     fp.add_argument("--no-history-fields", action="store_true",
                     help="send no prompt_key/policy_version (a verifier without the extension fields)")
     fp.add_argument("--verifier-arg", action="append", default=[], help="an extra flag for every replica (repeatable)")
+    fp.add_argument("--phase-live", type=int, default=32,
+                    help="live requests per replica above which an epoch is in its bulk phase (its tail after)")
     fp.add_argument("--start-timeout-s", type=float, default=600.0)
     fp.add_argument("--request-timeout-s", type=float, default=1800.0)
     fp.add_argument("--out", default=str(REPO / "bench" / "results" / "rollouts_fleet.json"))

@@ -121,6 +121,21 @@ def test_fleet_merge_joins_arms_of_one_schedule(tmp_path):
 
 
 @pytest.mark.slow
+def test_phase_stats_split_counters_and_requests():
+    before = {"ngram_verifier_steps_total": 10, "ngram_verifier_generated_tokens_total": 100,
+              "ngram_verifier_draft_tokens_total": 50, "ngram_verifier_accepted_draft_tokens_total": 20,
+              "ngram_verifier_step_seconds_total": 1.0, "ngram_verifier_budget_plain_switches_total_cost": 1}
+    after = {"ngram_verifier_steps_total": 30, "ngram_verifier_generated_tokens_total": 160,
+             "ngram_verifier_draft_tokens_total": 90, "ngram_verifier_accepted_draft_tokens_total": 30,
+             "ngram_verifier_step_seconds_total": 1.1, "ngram_verifier_budget_plain_switches_total_cost": 3}
+    st = rollouts.phase_stats(before, after, 0.5, [{"tokens": 12, "steps": 8}, {"tokens": 6, "steps": 4}])
+    assert st["engine_steps"] == 20 and st["step_ms"] == pytest.approx(5.0) and st["tokens"] == 60
+    assert st["tokens_per_engine_step"] == 3.0 and st["draft_nodes_per_engine_step"] == 2.0
+    assert st["acceptance"] == 0.25 and st["plain_switches"] == 2
+    assert st["requests_finished"] == 2 and st["finished_mat"] == 1.5
+    assert rollouts.phase_stats({}, {}, 0.0, [])["tokens_per_engine_step"] is None  # nothing ran: no ratio
+
+
 def test_fleet_runs_real_replicas_on_the_cpu(tmp_path):
     """The fleet orchestration end to end at toy scale: a real corpus service, a real verifier replica
     (SmolLM2 on the CPU) serving 2 epochs, the second with new weights pushed in place (POST
@@ -130,13 +145,22 @@ def test_fleet_runs_real_replicas_on_the_cpu(tmp_path):
     res = rollouts.main(["fleet", "--device", "cpu", "--dtype", "float32", "--replicas", "1", "--samples", "2",
                          "--prompts", "1", "--epochs", "2", "--max-tokens", "6", "--max-batch", "2", "--max-len", "512",
                          "--budget", "4", "--verifier-arg=--budget=4", "--arms", "shared", "none",
-                         "--start-timeout-s", "300", "--out", str(out)])
+                         "--phase-live", "1", "--start-timeout-s", "300", "--out", str(out)])
     assert json.loads(out.read_text())["ratios"] == res["ratios"]
     for arm in ("shared", "none"):
         for epoch in ("0", "1"):
             e = res["arms"][arm]["epochs"][epoch]
             assert e["requests"] == 2 and 0 < e["tokens"] <= 12 and e["makespan_s"] > 0
     assert res["arms"]["none"]["epochs"]["1"]["mat"] == 1.0  # no speculation
+    # The epoch's phases: while more than 1 request was live (bulk), then the tail; the replica's
+    # /metrics read at the boundary split its engine steps and tokens between them.
+    for arm in ("shared", "none"):
+        e = res["arms"][arm]["epochs"]["1"]
+        bulk, tail = e["phases"]["bulk"], e["phases"]["tail"]
+        assert bulk["requests_finished"] + tail["requests_finished"] == 2 and tail["requests_finished"] >= 1
+        assert bulk["seconds"] + tail["seconds"] == pytest.approx(e["makespan_s"], abs=2e-3)
+        assert bulk["engine_steps"] + tail["engine_steps"] > 0 and bulk["tokens"] + tail["tokens"] >= e["tokens"]
+    assert res["arms"]["none"]["epochs"]["1"]["phases"]["bulk"]["draft_nodes_per_engine_step"] in (0.0, None)
     assert res["arms"]["shared"]["epochs"]["1"]["mat"] >= 1.0
     assert res["ratios"]["makespan_none_over_shared"] > 0
     assert res["arms"]["shared"]["epochs"]["1"]["policy_update_s"] > 0
