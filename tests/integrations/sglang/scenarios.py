@@ -109,7 +109,10 @@ def s_load(args: dict) -> dict:
 
 
 def s_replicas(args: dict) -> dict:
+    from sglang.srt.speculative.cpp_ngram.ngram_corpus import NgramCorpus as original  # before the plugin runs
+
     cls, k = load(), args["k"]
+    sglang_d, sglang_m = build(original, k).batch_get(["x"], [[7, 8, 9]], [3])  # SGLang's own, with nothing known
     a, b = build(cls, k), build(cls, k)
     seed = 1000 * args.get("seed", 0)  # tests that share one server use their own sequences
     prompt, output = sequence(seed + 1, 40), sequence(seed + 2, 60)
@@ -131,6 +134,8 @@ def s_replicas(args: dict) -> dict:
     stats2 = {key: service.stats()[key] for key in history}
     return {"before": sum(before), "taught": sum(taught), "learned": sum(learned), "steps_b": len(learned),
             "empty_drafts": d.tolist(), "empty_mask": m.tolist(), "cls": type(a).__name__,
+            "sglang_empty": [sglang_d.dtype.name, sglang_d.tolist(), sglang_m.dtype.name, sglang_m.tolist()],
+            "empty_dtypes": [d.dtype.name, m.dtype.name],
             "stats_a": a.stats(), "stats_b": b.stats(), "history": [stats0, stats1, stats2]}
 
 

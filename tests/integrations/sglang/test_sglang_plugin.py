@@ -79,7 +79,9 @@ def test_two_replicas_draft_each_others_tokens(server, k):
     assert after_a["history_rollouts_added"] == before["history_rollouts_added"] + 1
     assert after_b["source_history_age0_tested_nodes"] > after_a["source_history_age0_tested_nodes"]
     drafts, mask = out["empty_drafts"], out["empty_mask"]
-    assert len(drafts) == k and drafts[0] == 9 and len(mask) == k * k  # nothing known: K tokens all the same
+    assert len(drafts) == k and drafts[0] == 9 and len(mask) == k * k
+    # Nothing known: what SGLang's own corpus returns, value for value and dtype for dtype.
+    assert [out["empty_dtypes"][0], drafts, out["empty_dtypes"][1], mask] == out["sglang_empty"]
 
 
 def test_external_corpus_added_through_one_replica_drafts_on_another(server):
