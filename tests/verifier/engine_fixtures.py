@@ -23,20 +23,20 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}  # the headers of an admin rout
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS)
 
 
-def engine(lm, drafter: Drafter | None, budget: int = 7, max_batch: int = 4, **config) -> Engine:
-    return Engine(lm.model, lm.codec, drafter, EngineConfig(max_batch=max_batch, max_len=640,
+def engine(lm, drafter: Drafter | None, budget: int = 7, max_batch: int = 4, max_len: int = 640, **config) -> Engine:
+    return Engine(lm.model, lm.codec, drafter, EngineConfig(max_batch=max_batch, max_len=max_len,
                                                            budget=budget if drafter else 0, max_budget=15, **config))
 
 
 @contextlib.contextmanager
 def serve_api(lm, budget: int, timeout: float = 120, drafter: Drafter | None = None, weights_from: str | None = None,
-              weights_dir: str = "", policy_version: bool = False, api_key: str = ""):
+              weights_dir: str = "", policy_version: bool = False, api_key: str = "", max_len: int = 640):
     """A real uvicorn server on a 127.0.0.1 ephemeral port over an engine with the local corpus (or
     ``drafter``); yields an httpx client for it. ``weights_from``: POST /v1/update-weights on, with
     this model spec as the default source of new weights (and others from ``weights_dir``);
     ``policy_version``: POST /v1/policy-version on. Both need the ``ADMIN`` headers."""
     drafter = drafter or Drafter(vocab_size=lm.model.config.vocab_size)
-    loop = EngineLoop(engine(lm, drafter, budget=budget)).start()
+    loop = EngineLoop(engine(lm, drafter, budget=budget, max_len=max_len)).start()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     announcer = PolicyAnnouncer(drafter)
