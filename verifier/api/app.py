@@ -144,8 +144,20 @@ def create_app(loop: EngineLoop, model_name: str, api_key: str = "", announcer: 
         metrics.requests.labels("/v1/update-weights", "200").inc()
         return out
 
+    async def _left(request: Request, route: str) -> Response | None:
+        """A 499 (which nobody reads) if the client has left already: a flood of requests sent and
+        dropped costs no parsing, tokenizing or queueing (lifecycle.py)."""
+        await request.body()  # (read once: parse_body takes the same bytes)
+        if not await life.left(request):
+            return None
+        life.abandoned.labels(route).inc()
+        metrics.requests.labels(route, "499").inc()
+        return Response(status_code=499)
+
     @app.post("/v1/completions", dependencies=auth)
     async def completions(request: Request):
+        if (gone := await _left(request, "/v1/completions")) is not None:
+            return gone
         body = await parse_body(request, CompletionRequest)
         if isinstance(body.prompt, str):
             prompt_ids = codec.encode(body.prompt)
@@ -155,6 +167,8 @@ def create_app(loop: EngineLoop, model_name: str, api_key: str = "", announcer: 
 
     @app.post("/v1/chat/completions", dependencies=auth)
     async def chat(request: Request):
+        if (gone := await _left(request, "/v1/chat/completions")) is not None:
+            return gone
         body = await parse_body(request, ChatCompletionRequest)
         try:
             text = codec.apply_chat_template([m.for_template() for m in body.messages])
@@ -180,6 +194,8 @@ def create_app(loop: EngineLoop, model_name: str, api_key: str = "", announcer: 
             return _error(400, f"stop_token_ids: {bad[0]} is outside the vocabulary [0, {vocab})", "stop_token_ids")
         if weights.updating:  # held until the new weights are in (and the running requests drained)
             await weights.admit()
+        if (gone := await _left(request, route)) is not None:  # (it may have left while its prompt was read)
+            return gone
         try:
             params: SamplingParams = body.sampling(min(DEFAULT_MAX_TOKENS, room))
             k = body.samples()
