@@ -21,6 +21,11 @@ from .body import ApiError
 from .schemas import MAX_POLICY_VERSION
 
 
+# With --corpus local, the step the corpus service allows by default (its --max-policy-version-step):
+# versions never go back, so one absurd announcement would fix the in-process corpus' version.
+MAX_LOCAL_STEP = 1 << 20
+
+
 class PolicyVersionRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -42,6 +47,10 @@ class PolicyAnnouncer:
         if d is None:
             raise ApiError(409, "policy-version: this verifier has no corpus (--corpus none)", "version")
         if d.target == "local":
+            current = d.local.policy_version()
+            if version - current > MAX_LOCAL_STEP:
+                raise ApiError(400, f"version: {version} is {version - current} ahead of the current {current}; one "
+                               f"announcement moves it at most {MAX_LOCAL_STEP} forward", "version", "bad_policy_version")
             try:
                 return {"version": d.local.announce_policy_version(version), "corpus": "local"}
             except ValueError as e:

@@ -140,8 +140,10 @@ def test_policy_version_route_moves_forward_only(served):
     assert r.json() == {"version": current + 2, "corpus": "local"} and drafter.local.policy_version() == current + 2
     stale = api.post("/v1/policy-version", json={"version": current + 1}, headers=ADMIN)
     assert stale.status_code == 409 and "older" in stale.json()["error"]["message"], stale.text
-    for bad in ({}, {"version": -1}, {"version": 1, "extra": 1}, {"version": True}, {"version": 2**70}):
+    for bad in ({}, {"version": -1}, {"version": 1, "extra": 1}, {"version": True}, {"version": 2**70},
+                {"version": current + 2 + (1 << 20) + 1}, {"version": (1 << 62) - 1}):  # (the last two: too far)
         assert api.post("/v1/policy-version", json=bad, headers=ADMIN).status_code == 400
+    assert drafter.local.policy_version() == current + 2
     # A request without a version is sampled by the announced one.
     drafter.history.clear()
     r = api.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, "temperature": 0, "prompt_key": "v-test"})
