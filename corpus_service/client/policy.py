@@ -14,6 +14,26 @@ from corpus_service.engine.prompt_keys import check_policy_version
 from corpus_service.protocol import arrays
 from corpus_service.protocol.status import CorpusError, code_from_value, to_exception
 
+# Keepalive: a client pings its connection every KEEPALIVE_TIME_MS, calls or none, so that a
+# server that went away (or a NAT that forgot the flow) is noticed in seconds, not at the next
+# call's deadline. Both ends must agree: gRPC's server defaults take one ping per 5 minutes without
+# data and answer the third early one with a "too_many_pings" GOAWAY (the verifier's corpus client
+# got one). The corpus server accepts pings twice as often as this
+# (corpus_service/server/grpc_server.py keepalive_options; tests/corpus_service/test_keepalive.py).
+KEEPALIVE_TIME_MS = 30_000
+KEEPALIVE_TIMEOUT_MS = 10_000  # a ping unanswered this long: the connection is dead
+
+
+def keepalive_options(time_ms: int = KEEPALIVE_TIME_MS, timeout_ms: int = KEEPALIVE_TIMEOUT_MS) -> tuple:
+    """A client channel's keepalive options (time_ms: a test's shorter interval)."""
+    if not (isinstance(time_ms, int) and isinstance(timeout_ms, int) and time_ms >= 1 and timeout_ms >= 1):
+        raise ValueError(f"keepalive: expected positive int milliseconds, got time {time_ms!r}, timeout {timeout_ms!r}")
+    return (("grpc.keepalive_time_ms", time_ms),
+            ("grpc.keepalive_timeout_ms", timeout_ms),
+            ("grpc.keepalive_permit_without_calls", 1),  # an idle channel is checked too
+            ("grpc.http2.max_pings_without_data", 0))  # (default 2: pinging would stop on an idle stream)
+
+
 # Reconnect quickly after a server restart (gRPC's default backoff starts at 1 s and grows to 120 s).
 CHANNEL_OPTIONS = (
     ("grpc.initial_reconnect_backoff_ms", 50),
@@ -21,8 +41,7 @@ CHANNEL_OPTIONS = (
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.max_receive_message_length", 64 << 20),
     ("grpc.max_send_message_length", 64 << 20),
-    ("grpc.keepalive_time_ms", 30_000),
-)
+) + keepalive_options()
 
 
 def stats_of(ns: pb.NamespaceStats) -> dict[str, int | float]:

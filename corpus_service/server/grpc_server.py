@@ -19,6 +19,7 @@ import numpy as np
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2_grpc as pb_grpc
 from corpus_service.admin.catalog import Catalog
+from corpus_service.client.policy import KEEPALIVE_TIME_MS
 from corpus_service.names import check_corpus_name
 from corpus_service.protocol import arrays
 from corpus_service.protocol.status import CorpusError, DraftRefused, message_for, status_for
@@ -32,6 +33,17 @@ from corpus_service.server.state import ServiceState
 
 log = logging.getLogger("corpus_service.server")
 MAX_CLIENT_ID_CHARS = 128
+
+
+def keepalive_options(client_time_ms: int = KEEPALIVE_TIME_MS) -> list[tuple[str, int]]:
+    """What the server accepts of its clients' keepalive pings (corpus_service/client/policy.py):
+    pings on idle connections, as often as every half of the clients' interval (timers drift), so
+    that a client's pings never count as strikes towards a "too_many_pings" GOAWAY."""
+    return [("grpc.keepalive_permit_without_calls", 1),
+            # (the receiving side's limit, the one gRPC's servers enforce; a sender's own is
+            # grpc.http2.min_time_between_pings_ms)
+            ("grpc.http2.min_ping_interval_without_data_ms", max(1, client_time_ms // 2)),
+            ("grpc.http2.max_ping_strikes", 2)]
 
 
 def _unary(method: Callable) -> Callable:

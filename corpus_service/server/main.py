@@ -33,7 +33,7 @@ from corpus_service.security.auth import AuthInterceptor
 from corpus_service.security.config import security_warnings
 from corpus_service.security.tls import server_credentials
 from corpus_service.server.config import ServiceConfig, deprecations
-from corpus_service.server.grpc_server import CorpusServicer
+from corpus_service.server.grpc_server import CorpusServicer, keepalive_options
 from corpus_service.server.handlers import add_corpus_servicer
 from corpus_service.server.state import ServiceState
 
@@ -106,6 +106,7 @@ class CorpusService:
                 ("grpc.max_send_message_length", cfg.max_message_bytes),
                 ("grpc.so_reuseport", 0)]  # two servers must never share a port by accident
         opts += connection_age_options(cfg.grpc_max_connection_age_s)
+        opts += keepalive_options()  # what the clients' keepalive pings need (no too_many_pings GOAWAY)
         interceptors = []
         # Client tokens: every call needs one. Only the admin token: the admin methods need it. Neither:
         # gRPC stays open and pays nothing.
