@@ -11,7 +11,8 @@ at request time for what only llguidance can tell.
   resolve, and no recursion through ``$ref`` (a schema that refers to itself or to one of its
   ancestors): llguidance's JSON compiler expands references, and recursive ones make either a
   language with no finite document or one the lexer cannot bound.
-- Regexes (``regex`` and the ``pattern`` of a schema string are llguidance's lexer): each
+- Regexes (``regex``, the ``pattern`` of a schema string, and an ``ebnf`` grammar's repetitions, Lark's
+  ``~ n..m`` included, are llguidance's lexer): each
   repetition count ``{m,n}`` at most ``MAX_REPEAT``, and counts of nested groups multiplied at most
   ``MAX_REPEAT_PRODUCT`` (``a{1000000}`` costs ~0.35 s of lexer building per request on the CPU and
   grows linearly; ``a{10000}`` ~13 ms).
@@ -27,6 +28,7 @@ MAX_REPEAT = 10_000  # one {m,n} count
 MAX_REPEAT_PRODUCT = 100_000  # counts of nested repetitions multiplied
 
 _COUNT = re.compile(r"\{(\d*)(?:,(\d*))?\}")
+_LARK_COUNT = re.compile(r"~\s*(\d+)(?:\s*\.\.\s*(\d+))?")  # Lark's "x ~ n" / "x ~ n..m"
 
 
 def check_schema(schema: object, what: str = "json_schema") -> None:
@@ -114,6 +116,18 @@ def _find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
                 path.append(nxt)
                 iters.append(iter(sorted(edges.get(nxt, ()))))
     return None
+
+
+def check_grammar(source: str, what: str = "ebnf") -> None:
+    """A GBNF or Lark grammar's repetitions: ``{m,n}`` (GBNF, and inside Lark's /regex/ literals) as
+    check_regex counts them, and Lark's ``~ n..m``, each at most MAX_REPEAT. The grammar is scanned as
+    one regex, without parsing its quoted literals: a literal such as ``"{20000}"`` is refused too, and
+    one such as ``"["`` can hide the counts after it (llguidance's own limits still bound those)."""
+    check_regex(source, what)
+    for m in _LARK_COUNT.finditer(source):
+        top = max(int(g) for g in m.groups() if g)
+        if top > MAX_REPEAT:
+            raise ValueError(f"{what}: repetition count {top} is above the limit of {MAX_REPEAT}")
 
 
 def check_regex(source: str, what: str = "regex") -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from .spec_limits import check_regex, check_schema
+from .spec_limits import check_grammar, check_regex, check_schema
 
 KINDS = ("json_schema", "json_object", "regex", "ebnf")
 MAX_SOURCE_CHARS = 1 << 18  # a schema or grammar larger than this is refused before compiling
@@ -40,6 +40,8 @@ class GrammarSpec:
             check_schema(schema)  # depth, $ref recursion, patterns (spec_limits.py)
         if self.kind == "regex":
             check_regex(self.source)
+        if self.kind == "ebnf":
+            check_grammar(self.source)
 
     @classmethod
     def json_schema(cls, schema: dict | bool | str) -> "GrammarSpec":

@@ -105,6 +105,9 @@ def test_a_prompt_that_fills_the_context_says_so(api):
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": {
         "type": "string", "pattern": "x{50000}"}}}}, ["pattern", "50000"]),
     ({"ebnf": "root ::= root"}, ["no finite output"]),
+    ({"ebnf": 'root ::= "a"{1000000}'}, ["ebnf: repetition count 1000000"]),
+    ({"ebnf": "start: /(a{1000}){1000}/"}, ["ebnf: nested repetition counts multiply"]),
+    ({"ebnf": 'start: "a" ~ 2000000'}, ["ebnf: repetition count 2000000"]),
     ({"regex": "("}, ["regex"]),
 ])
 def test_structured_output_specs_that_cannot_work_are_400_at_request_time(api, extra, words):
