@@ -172,19 +172,16 @@ class VerifierConfig:
         self.lifecycle_config()
 
     def startup_warnings(self) -> list[str]:
-        """What ``serve`` logs loudly at start: settings that are allowed but dangerous."""
-        out = []
-        if not is_loopback(self.host) and not self.api_key:
-            out.append(f"the API on {self.host} is open to anyone who can reach it ({ENV_PREFIX}ALLOW_OPEN=1, "
-                       "no --api-key)")
-            if self.allow_weight_updates or self.allow_policy_version:
-                out.append("... and it accepts "
-                           + " and ".join(r for r, on in (("weight updates", self.allow_weight_updates),
-                                                          ("policy-version announcements", self.allow_policy_version))
-                                          if on)
-                           + ": only --admin-key stands between the network and the served weights and the corpus "
-                           "namespace's version")
-        return out
+        """What ``serve`` logs loudly at start: an open API off loopback (NGRAM_VERIFIER_ALLOW_OPEN=1, no
+        --api-key; docker-compose's verifier, published on loopback by the host) that also takes
+        weight updates or policy-version announcements."""
+        routes = [r for r, on in (("weight updates", self.allow_weight_updates),
+                                  ("policy-version announcements", self.allow_policy_version)) if on]
+        if is_loopback(self.host) or self.api_key or not routes:
+            return []
+        return [f"the API on {self.host} is open to anyone who can reach it ({ENV_PREFIX}ALLOW_OPEN=1, no --api-key) "
+                f"and accepts {' and '.join(routes)}: only --admin-key stands between the network and the served "
+                "weights and the corpus namespace's version"]
 
     def namespace_for(self, served_model_name: str) -> str:
         """The corpus namespace this verifier drafts from: --corpus-namespace, or by default the one

@@ -25,9 +25,11 @@ def test_admin_routes_need_their_own_key(tmp_path):
 def test_open_mode_with_admin_routes_warns(monkeypatch):
     assert VerifierConfig(allow_weight_updates=True, admin_key="a").startup_warnings() == []  # loopback
     monkeypatch.setenv("NGRAM_VERIFIER_ALLOW_OPEN", "1")
-    plain = VerifierConfig(host="0.0.0.0").startup_warnings()
-    assert len(plain) == 1 and "open to anyone" in plain[0]
+    assert VerifierConfig(host="0.0.0.0").startup_warnings() == []  # open, but nothing of the admin's
     both = VerifierConfig(host="0.0.0.0", allow_weight_updates=True, allow_policy_version=True,
                           admin_key="a").startup_warnings()
-    assert len(both) == 2 and "weight updates and policy-version announcements" in both[1]
+    assert len(both) == 1 and "open to anyone" in both[0]
+    assert "weight updates and policy-version announcements" in both[0]
+    one = VerifierConfig(host="0.0.0.0", allow_weight_updates=True, admin_key="a").startup_warnings()
+    assert len(one) == 1 and "accepts weight updates:" in one[0]
     assert VerifierConfig(host="0.0.0.0", api_key="k", allow_weight_updates=True, admin_key="a").startup_warnings() == []
