@@ -78,6 +78,9 @@ class GenerateConfig:
             raise ValueError(f"policy_version: expected -1 or an int in [0, 2^62), got {self.policy_version}")
         if self.max_len and not 16 <= self.max_len <= 1 << 20:
             raise ValueError(f"max_len: expected 0 or 16..2^20, got {self.max_len}")
+        for name, lo in (("top_k", 0), ("max_new", 1)):  # the engine's tensors and C++ hold them as int32/int64
+            if not lo <= getattr(self, name) < 2**31:
+                raise ValueError(f"{name}: expected an int in [{lo}, 2^31), got {getattr(self, name)}")
         if self.tail_requests < -1:
             raise ValueError(f"tail_requests: expected -1, 0 or more, got {self.tail_requests}")
 

@@ -12,6 +12,7 @@ from tiny_lm import tiny_lm
 
 from tests.conftest import REPO
 from tests.verifier.generate.test_generate_cli import _has_smollm2
+from verifier.generate.cli import GenerateConfig
 from verifier.generate.prompts import Prompt, check_lengths, read_prompts
 
 V = 16
@@ -72,3 +73,9 @@ def test_the_cli_leaves_an_existing_out_file_alone_on_bad_input(tmp_path):
         assert "Traceback" not in p.stderr
         assert out.read_text() == "earlier results\n"
     assert sorted(f.name for f in tmp_path.iterdir()) == ["out.jsonl", "prompts.jsonl"]  # no temporary file
+
+
+@pytest.mark.parametrize("field,value", [("top_k", 2**63), ("max_new", 2**31), ("top_k", -1), ("max_new", 0)])
+def test_integer_flags_out_of_range_are_refused(field, value):
+    with pytest.raises(ValueError, match=field):
+        GenerateConfig(prompts="p.jsonl", out="o.jsonl", **{field: value})
