@@ -31,7 +31,8 @@ def test_low_acceptance_is_held_off_per_request_and_counted():
     gate = RequestGate(stats)
     drafted_steps(gate, "repeats", 3, rg.MIN_DRAFTED)  # accepts 3 per drafted step
     drafted_steps(gate, "penalised", 0, rg.MIN_DRAFTED)  # accepts nothing
-    # A drafting step costs 1.5x a plain one: 1 + 3 pays for it, 1 + 0 does not.
+    # A drafting step costs 1.5x a plain one: each of the two requests' share is 0.25 step; 3 tokens
+    # pay for it, 0 do not.
     assert gate.select(["repeats", "penalised"], 1.5) == [True, False]
     assert gate.held("penalised") and not gate.held("repeats")
     assert stats.request_switches_acceptance == 1 and stats.request_steps_held == 1
@@ -46,6 +47,10 @@ def test_the_cost_ratio_decides_where_it_is_known():
     assert gate.gain("a") == pytest.approx(1.0)
     assert gate.select(["a"], 1.9) == [True]  # 2 tokens per drafted step pay for a step 1.9x as long
     assert gate.select(["a"], 2.2) == [False]  # not for one 2.2x as long (a grammar mask per node)
+    # In a batch the extra step time is shared: 1 token per drafted step pays for a share of 2.2x / 8.
+    assert gate.select([f"b{i}" for i in range(7)] + ["a"], 2.2)[-1] is True
+    drafted_steps(gate, "low", 0.1, rg.MIN_DRAFTED)  # 0.1 tokens: not for a share of 0.9 / 8
+    assert gate.select([f"b{i}" for i in range(7)] + ["low"], 1.9)[-1] is False
     # Without a measured ratio only a request that accepts almost nothing is held off.
     gate2 = RequestGate(BudgetStats())
     drafted_steps(gate2, "b", 0, rg.MIN_DRAFTED)
