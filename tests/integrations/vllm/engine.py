@@ -1,7 +1,9 @@
 """vLLM 0.33.0 for the plugin's tests: installed beside the venv by ``scripts/install_vllm.sh``
 (``.engines/vllm``, ``.engines/arctic``) and run in processes of its own (``scenarios.py``), so
 vLLM and its modules never enter the test process. Without the folders the tests skip, saying how
-to install them; under CI (which runs the install script) they fail instead."""
+to install them: CI does not install vLLM (over 1 GB of downloads and a native build, about 5
+minutes on the 2-core machine, docs/vllm.md), so there they skip too unless
+``NGRAM_REQUIRE_VLLM=1`` says that the install ran, which turns a missing folder into a failure."""
 
 from __future__ import annotations
 
@@ -23,8 +25,8 @@ def require_vllm() -> None:
     if not missing:
         return
     why = f"vLLM 0.33.0 is not installed ({', '.join(missing)} missing): run `{INSTALL}`"
-    if os.environ.get("CI"):
-        pytest.fail(why + " (.ci/run installs it)")
+    if os.environ.get("NGRAM_REQUIRE_VLLM") == "1":
+        pytest.fail(why + " (NGRAM_REQUIRE_VLLM=1)")
     pytest.skip(why)
 
 
