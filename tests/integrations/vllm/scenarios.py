@@ -198,7 +198,8 @@ def tp_rank(workdir: Path, rank: int, port: int, target: str, shared: list[int])
 
 
 def scenario_loader(workdir: Path) -> dict:
-    """Without NGRAM_CORPUS_TARGET, then (a fresh load) with an unusable value: vLLM's class stays."""
+    """Without NGRAM_CORPUS_TARGET, then (fresh loads) with an unusable value and on a proposer whose
+    ``propose`` has other parameters: vLLM's class stays."""
     import vllm.plugins
     from vllm.v1.spec_decode import suffix_decoding
 
@@ -212,7 +213,17 @@ def scenario_loader(workdir: Path) -> dict:
     os.environ.update(NGRAM_CORPUS_TARGET="127.0.0.1:1", NGRAM_CORPUS_TIMEOUT="soon")
     vllm.plugins.load_general_plugins()
     bad = {"line": plugin.last_outcome, "unchanged": suffix_decoding.SuffixDecodingProposer is original}
-    return {"unset": unset, "bad": bad}
+
+    class Changed(original):  # a vLLM whose propose lost a parameter
+        def propose(self, num_speculative_tokens, input_batch, sampled_token_ids):
+            return []
+
+    suffix_decoding.SuffixDecodingProposer = Changed
+    vllm.plugins.plugins_loaded, plugin.last_outcome = False, ""
+    os.environ.pop("NGRAM_CORPUS_TIMEOUT")
+    vllm.plugins.load_general_plugins()
+    changed = {"line": plugin.last_outcome, "unchanged": suffix_decoding.SuffixDecodingProposer is Changed}
+    return {"unset": unset, "bad": bad, "changed": changed}
 
 
 def scenario_runner(workdir: Path) -> dict:

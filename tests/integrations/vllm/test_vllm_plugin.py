@@ -12,11 +12,13 @@ from tests.integrations.vllm.scenarios import K
 pytestmark = pytest.mark.slow
 
 
-def test_loader_leaves_vllm_alone_without_target_or_with_a_bad_value(tmp_path):
+def test_loader_leaves_vllm_alone_without_target_with_a_bad_value_or_another_signature(tmp_path):
     res = run_scenario("loader", tmp_path)
     assert res["unset"]["unchanged"] and "NGRAM_CORPUS_TARGET is not set" in res["unset"]["line"]
     assert res["bad"]["unchanged"] and "NGRAM_CORPUS_TIMEOUT" in res["bad"]["line"]
     assert "keeps its own suffix speculation" in res["bad"]["line"]
+    changed = res["changed"]
+    assert changed["unchanged"] and "propose('self', 'num_speculative_tokens', 'input_batch', 'sampled_token_ids')" in changed["line"]
 
 
 def test_the_runner_builds_the_plugins_proposer(tmp_path):
