@@ -48,6 +48,8 @@ __all__ = ["Engine", "EngineConfig", "EngineStats", "graph_prefill_chunks", "pre
 
 log = logging.getLogger(__name__)
 
+CPU_PREFILL_TOKENS = 512
+
 
 class Engine(Prefill, Verify, Sampled, Commits, Overlap):
     def __init__(self, model: Transformer, codec: TextCodec, drafter: Drafter | None,
@@ -121,6 +123,10 @@ class Engine(Prefill, Verify, Sampled, Commits, Overlap):
         self._budget_now: tuple[int, int] | None = None  # (batch size, budget) decided by _overlaps
         self._committed_launched = 0  # requests the last committed overlapped step gave a token
         self._inflight: _Inflight | None = None  # overlap_plain: the step launched ahead of the host
+        # Eager prefill forwards on a CPU hold at most CPU_PREFILL_TOKENS: an abort takes effect
+        # between forwards, and one of 8 x 500 tokens of SmolLM2 took ~20 s on 2 cores (batching
+        # prompts buys a CPU little: its forward's time grows with its tokens).
+        self._prefill_tokens = config.prefill_tokens if on_cuda else min(config.prefill_tokens, CPU_PREFILL_TOKENS)
 
     def _compile_fusions(self) -> None:
         """Compiles the layers' elementwise ops (verifier.model.fusion) for every shape class a
@@ -235,11 +241,13 @@ class Engine(Prefill, Verify, Sampled, Commits, Overlap):
         stepped = False
         if admitted:
             t = time.perf_counter()
-            chunks = (prefill_chunks(admitted, self.config.prefill_tokens) if self.graphs is None
+            chunks = (prefill_chunks(admitted, self._prefill_tokens) if self.graphs is None
                       else graph_prefill_chunks(admitted, self.graphs, self.config.prefill_tokens))
             for chunk in chunks:
-                self._prefill(chunk)
-                self.stats.prefills += 1
+                # A client that left while an earlier forward ran costs no forward of its own.
+                if chunk := self._abort_unprefilled(chunk):
+                    self._prefill(chunk)
+                    self.stats.prefills += 1
             self.stats.prefill_seconds += time.perf_counter() - t
         updated.extend(admitted)
         running = [r for r in self.scheduler.running if not r.finished]
@@ -336,6 +344,21 @@ class Engine(Prefill, Verify, Sampled, Commits, Overlap):
         self._left_waiting([r for r in done if r.slot < 0])  # (a running request holds a slot)
         self.scheduler.waiting = deque(r for r in self.scheduler.waiting if not r.finished)
         return done
+
+    def _abort_unprefilled(self, chunk: list[Request]) -> list[Request]:
+        """``chunk`` less the requests aborted since the step began, finished here (their slots are
+        released with the step's finished requests; the next step's _take_inbox finds them done)."""
+        with self._lock:
+            if not self._aborts:
+                return chunk
+            pending = set(self._aborts)
+        keep = []
+        for req in chunk:
+            if req.req_id in pending:
+                req.status, req.finish_reason, req.finished_at = Status.FINISHED, "abort", time.monotonic()
+            else:
+                keep.append(req)
+        return keep
 
     def _left_waiting(self, reqs: list[Request]) -> None:
         """``reqs`` left the queue (admitted, aborted or failed while waiting): waiting_load drops."""
