@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from prometheus_client import Counter
 
 from corpus_service.client.circuit_breaker import CircuitBreaker
 from corpus_service.client.sync import CorpusClient
@@ -24,6 +25,13 @@ from corpus_service.integrations.settings import IntegrationSettings
 from corpus_service.protocol.status import CorpusDeadlineExceeded, CorpusError
 
 log = logging.getLogger("corpus_service.integrations.vllm")
+
+# In the process's default registry: vLLM's /metrics shows a worker's counters where vLLM collects
+# multiprocess metrics (PROMETHEUS_MULTIPROC_DIR, which vLLM sets itself with --api-server-count > 1).
+STEPS = Counter("ngram_corpus_vllm_steps", "vLLM decode steps that asked the corpus, by outcome "
+                "(corpus: drafted from it; local: vLLM's own drafting, after a deadline or an outage)", ["outcome"])
+OUTAGES = Counter("ngram_corpus_vllm_outages", "Episodes of vLLM decode steps the corpus did not answer")
+DRAFTED = Counter("ngram_corpus_vllm_drafted_tokens", "Chain tokens the corpus drafted for vLLM")
 
 MAX_TREE_BUDGET = 64  # the corpus server's default --max-budget
 TREE_BUDGET_FACTOR = 2  # tree nodes asked per chain token: a deeper best path (bench/vllm_pattern.py)
@@ -149,11 +157,13 @@ class CorpusBridge:
     def _failed(self, e: Exception) -> None:
         s = self.stats
         s.fallback_steps += 1
+        STEPS.labels("local").inc()
         s.deadline_misses += isinstance(e, CorpusDeadlineExceeded)
         s.last_error = f"{type(e).__name__}: {e}"[:300]
         if s.outage_since is None:
             s.outage_since = time.monotonic()
             s.outages += 1
+            OUTAGES.inc()
             log.warning("ngram_corpus: no drafts from the corpus at %s (%s): vLLM drafts locally until it answers "
                         "(retried every %.1fs; outage %d)", self.settings.target, s.last_error,
                         self.settings.retry_seconds, s.outages)
@@ -162,6 +172,8 @@ class CorpusBridge:
         s = self.stats
         s.corpus_steps += 1
         s.drafted_tokens += drafted_tokens
+        STEPS.labels("corpus").inc()
+        DRAFTED.inc(drafted_tokens)
         if s.outage_since is not None:
             log.warning("ngram_corpus: the corpus at %s answers again after %.1fs (%d steps drafted locally so far)",
                         self.settings.target, time.monotonic() - s.outage_since, s.fallback_steps)

@@ -148,7 +148,13 @@ def scenario_outage(workdir: Path) -> dict:
                 back_after = time.monotonic() - t0
                 break
             time.sleep(0.05)
-        return {"line": line, "up_stats_steps": len(up["drafts"]), "down_drafts": down["drafts"],
+        from prometheus_client import REGISTRY
+
+        metrics = {
+            "local": REGISTRY.get_sample_value("ngram_corpus_vllm_steps_total", {"outcome": "local"}),
+            "corpus": REGISTRY.get_sample_value("ngram_corpus_vllm_steps_total", {"outcome": "corpus"}),
+            "outages": REGISTRY.get_sample_value("ngram_corpus_vllm_outages_total", {})}
+        return {"line": line, "metrics": metrics, "up_stats_steps": len(up["drafts"]), "down_drafts": down["drafts"],
                 "down_vanilla": [o[0] for o in down["others"]], "down_stats": down_stats, "back_after_s": back_after,
                 "stats": proposer.bridge.stats.as_dict(), "logs": logs.lines}
     finally:

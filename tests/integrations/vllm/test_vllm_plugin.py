@@ -67,3 +67,5 @@ def test_an_outage_falls_back_to_vllms_own_drafts_said_once_and_recovers(tmp_pat
     assert res["back_after_s"] is not None and res["back_after_s"] < 5
     assert sum(1 for ln in res["logs"] if "answers again" in ln) == 1
     assert not res["stats"]["in_outage"] and res["stats"]["outages"] == 1
+    # The same counts in the worker's Prometheus metrics.
+    assert res["metrics"] == {"local": res["stats"]["fallback_steps"], "corpus": res["stats"]["corpus_steps"], "outages": 1}
