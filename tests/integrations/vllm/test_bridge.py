@@ -51,3 +51,38 @@ def test_without_vllm_the_plugin_says_why_and_patches_nothing(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # this test process never has vLLM
     why, base = compat.check_engine()
     assert base is None and "not importable" in why
+
+
+def test_a_stalled_corpus_costs_a_step_its_deadline_then_drafts_resume(tmp_path, caplog):
+    """Through a real TCP proxy to a real server: a step never waits past NGRAM_CORPUS_TIMEOUT."""
+    import logging
+    import time
+
+    from bench.common import CorpusServer
+    from corpus_service.integrations.settings import IntegrationSettings
+    from corpus_service.integrations.vllm.bridge import CorpusBridge
+    from tests.tcp_proxy import ProxyProcess
+
+    ctx = np.array([5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7], dtype=np.int32)
+    with CorpusServer(tmp_path / "corpus", "--namespace", "default") as srv:
+        proxy = ProxyProcess(srv.target).start()
+        try:
+            bridge = CorpusBridge(IntegrationSettings(proxy.address, timeout=0.5, retry_seconds=0.5))
+            assert bridge.check() == ""
+            assert bridge.step([StepRequest("r", ctx, 4, 10, 4)], {"r"}) == [[7, 8, 5, 6]]
+            proxy.set_mode("stall")
+            caplog.set_level(logging.WARNING, "corpus_service.integrations.vllm")
+            t0 = time.monotonic()
+            assert bridge.step([StepRequest("r", ctx, 4, 11, 4)], {"r"}) is None
+            assert time.monotonic() - t0 < 2.0  # the deadline (0.5 s) plus the host's scheduling
+            assert bridge.stats.deadline_misses == 1 and bridge.stats.outages == 1
+            proxy.set_mode("pass")
+            deadline, answered = time.monotonic() + 10, None
+            while answered is None and time.monotonic() < deadline:
+                answered = bridge.step([StepRequest("r", ctx, 4, 11, 4)], {"r"})
+                time.sleep(0.05)
+            assert answered == [[8, 5, 6, 7]]  # the live request was replayed to a new session
+            assert [r.getMessage().count("no drafts from the corpus") for r in caplog.records].count(1) == 1
+            bridge.close()
+        finally:
+            proxy.stop()
