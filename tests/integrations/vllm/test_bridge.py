@@ -1,5 +1,5 @@
-"""The plugin's parts that need no vLLM: the chain it takes from a draft tree, its input checks,
-and what it says on a machine without vLLM."""
+"""The plugin's parts that need no vLLM (these run in CI): the chain it takes from a draft tree,
+its input checks, what it says on a machine without vLLM, and the per-step deadline."""
 
 from __future__ import annotations
 
