@@ -73,8 +73,12 @@ def make_proposer_class(base: type, settings: IntegrationSettings,
                     slot_mappings: Any = None) -> list[list[int]]:
             drafts = None
             if self.bridge is not None:
-                requests, rows = self._step_requests(num_speculative_tokens, input_batch, sampled_token_ids)
-                chains = self.bridge.step(requests, frozenset(input_batch.req_id_to_index))
+                try:
+                    requests, rows = self._step_requests(num_speculative_tokens, input_batch, sampled_token_ids)
+                except Exception as e:  # the leader must reach the broadcast below, or the other ranks wait forever
+                    requests, rows = None, []
+                    self.bridge.note_failure(e)
+                chains = None if requests is None else self.bridge.step(requests, frozenset(input_batch.req_id_to_index))
                 if chains is not None:
                     drafts = [[] for _ in sampled_token_ids]
                     for row, chain in zip(rows, chains):
