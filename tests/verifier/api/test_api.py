@@ -75,6 +75,9 @@ def test_models_health_metrics(api):
     assert "ngram_verifier_generated_tokens_total" in m and "ngram_verifier_draft_steps_total" in m
     assert 'ngram_verifier_budget_plain_switches_total{reason="cost"}' in m
     assert "ngram_verifier_budget_cost_model_refits_total" in m
+    # Per request (verifier/budget/request_gate.py): switches to no drafts by reason, request-steps held off.
+    assert 'ngram_verifier_budget_request_no_draft_switches_total{reason="acceptance"}' in m
+    assert "ngram_verifier_budget_request_steps_no_draft_total" in m
 
 
 def test_cli_rejects_bad_flags_without_loading_a_model(capsys):
