@@ -122,6 +122,9 @@ class VerifierConfig:
     shutdown_timeout: float = flag(
         5.0, "SIGTERM/SIGINT: new requests get 503 and running ones this long to finish; then they are aborted and "
         "the process exits 0", "seconds 0..3600")
+    request_gate: bool = flag(
+        True, "within a drafting step, no drafts for a request whose own measured acceptance does not pay for its "
+        "share of the step's extra time (verifier/budget/request_gate.py; adaptive budget only)", "true/false")
     log_level: str = flag("INFO", "logging threshold", ", ".join(LOG_LEVELS) + " (any case)")
 
     def __post_init__(self) -> None:
@@ -215,6 +218,7 @@ class VerifierConfig:
                             capture_at_start=self.capture_at_start,
                             native_linear=self.native_linear, refill_group=self.refill_group,
                             overlap_plain=self.overlap_plain, overlap_spec_plain=self.overlap_spec_plain,
+                            request_gate=self.request_gate,
                             makespan=MakespanConfig(self.tail_requests, self.tail_budget, self.longest_first,
                                                     self.critical_path))
 
