@@ -13,6 +13,8 @@ run's. Modes:
 - ``n4``: four samples of each prompt at temperature 0.8 (one request group, as the API's ``n``).
 - ``mixed``: plain greedy and penalised requests alternating in one batch: what a per-request
   decision is for (drafts for the first kind, none for the second).
+- ``greedy`` (not in the default set): plain greedy requests, the headline workload of
+  ``bench/e2e.py``, here with and without the request gate.
 
 Spec-Bench dev prompts (``traces/specbench_dev120_greedy.jsonl``) except for ``json``. Arms
 (--arms): ``spec`` (the engine's defaults) and, where ``EngineConfig`` has the field,
@@ -53,8 +55,9 @@ from bench.e2e import TRACE, data_dir, load_prompts, mismatches, parse_ints, rat
 from bench.penalty_workload import PENALTIES  # noqa: E402
 
 MODES = ("json", "penalties", "sampled", "logprobs", "n4", "mixed")
+EXTRA_MODES = ("greedy",)
 ARMS = ("spec", "spec_nogate")
-GREEDY_MODES = ("json", "penalties", "logprobs", "mixed")
+GREEDY_MODES = ("json", "penalties", "logprobs", "mixed", "greedy")
 SAMPLES = 4  # n of the n4 mode
 
 
@@ -76,10 +79,12 @@ def mode_requests(mode: str, prompts: list[list[int]], json_prompts: list[list[i
         ids = [prompts[i // SAMPLES] for i in range(groups * SAMPLES)]
         params = [SamplingParams(max_tokens=max_new, temperature=0.8, seed=i) for i in range(len(ids))]
         return ids, params, [f"g{i // SAMPLES}" for i in range(len(ids))]
+    if mode == "greedy":
+        return prompts, [SamplingParams(max_tokens=max_new)] * n, [None] * n
     if mode == "mixed":
         params = [SamplingParams(max_tokens=max_new, **(PENALTIES if i % 2 else {})) for i in range(n)]
         return prompts, params, [None] * n
-    raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+    raise ValueError(f"mode: expected one of {MODES + EXTRA_MODES}, got {mode!r}")
 
 
 def run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams], groups: list[str | None]) -> dict:
@@ -205,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     p.add_argument("--batches", type=parse_ints, default=[1, 8, 64])
-    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES + EXTRA_MODES)}")
     p.add_argument("--arms", default=",".join(ARMS), help=f"speculative arms, of {', '.join(ARMS)}")
     p.add_argument("--prompts", type=int, default=32, help="requests per mode and batch size: max(this, batch)")
     p.add_argument("--max-new", type=int, default=128)
@@ -217,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    if not args.modes or any(m not in MODES for m in args.modes):
-        p.error(f"--modes: expected some of {', '.join(MODES)}, got {args.modes}")
+    if not args.modes or any(m not in MODES + EXTRA_MODES for m in args.modes):
+        p.error(f"--modes: expected some of {', '.join(MODES + EXTRA_MODES)}, got {args.modes}")
     if not args.arms or any(a not in ARMS for a in args.arms):
         p.error(f"--arms: expected some of {', '.join(ARMS)}, got {args.arms}")
     if args.prompts < 1 or args.max_new < 1:

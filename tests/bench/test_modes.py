@@ -24,6 +24,8 @@ def test_each_mode_builds_its_requests():
     assert groups == ["g0"] * 4 + ["g1"] * 4 and len({p.seed for p in params}) == 8
     _, params, _ = modes.mode_requests("mixed", prompts, json_prompts, 16)
     assert [p.penalized for p in params] == [False, True] * 4
+    ids, params, _ = modes.mode_requests("greedy", prompts, json_prompts, 16)
+    assert ids == prompts and all(p.greedy and not p.penalized for p in params)
     with pytest.raises(ValueError):
         modes.mode_requests("beam", prompts, json_prompts, 16)
 
