@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import VerifierConfig
-from .draft.corpus_health import check_namespace, model_ids
+from corpus_service.client import check_namespace, model_ids
 from .draft.drafter import Drafter
 from .draft.external_corpora import load_external_corpora
 from .engine.core import Engine

@@ -41,7 +41,7 @@ class EngineCollector:
             yield CounterMetricFamily("ngram_verifier_corpus_client_restarts",
                                       "dead corpus client processes replaced", value=d.client_restarts)
             h = e.drafter.health
-            if h is not None:  # a corpus service (verifier/draft/corpus_health.py)
+            if h is not None:  # a corpus service (corpus_service/client/health.py)
                 yield CounterMetricFamily("ngram_verifier_corpus_outages", "times the corpus service became unreachable",
                                           value=h.outages)
                 yield CounterMetricFamily("ngram_verifier_corpus_unreachable_seconds",

@@ -55,8 +55,7 @@ class PolicyAnnouncer:
                 return {"version": d.local.announce_policy_version(version), "corpus": "local"}
             except ValueError as e:
                 raise ApiError(409, f"version: {e}", "version", "stale_policy_version") from None
-        from corpus_service.client import CorpusClient, CorpusError
-        from corpus_service.protocol.status import CorpusInvalidArgument
+        from corpus_service.client import CorpusClient, CorpusError, CorpusInvalidArgument
 
         try:
             with CorpusClient(d.target, namespace=self.namespace, timeout=self.timeout_s, token=self.token,

@@ -21,7 +21,7 @@ receipt, and one that is not what this side expects stops the exchange with a cl
 An outage is reported once: the first call that finds the corpus unreachable sends its error, later
 failed flushes send nothing (a draft's error is its answer, always sent), and once the corpus
 answers again (a draft, or a Stats probe every ``PROBE_S`` while it is down) the child sends
-``REACHABLE_NOTE``; the parent's ``verifier.draft.corpus_health.CorpusHealth`` logs the two.
+``REACHABLE_NOTE``; the parent's ``corpus_service.client.health.CorpusHealth`` logs the two.
 
 If the child dies, every pending and later draft reports an error; requests are never failed by
 it. The drafter drafts in process meanwhile, says so once, and starts a replacement in the
@@ -328,7 +328,7 @@ async def _relay(rfd: int, wfd: int) -> int:
     2-core machine: 512-572 us per round trip against 578-715 us)."""
     from corpus_service.client import AsyncCorpusClient, CircuitBreaker, CorpusError
 
-    from .corpus_health import unreachable
+    from corpus_service.client import unreachable
 
     loop = asyncio.get_running_loop()
     frames = Frames(TO_CHILD)

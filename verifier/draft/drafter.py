@@ -19,9 +19,9 @@ microseconds), errs, or is slow, steps draft from the mirror alone. A call still
 running in the background (the client retries and, once the server is back, replays every live
 request on a new session); until it returns, the engine does not wait on the remote corpus at all.
 No corpus failure ever fails a request. An outage is said once when it starts and once when it
-ends, and shown in /healthz and /metrics (``verifier.draft.corpus_health.CorpusHealth``).
+ends, and shown in /healthz and /metrics (``corpus_service.client.health.CorpusHealth``).
 
-The namespace (``check``, ``verifier.draft.corpus_health.check_namespace``): checked when the drafter is
+The namespace (``check``, ``corpus_service.client.health.check_namespace``): checked when the drafter is
 made. A mismatch raises (a start-up error); a corpus that cannot be reached then leaves remote
 drafting held (the mirror drafts, nothing is sent) and the check is retried in the background every
 ``CHECK_RETRY_S``; once it passes, every live request is replayed to the corpus and remote drafting
@@ -56,7 +56,7 @@ from corpus_service import MAX_BUDGET, CorpusConfig, DraftBatch, NgramCorpus
 from .ask_gate import AskGate
 from .calls import Call, Extend, Finish, StartRequest
 from .config import REMOTE_ASKS, REMOTE_CLIENTS, REMOTE_DRAFT_MODES, CorpusEndpoint, DraftConfig, auto_draft_threads
-from .corpus_health import BackgroundCheck, CorpusHealth, NamespaceMismatch, unreachable
+from corpus_service.client import BackgroundCheck, CorpusHealth, NamespaceMismatch, unreachable
 from .messages import REACHABLE_NOTE, Note, note_of
 from .sources import AWAIT_AHEAD_S, GIL_SWITCH_INTERVAL_S, InProcessSource, Pending, remote_source
 
@@ -98,7 +98,7 @@ class Drafter:
                  vocab_size: int = 0, check: Callable[[], str] | None = None) -> None:
         """``corpus``: 'local' (a new in-process corpus), an ``NgramCorpus`` to draft from, or a corpus
         service (a ``CorpusEndpoint``, or its HOST:PORT with the default namespace and no token).
-        ``check``: the remote namespace's check (``verifier.draft.corpus_health.check_namespace``
+        ``check``: the remote namespace's check (``corpus_service.client.health.check_namespace``
         bound to this verifier's model): run now (a mismatch raises NamespaceMismatch, a ValueError),
         again in the background while the corpus cannot be reached, and after every outage."""
         config = DraftConfig() if config is None else config

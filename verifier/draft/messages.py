@@ -22,11 +22,11 @@ import io
 import pickle
 import struct
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
 from corpus_service import DraftBatch
+from corpus_service.client import REACHABLE_NOTE, Note, note_of  # noqa: F401 (the client process' messages carry them)
 
 from .calls import CALL_TYPES, Extend, Finish, StartRequest
 
@@ -35,24 +35,6 @@ _HEADER = struct.Struct("<IBB")  # body length, protocol version, kind
 _PICKLED, _TREES = 0, 1  # kinds: a pickled message; a draft's trees as raw arrays
 _TREES_HEAD = struct.Struct("<qiiB")  # ticket, rows, width, capped
 MAX_FRAME_BYTES = 1 << 30
-
-
-class Note(NamedTuple):
-    """A failed corpus call (or the end of an outage), as the drafter's health takes it: ``code``
-    is the gRPC status code's name (``UNAVAILABLE``; "" for an error of no call: a bug, a bad
-    setting), ``text`` says it as ``Type: message``."""
-
-    code: str
-    text: str
-
-
-REACHABLE_NOTE = Note("OK", "(the corpus answers again)")  # the note that ends an outage
-
-
-def note_of(e: BaseException) -> Note:
-    """A caught exception as a note: a ``CorpusError`` carries its gRPC status code."""
-    code = getattr(e, "code", None)
-    return Note(code.name if hasattr(code, "name") else "", f"{type(e).__name__}: {e}")
 
 
 def _expect(ok: bool, msg: object, what: str) -> None:

@@ -9,7 +9,7 @@ and feeding the shared corpus named by ``NGRAM_CORPUS_TARGET`` / ``NGRAM_CORPUS_
 - TP rank 0 alone talks to the corpus and broadcasts each step's drafts (``tp_sync.py``);
 - the corpus away (at start or mid-run): the step drafts from the in-process engine
   (``corpus_service.NgramCorpus``, fed by every ``batch_put`` so it is warm), said once per outage
-  (``verifier.draft.corpus_health.CorpusHealth``), and the corpus is asked again every
+  (``corpus_service.client.health.CorpusHealth``), and the corpus is asked again every
   ``NGRAM_CORPUS_RETRY_SECONDS``: back on it within that long of its return;
 - ``reset`` (SGLang's flush_cache) resets this replica's state, not the namespace every replica shares.
 """
@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from corpus_service.client.circuit_breaker import CircuitBreaker
+from corpus_service.client.health import CorpusHealth, Note
 from corpus_service.client.request_log import token_array
 from corpus_service.client.sglang import RemoteNgramCorpus
 from corpus_service.engine.corpus import NgramCorpus as LocalCorpus
@@ -32,8 +33,6 @@ from corpus_service.integrations.settings import IntegrationSettings
 from corpus_service.integrations.sglang.namespace_check import check_model, check_served, reachable_namespaces
 from corpus_service.integrations.sglang.tp_sync import TpSync, sglang_tp_group
 from corpus_service.protocol.status import CorpusError
-from verifier.draft.corpus_health import CorpusHealth
-from verifier.draft.messages import Note
 
 log = logging.getLogger("corpus_service.integrations.sglang")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from corpus_service.integrations.settings import NAMESPACE_ENV, TARGET_ENV
 from corpus_service.protocol.status import TRANSIENT, CorpusError
 from ngram_common.tokenizer import PROBE_TEXT
-from verifier.draft.corpus_health import ModelIds, NamespaceMismatch, namespace_verdict
+from corpus_service.client.health import ModelIds, NamespaceMismatch, namespace_verdict
 
 
 def reachable_namespaces(client, timeout: float) -> dict[str, dict] | None:

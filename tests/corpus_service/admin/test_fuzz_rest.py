@@ -30,7 +30,7 @@ _names = itertools.count()
 # Every file the server may create: its snapshots, uploads (NAME.data/.json, dot-prefixed partials
 # and .tmp), and the test harness' logs and ports file.
 _OWN_FILE = re.compile(r"^(snapshots/[a-z0-9_.-]+\.ngc(\.tmp|\.corrupt-\d+)?|uploads/(default|small|smollm2)/"
-                       r"\.?[A-Za-z0-9][A-Za-z0-9_.-]*(\.data|\.json|\.json\.tmp|\.incoming)|server-\d+\.log|ports\.json(\.tmp)?)$",
+                       r"\.?[A-Za-z0-9][A-Za-z0-9_.-]*(\.data|\.json|\.json\.tmp|\.incoming)|ngram-corpus\.lock|server-\d+\.log|ports\.json(\.tmp)?)$",
                        re.IGNORECASE)
 
 

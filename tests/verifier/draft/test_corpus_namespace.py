@@ -18,7 +18,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from tests.corpus_service.service_fixtures import ServerProcess
 from verifier.config import VerifierConfig
-from verifier.draft.corpus_health import NamespaceMismatch, check_namespace, model_ids
+from corpus_service.client.health import NamespaceMismatch, check_namespace, model_ids
 from verifier.draft.drafter import CorpusEndpoint, DraftConfig, Drafter
 
 REPO = Path(__file__).resolve().parents[3]

@@ -97,7 +97,7 @@ def test_the_client_process_reports_an_outage_once(tmp_path):
 
 def test_a_flapping_corpus_is_counted_not_logged_per_flap(caplog, monkeypatch):
     """Outages that begin right after the last one ended are counted; one that lasts is logged (late)."""
-    import verifier.draft.corpus_health as ch
+    import corpus_service.client.health as ch
 
     now = [1000.0]
     monkeypatch.setattr(ch.time, "monotonic", lambda: now[0])

@@ -1,6 +1,7 @@
-"""What a verifier knows of its corpus service: whether it is reachable (outages, each said once when
+"""What a client of the corpus service (a verifier, an engine plugin) knows of it: whether it is reachable (outages, each said once when
 it starts and once when it ends), whether its namespace serves this verifier's model, and whether
-remote drafting is on. ``/healthz`` and ``/metrics`` show it (``verifier/api``).
+remote drafting is on. The verifier's ``/healthz`` and ``/metrics`` show it; the engine plugins
+(``corpus_service.integrations``) log and count it the same way.
 
 The namespace check (``check_namespace``): the namespace must exist on the corpus, and where the
 namespace declares them, its vocabulary size must be the model's and its tokenizer must encode
@@ -17,10 +18,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ngram_common.tokenizer import PROBE_TEXT
-
-from .messages import Note
 
 log = logging.getLogger("verifier.corpus")
 
@@ -37,6 +37,24 @@ CONFIRM_S = 1.0
 # with the number seen meanwhile.
 REPEAT_LOG_S = 300.0
 _DIGITS = re.compile(r"\d+(\.\d+)?")
+
+
+class Note(NamedTuple):
+    """A failed corpus call (or the end of an outage), as the health takes it: ``code`` is the gRPC
+    status code's name (``UNAVAILABLE``; "" for an error of no call: a bug, a bad setting),
+    ``text`` says it as ``Type: message``."""
+
+    code: str
+    text: str
+
+
+REACHABLE_NOTE = Note("OK", "(the corpus answers again)")  # the note that ends an outage
+
+
+def note_of(e: BaseException) -> Note:
+    """A caught exception as a note: a ``CorpusError`` carries its gRPC status code."""
+    code = getattr(e, "code", None)
+    return Note(code.name if hasattr(code, "name") else "", f"{type(e).__name__}: {e}")
 
 
 class NamespaceMismatch(ValueError):
@@ -104,7 +122,7 @@ def check_namespace(target: str, namespace: str, model: ModelIds, *, token: str 
     corpus cannot be reached, another ``CorpusError`` when it refuses (a token it does not know...).
     The timeout leaves room for a corpus loading its tokenizer on the first call (seconds for a GGUF);
     a corpus that is down answers at once (a refused connection, two quick retries)."""
-    from corpus_service.client import CorpusClient
+    from corpus_service.client.sync import CorpusClient
 
     with CorpusClient(target, namespace, timeout=timeout_s, token=token, tls=tls) as client:
         served = client.describe_namespaces(timeout=timeout_s)
