@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import write_report  # noqa: E402
-from bench.rollouts import NOISE_SIGMA, TRACE_NAMES, load_samples, trace_path  # noqa: E402
+from bench.rollouts_common import NOISE_SIGMA, TRACE_NAMES, load_samples, trace_path  # noqa: E402
 from verifier.draft.drafter import Drafter  # noqa: E402
 from verifier.engine.core import Engine, EngineConfig  # noqa: E402
 from verifier.model import load_model  # noqa: E402
