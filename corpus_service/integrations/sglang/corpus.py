@@ -159,6 +159,8 @@ class SharedNgramCorpus:
         ``req.rid`` and ``req.origin_input_ids_unpadded``): their prompt keys travel with ``batch_get``."""
         for rid, prompt in requests:
             rid = str(rid)
+            if prompt is None:  # SGLang's Req leaves it None until the request is tokenized
+                continue
             if rid not in self._prompt_keys and len(prompt):
                 self._prompt_keys[rid] = prompt_key_of(prompt)
                 if len(self._prompt_keys) > MAX_PROMPT_KEYS:

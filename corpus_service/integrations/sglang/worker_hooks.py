@@ -32,10 +32,19 @@ def around_worker_init(original, self, *args, **kwargs):
         log.info("ngram_corpus: %s", corpus.check_model(int(vocab_size), getattr(target, "tokenizer", None)))
 
 
+_prompt_hook_failed = False
+
+
 def around_prepare_draft_tokens(original, self, batch):
+    global _prompt_hook_failed
     corpus = getattr(self, "ngram_corpus", None)
-    if isinstance(corpus, SharedNgramCorpus):
-        corpus.note_prompts((req.rid, req.origin_input_ids_unpadded) for req in batch.reqs)
+    if isinstance(corpus, SharedNgramCorpus) and not _prompt_hook_failed:
+        try:
+            corpus.note_prompts((req.rid, getattr(req, "origin_input_ids_unpadded", None)) for req in batch.reqs)
+        except Exception as e:  # prompt keys are an optimisation: never a reason to fail SGLang's decode step
+            _prompt_hook_failed = True
+            log.warning("ngram_corpus: request prompts cannot be read from SGLang's batch (%s: %s): drafting goes on "
+                        "without prompt history from this replica", type(e).__name__, e)
     return original(self, batch)
 
 

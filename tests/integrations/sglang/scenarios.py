@@ -257,7 +257,32 @@ def s_bad_config(args: dict) -> dict:
     return out
 
 
-SCENARIOS = {"load": s_load, "replicas": s_replicas, "external": s_external, "tp": s_tp, "outage": s_outage,
+def s_prompt_hook(args: dict) -> dict:
+    """The worker hook around ``_prepare_draft_tokens`` with what it reads of SGLang's batch: each
+    ``Req``'s ``rid`` and ``origin_input_ids_unpadded`` (an ``array('q')``; SGLang's ``Req`` needs
+    transformers to import, so plain objects carry those two fields). A prompt it cannot read (None, a
+    missing field, a broken batch) never fails the decode step: the original still runs."""
+    from array import array
+    from types import SimpleNamespace
+
+    cls = load()
+    from corpus_service.integrations.sglang import worker_hooks
+
+    corpus = build(cls, args["k"])
+    worker = SimpleNamespace(ngram_corpus=corpus)
+    reqs = [SimpleNamespace(rid="with-prompt", origin_input_ids_unpadded=array("q", [5, 6, 7, 8])),
+            SimpleNamespace(rid="not-tokenized", origin_input_ids_unpadded=None), SimpleNamespace(rid="no-field")]
+    calls = []
+    result = worker_hooks.around_prepare_draft_tokens(lambda w, b: calls.append(b) or "drafted", worker,
+                                                      SimpleNamespace(reqs=reqs))
+    keyed = sorted(corpus._prompt_keys)
+    broken = worker_hooks.around_prepare_draft_tokens(lambda w, b: "drafted", worker, SimpleNamespace(reqs=None))
+    again = worker_hooks.around_prepare_draft_tokens(lambda w, b: "drafted", worker, SimpleNamespace(reqs=reqs))
+    return {"result": result, "calls": len(calls), "keyed": keyed, "broken": broken, "again": again,
+            "warnings": [ln for ln in LOG.lines if "cannot be read" in ln]}
+
+
+SCENARIOS = {"prompt_hook": s_prompt_hook, "load": s_load, "replicas": s_replicas, "external": s_external, "tp": s_tp, "outage": s_outage,
              "bad_config": s_bad_config}
 
 if __name__ == "__main__":

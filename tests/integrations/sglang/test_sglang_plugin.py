@@ -64,6 +64,14 @@ def test_a_different_worker_is_refused():
     assert "batch_get" in worker_mismatch(renamed)
 
 
+def test_prompt_hook_keys_requests_and_never_fails_the_step(server):
+    out = run_scenario("prompt_hook", {"k": 8}, env_for(server))
+    assert out["result"] == "drafted" and out["calls"] == 1, out
+    assert out["keyed"] == ["with-prompt"], out  # None and a missing field are skipped, not errors
+    # A batch the hook cannot read: one warning, the step still drafts, and later steps too.
+    assert out["broken"] == "drafted" and out["again"] == "drafted" and len(out["warnings"]) == 1, out
+
+
 @pytest.mark.parametrize("k", [16, 8])
 def test_two_replicas_draft_each_others_tokens(server, k):
     out = run_scenario("replicas", {"k": k, "seed": k}, env_for(server, NGRAM_CORPUS_NAMESPACE="default"))
