@@ -22,6 +22,11 @@ Spec-Bench dev prompts (``traces/specbench_dev120_greedy.jsonl``) except for ``j
 modes also report whether the speculative outputs equal plain decoding's (bf16 near-ties aside,
 reported, never raised).
 
+Each mode runs ``--rounds`` rounds of disjoint requests (as many as the trace holds) on the same
+engines, plain first in each round: a server keeps its engine, its corpus and what its budget has
+learned, so the first round is a fresh engine's start-up and later ones its steady state; both
+are reported.
+
 Prints one SUMMARY line ({mode}_b{B}_{arm}_x: tok/s over plain's) and writes the whole result
 (per run: tok/s, MAT, the policy's decisions and switches, the request gate's counts) to --out.
 CPU smoke: ``python bench/modes.py --device cpu --dtype float32 --batches 1 --max-new 8 --prompts 2``.
@@ -51,7 +56,7 @@ from verifier.step.structured_spec import GrammarSpec  # noqa: E402
 
 from bench import structured_workload  # noqa: E402
 from bench.common import write_report  # noqa: E402
-from bench.e2e import TRACE, data_dir, load_prompts, mismatches, parse_ints, ratio, sync  # noqa: E402
+from bench.e2e import TRACE, data_dir, load_prompts, mismatches, parse_ints, pooled_tok_s, ratio, sync  # noqa: E402
 from bench.penalty_workload import PENALTIES  # noqa: E402
 
 MODES = ("json", "penalties", "sampled", "logprobs", "n4", "mixed")
@@ -137,8 +142,10 @@ def bench(args, device: torch.device, dtype: torch.dtype, partial=None) -> dict:
     t0 = time.perf_counter()
     lm = load_model(args.gguf, device, dtype)
     V = lm.model.config.vocab_size
-    n_max = max(max(args.prompts, B) for B in args.batches)
-    spec_prompts = load_prompts(data_dir(args.data_dir) / "traces" / TRACE, n_max)
+    trace = data_dir(args.data_dir) / "traces" / TRACE
+    unique = sum(1 for line in trace.open() if line.strip())
+    n_max = min(unique, max(max(args.prompts, B) for B in args.batches) * args.rounds)
+    spec_prompts = load_prompts(trace, n_max)
     json_prompts = structured_workload.prompts(lm.codec, n_max)
     max_len = max(map(len, spec_prompts + json_prompts)) + args.max_new + args.max_budget + 4
     arms = available_arms(args.arms)
@@ -149,37 +156,52 @@ def bench(args, device: torch.device, dtype: torch.dtype, partial=None) -> dict:
         res["arms_skipped"] = {a: "EngineConfig has no request_gate" for a in skipped}
     draft = DraftConfig(draft_threads=args.draft_threads)
     for B in args.batches:
+        # Rounds of disjoint prompts (where the trace has enough) on the same engines, as a server
+        # keeps its engine and corpus: the first round is a fresh engine's, later ones a warm one's.
         n = max(args.prompts, B)
+        if n * args.rounds > len(spec_prompts):
+            n = max(1, len(spec_prompts) // args.rounds)
         plain = Engine(lm.model, lm.codec, None, engine_config(B, max_len, args, budget=0))
         # Untimed warm-up of this batch size's shapes (prefill chunks, compile specialisations).
-        run(plain, spec_prompts[:n], [SamplingParams(max_tokens=2)] * n, [None] * n)
+        run(plain, spec_prompts[:max(n, B)], [SamplingParams(max_tokens=2)] * max(n, B), [None] * max(n, B))
         cost = None
-        row: dict = {"prompts": n}
+        row: dict = {"prompts": n, "rounds": args.rounds}
         for mode in args.modes:
-            prompts, params, groups = mode_requests(mode, spec_prompts[:n], json_prompts[:n], args.max_new)
-            base = run(plain, prompts, params, groups)
-            cell: dict = {"plain": {k: v for k, v in base.items() if k != "outputs"}}
+            engines = {}
             for arm in arms:
                 extra = {"request_gate": False} if arm == "spec_nogate" else {}
                 # One start-up probe per batch size: each engine starts from a copy of it.
-                eng = Engine(lm.model, lm.codec, Drafter("local", draft, vocab_size=V),
-                             engine_config(B, max_len, args, **extra), cost=copy.deepcopy(cost) if cost else None)
-                cost = cost or copy.deepcopy(eng.policy.cost)
-                try:
-                    r = run(eng, prompts, params, groups)
-                finally:
+                engines[arm] = Engine(lm.model, lm.codec, Drafter("local", draft, vocab_size=V),
+                                      engine_config(B, max_len, args, **extra), cost=copy.deepcopy(cost) if cost else None)
+                cost = cost or copy.deepcopy(engines[arm].policy.cost)
+            cell: dict = {"plain": [], **{arm: [] for arm in arms}}
+            try:
+                for rnd in range(args.rounds):
+                    sl = slice(rnd * n, (rnd + 1) * n)
+                    prompts, params, groups = mode_requests(mode, spec_prompts[sl], json_prompts[sl], args.max_new)
+                    base = run(plain, prompts, params, groups)
+                    cell["plain"].append({k: v for k, v in base.items() if k != "outputs"})
+                    for arm in arms:
+                        r = run(engines[arm], prompts, params, groups)
+                        out = {k: v for k, v in r.items() if k != "outputs"}
+                        out["x_plain"] = ratio(r["tok_s"], base["tok_s"])
+                        if mode in GREEDY_MODES:
+                            diff, first = mismatches(base["outputs"], r["outputs"])
+                            out["outputs_differing"], out["first_diff_pos"] = diff, first
+                        cell[arm].append(out)
+            finally:
+                for eng in engines.values():
                     eng.drafter.close()
-                out = {k: v for k, v in r.items() if k != "outputs"}
-                out["x_plain"] = ratio(r["tok_s"], base["tok_s"])
-                if mode in GREEDY_MODES:
-                    diff, first = mismatches(base["outputs"], r["outputs"])
-                    out["outputs_differing"], out["first_diff_pos"] = diff, first
-                out.update(policy_record(eng))
-                cell[arm] = out
-                del eng
+            for arm in arms:
+                cell[f"{arm}_policy"] = policy_record(engines[arm])
+                cell[f"{arm}_x"] = ratio(pooled_tok_s(cell[arm]), pooled_tok_s(cell["plain"]))
+                cell[f"{arm}_x_warm"] = ratio(pooled_tok_s(cell[arm][1:]), pooled_tok_s(cell["plain"][1:])) \
+                    if args.rounds > 1 else None
+                cell[f"{arm}_mat"] = round(sum(r["tokens"] for r in cell[arm]) / max(1, sum(r["verify_steps"] for r in cell[arm])), 3)
+            del engines
             row[mode] = cell
-            print(f"modes batch {B} {mode}: plain {base['tok_s']} tok/s; " + ", ".join(
-                f"{a} x{cell[a]['x_plain']} (MAT {cell[a]['mat']})" for a in arms), flush=True)
+            print(f"modes batch {B} {mode}: plain {round(pooled_tok_s(cell['plain']), 1)} tok/s; " + ", ".join(
+                f"{a} x{cell[f'{a}_x']} (rounds {[r['x_plain'] for r in cell[a]]}, MAT {cell[f'{a}_mat']})" for a in arms), flush=True)
         res["batches"][str(B)] = row
         del plain
         if partial is not None:
@@ -188,15 +210,19 @@ def bench(args, device: torch.device, dtype: torch.dtype, partial=None) -> dict:
 
 
 def summarize(res: dict) -> dict:
+    """``{mode}_b{B}_{arm}_x``: tok/s over plain's, every round pooled; ``_x_warm``: the rounds after
+    the first (a warm engine's); ``_mat``."""
     s: dict = {}
     for B, row in res["batches"].items():
         for mode, cell in row.items():
             if not isinstance(cell, dict):
                 continue
             for arm in res["arms"]:
-                if arm in cell:
-                    s[f"{mode}_b{B}_{arm}_x"] = cell[arm]["x_plain"]
-                    s[f"{mode}_b{B}_{arm}_mat"] = cell[arm]["mat"]
+                if f"{arm}_x" in cell:
+                    s[f"{mode}_b{B}_{arm}_x"] = cell[f"{arm}_x"]
+                    if cell.get(f"{arm}_x_warm") is not None:
+                        s[f"{mode}_b{B}_{arm}_x_warm"] = cell[f"{arm}_x_warm"]
+                    s[f"{mode}_b{B}_{arm}_mat"] = cell[f"{arm}_mat"]
     xs = [v for k, v in s.items() if k.endswith("_spec_x") and v is not None]
     if xs:
         s["min_spec_x"] = min(xs)
@@ -212,7 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", type=parse_ints, default=[1, 8, 64])
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES + EXTRA_MODES)}")
     p.add_argument("--arms", default=",".join(ARMS), help=f"speculative arms, of {', '.join(ARMS)}")
-    p.add_argument("--prompts", type=int, default=32, help="requests per mode and batch size: max(this, batch)")
+    p.add_argument("--prompts", type=int, default=32, help="requests per mode, batch size and round: max(this, batch)")
+    p.add_argument("--rounds", type=int, default=2, help="rounds of disjoint requests on the same engines (plain first "
+                   "in each); the first is a fresh engine's (default 2)")
     p.add_argument("--max-new", type=int, default=128)
     p.add_argument("--max-budget", type=int, default=15)
     p.add_argument("--draft-threads", type=int, default=0, help="0 = auto (a quarter of the CPUs, 1-4)")
@@ -226,8 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--modes: expected some of {', '.join(MODES + EXTRA_MODES)}, got {args.modes}")
     if not args.arms or any(a not in ARMS for a in args.arms):
         p.error(f"--arms: expected some of {', '.join(ARMS)}, got {args.arms}")
-    if args.prompts < 1 or args.max_new < 1:
-        p.error("--prompts and --max-new: expected >= 1")
+    if args.prompts < 1 or args.max_new < 1 or args.rounds < 1:
+        p.error("--prompts, --rounds and --max-new: expected >= 1")
     if args.draft_threads < 0:
         p.error(f"--draft-threads: expected 0 (auto) or more, got {args.draft_threads}")
     args.draft_threads = args.draft_threads or auto_draft_threads()

@@ -32,17 +32,19 @@ def test_each_mode_builds_its_requests():
 
 def test_summary_ratios_and_the_worst_case():
     res = {"arms": ["spec", "spec_nogate"], "batches": {
-        "1": {"prompts": 4, "json": {"plain": {}, "spec": {"x_plain": 0.98, "mat": 1.1},
-                                     "spec_nogate": {"x_plain": 0.7, "mat": 2.3}},
-              "penalties": {"plain": {}, "spec": {"x_plain": 1.01, "mat": 1.0}}}}}
+        "1": {"prompts": 4, "rounds": 2,
+              "json": {"spec_x": 0.98, "spec_x_warm": 1.02, "spec_mat": 1.1,
+                       "spec_nogate_x": 0.7, "spec_nogate_x_warm": 0.75, "spec_nogate_mat": 2.3},
+              "penalties": {"spec_x": 1.01, "spec_x_warm": None, "spec_mat": 1.0}}}}
     s = modes.summarize(res)
     assert s["json_b1_spec_x"] == 0.98 and s["json_b1_spec_nogate_x"] == 0.7
-    assert s["min_spec_x"] == 0.98  # the worst mode of the default arm
+    assert s["json_b1_spec_x_warm"] == 1.02 and "penalties_b1_spec_x_warm" not in s
+    assert s["min_spec_x"] == 0.98  # the worst mode of the default arm, every round pooled
 
 
 def test_arms_need_the_engine_field_and_bad_arguments_are_refused(capsys):
     assert modes.available_arms(["spec", "spec_nogate"]) == ["spec", "spec_nogate"]  # EngineConfig.request_gate
-    for argv in (["--modes", "beam"], ["--arms", "fast"], ["--prompts", "0"]):
+    for argv in (["--modes", "beam"], ["--arms", "fast"], ["--prompts", "0"], ["--rounds", "0"]):
         with pytest.raises(SystemExit):
             modes.main(argv)
     assert "expected" in capsys.readouterr().err

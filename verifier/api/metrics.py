@@ -80,6 +80,7 @@ class EngineCollector:
                                  "times a request was switched to no drafts within drafting steps, by why",
                                  labels=["reason"])
         rs.add_metric(["acceptance"], b.request_switches_acceptance)
+        rs.add_metric(["kind"], b.request_switches_kind)
         yield rs
         yield CounterMetricFamily("ngram_verifier_budget_request_steps_no_draft",
                                   "request-steps of drafting steps in which the request got no drafts (its acceptance "

@@ -96,6 +96,7 @@ class BudgetStats:
     # Per request (verifier/budget/request_gate.py): requests switched to no drafts because their
     # measured acceptance does not pay for a drafting step, and the request-steps held off so.
     request_switches_acceptance: int = 0
+    request_switches_kind: int = 0  # new requests held from their start by their kind's pooled figure
     request_steps_held: int = 0
 
 

@@ -50,7 +50,7 @@ class Verify:
             # Requests whose acceptance does not pay for the step's cost get no drafts; none left
             # to draft: a plain step (overlapped where it can be).
             ids = [r.req_id for r in running]
-            drafts = gate.select(ids, self.policy.step_cost_ratio(bs))
+            drafts = gate.select(ids, self.policy.step_cost_ratio(bs), [r.params for r in running])
             if not any(drafts):
                 return 0
             if not all(drafts):

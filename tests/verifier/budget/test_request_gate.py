@@ -60,14 +60,62 @@ def test_the_cost_ratio_decides_where_it_is_known():
 def test_a_held_request_explores_and_comes_back_when_it_accepts_again():
     gate = RequestGate(BudgetStats())
     drafted_steps(gate, "a", 0, rg.MIN_DRAFTED)
-    picks = [gate.select(["a"], 1.3)[0] for _ in range(2 * rg.EXPLORE_EVERY)]
-    assert picks.count(True) == 2  # one exploring step in EXPLORE_EVERY
-    assert picks.index(True) == rg.EXPLORE_EVERY - 1
+    first, second = rg.EXPLORE_EVERY, 2 * rg.EXPLORE_EVERY  # an exploration that did not pay doubles the wait
+    picks = []
+    for _ in range(first + second):
+        picks.append(gate.select(["a"], 1.3)[0])
+        if picks[-1]:
+            gate.observe("a", 0)
+    assert [i for i, p in enumerate(picks) if p] == [first - 1, first + second - 1]
+    waits = []  # the wait stops growing at EXPLORE_MAX
+    for _ in range(6 * rg.EXPLORE_MAX):
+        waits.append(gate.select(["a"], 1.3)[0])
+        if waits[-1]:
+            gate.observe("a", 0)
+    gaps = [j - i for i, j in zip(*(lambda ix: (ix, ix[1:]))([i for i, p in enumerate(waits) if p]))]
+    assert gaps and max(gaps) == rg.EXPLORE_MAX
     # The text starts repeating itself: explored steps accept well, and the request drafts again.
-    for _ in range(rg.EXPLORE_EVERY * 6):
+    for _ in range(rg.EXPLORE_MAX * 6):
         if gate.select(["a"], 1.3)[0]:
             gate.observe("a", 4)
     assert not gate.held("a") and gate.select(["a"], 1.3) == [True]
+
+
+def test_new_requests_of_a_kind_that_does_not_pay_start_held():
+    from verifier.step.sampling import SamplingParams
+    stats = BudgetStats()
+    gate = RequestGate(stats)
+    penalised = SamplingParams(presence_penalty=0.5, frequency_penalty=0.5)
+    greedy = SamplingParams()
+    # Earlier penalised requests accepted nothing over enough drafted steps; greedy ones 2 per step.
+    steps = int(rg.KIND_MIN_STEPS) + 8
+    for i in range(steps // rg.MIN_DRAFTED + 1):
+        for _ in range(rg.MIN_DRAFTED):
+            picks = gate.select([f"p{i}", f"g{i}"], 1.4, [penalised, greedy])
+            if picks[0]:
+                gate.observe(f"p{i}", 0)
+            gate.observe(f"g{i}", 2)
+    held_by_kind = stats.request_switches_kind
+    assert held_by_kind >= 1  # the later ones of the setup already started held
+    # A new request of each kind: the penalised one is held from its first step, the greedy one drafts.
+    assert gate.select(["p-new", "g-new"], 1.4, [penalised, greedy]) == [False, True]
+    assert stats.request_switches_kind == held_by_kind + 1 and stats.request_switches_acceptance == 0
+    assert gate.counts()["kinds"] == 2
+    # Its own figure decides once measured: it explores, and accepting well brings it back.
+    for _ in range(rg.EXPLORE_MAX * rg.MIN_DRAFTED * 2):
+        if gate.select(["p-new"], 1.4, [penalised])[0]:
+            gate.observe("p-new", 3)
+    assert gate.select(["p-new"], 1.4, [penalised]) == [True]
+    # Another temperature is another kind: no pooled figure, it drafts.
+    assert gate.select(["s-new"], 1.4, [SamplingParams(temperature=0.8)]) == [True]
+
+
+def test_kinds_are_bounded():
+    from verifier.step.sampling import SamplingParams
+    gate = RequestGate(BudgetStats())
+    for i in range(rg.MAX_KINDS + 40):
+        gate.select([f"r{i}"], None, [SamplingParams(temperature=0.1 * (i % 500) + 0.1, top_k=i)])
+    assert gate.counts()["kinds"] == rg.MAX_KINDS
 
 
 def test_disabled_gate_lets_every_request_draft():
