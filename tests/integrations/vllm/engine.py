@@ -1,9 +1,8 @@
 """vLLM 0.33.0 for the plugin's tests: installed beside the venv by ``scripts/install_vllm.sh``
 (``.engines/vllm``, ``.engines/arctic``) and run in processes of its own (``scenarios.py``), so
 vLLM and its modules never enter the test process. Without the folders the tests skip, saying how
-to install them: CI does not install vLLM (over 1 GB of downloads and a native build, about 5
-minutes on the 2-core machine, docs/vllm.md), so there they skip too unless
-``NGRAM_REQUIRE_VLLM=1`` says that the install ran, which turns a missing folder into a failure."""
+to install them; under CI (``.ci/run`` installs them, as it installs SGLang) or with
+``NGRAM_REQUIRE_VLLM=1`` (the install ran) a missing folder is a failure instead."""
 
 from __future__ import annotations
 
@@ -27,6 +26,8 @@ def require_vllm() -> None:
     why = f"vLLM 0.33.0 is not installed ({', '.join(missing)} missing): run `{INSTALL}`"
     if os.environ.get("NGRAM_REQUIRE_VLLM") == "1":
         pytest.fail(why + " (NGRAM_REQUIRE_VLLM=1)")
+    if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
+        pytest.fail(why + " (CI installs it: .ci/run)")
     pytest.skip(why)
 
 
