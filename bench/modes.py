@@ -18,7 +18,8 @@ run's. Modes:
 
 Spec-Bench dev prompts (``traces/specbench_dev120_greedy.jsonl``) except for ``json``. Arms
 (--arms): ``spec`` (the engine's defaults) and, where ``EngineConfig`` has the field,
-``spec_nogate`` (``request_gate=False``: every request drafts whenever its batch does). Greedy
+``spec_gate`` (``request_gate=True``: per-request no-draft decisions, off by default since the
+H100 figures of 2026-12-06) or ``spec_nogate`` (``request_gate=False``, explicitly). Greedy
 modes also report whether the speculative outputs equal plain decoding's (bf16 near-ties aside,
 reported, never raised).
 
@@ -61,7 +62,8 @@ from bench.penalty_workload import PENALTIES  # noqa: E402
 
 MODES = ("json", "penalties", "sampled", "logprobs", "n4", "mixed")
 EXTRA_MODES = ("greedy",)
-ARMS = ("spec", "spec_nogate")
+ARMS = ("spec", "spec_gate", "spec_nogate")
+DEFAULT_ARMS = ("spec", "spec_gate")
 GREEDY_MODES = ("json", "penalties", "logprobs", "mixed", "greedy")
 SAMPLES = 4  # n of the n4 mode
 
@@ -132,9 +134,9 @@ def engine_config(B: int, max_len: int, args, **extra) -> EngineConfig:
 
 
 def available_arms(arms: list[str]) -> list[str]:
-    """The arms this code base can run: ``spec_nogate`` needs EngineConfig.request_gate."""
+    """The arms this code base can run: ``spec_gate`` and ``spec_nogate`` need EngineConfig.request_gate."""
     has_gate = "request_gate" in {f.name for f in dataclasses.fields(EngineConfig)}
-    return [a for a in arms if a != "spec_nogate" or has_gate]
+    return [a for a in arms if a == "spec" or has_gate]
 
 
 def bench(args, device: torch.device, dtype: torch.dtype, partial=None) -> dict:
@@ -169,7 +171,7 @@ def bench(args, device: torch.device, dtype: torch.dtype, partial=None) -> dict:
         for mode in args.modes:
             engines = {}
             for arm in arms:
-                extra = {"request_gate": False} if arm == "spec_nogate" else {}
+                extra = {"spec_gate": {"request_gate": True}, "spec_nogate": {"request_gate": False}}.get(arm, {})
                 # One start-up probe per batch size: each engine starts from a copy of it.
                 engines[arm] = Engine(lm.model, lm.codec, Drafter("local", draft, vocab_size=V),
                                       engine_config(B, max_len, args, **extra), cost=copy.deepcopy(cost) if cost else None)
@@ -237,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     p.add_argument("--batches", type=parse_ints, default=[1, 8, 64])
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES + EXTRA_MODES)}")
-    p.add_argument("--arms", default=",".join(ARMS), help=f"speculative arms, of {', '.join(ARMS)}")
+    p.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"speculative arms, of {', '.join(ARMS)}")
     p.add_argument("--prompts", type=int, default=32, help="requests per mode, batch size and round: max(this, batch)")
     p.add_argument("--rounds", type=int, default=2, help="rounds of disjoint requests on the same engines (plain first "
                    "in each); the first is a fresh engine's (default 2)")

@@ -123,8 +123,10 @@ class VerifierConfig:
         5.0, "SIGTERM/SIGINT: new requests get 503 and running ones this long to finish; then they are aborted and "
         "the process exits 0", "seconds 0..3600")
     request_gate: bool = flag(
-        True, "within a drafting step, no drafts for a request whose own measured acceptance does not pay for its "
-        "share of the step's extra time (verifier/budget/request_gate.py; adaptive budget only)", "true/false")
+        False, "within a drafting step, no drafts for a request whose own measured acceptance (or its kind's) does not "
+        "pay for its share of the step's extra time (verifier/budget/request_gate.py; adaptive budget only; off by "
+        "default: on the H100 it cost more than it saved in every serving mode measured, docs/benchmarks.md)",
+        "true/false")
     log_level: str = flag("INFO", "logging threshold", ", ".join(LOG_LEVELS) + " (any case)")
 
     def __post_init__(self) -> None:

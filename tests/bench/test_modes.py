@@ -43,7 +43,7 @@ def test_summary_ratios_and_the_worst_case():
 
 
 def test_arms_need_the_engine_field_and_bad_arguments_are_refused(capsys):
-    assert modes.available_arms(["spec", "spec_nogate"]) == ["spec", "spec_nogate"]  # EngineConfig.request_gate
+    assert modes.available_arms(["spec", "spec_gate", "spec_nogate"]) == ["spec", "spec_gate", "spec_nogate"]
     for argv in (["--modes", "beam"], ["--arms", "fast"], ["--prompts", "0"], ["--rounds", "0"]):
         with pytest.raises(SystemExit):
             modes.main(argv)

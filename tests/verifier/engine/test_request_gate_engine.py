@@ -1,6 +1,6 @@
 """The request gate in the engine's step (verifier/budget/request_gate.py): within a drafting step, a
 request whose measured acceptance does not pay gets no drafts while the others in its batch do, the
-output stays lossless, and EngineConfig.request_gate=False turns it off. Real SmolLM2, fp32, CPU."""
+output stays lossless, and EngineConfig.request_gate=False (the default) turns it off. Real SmolLM2, fp32, CPU."""
 
 import pytest
 from engine_fixtures import engine
@@ -38,7 +38,7 @@ def run_with_held_request(lm, prompts, **config):
 
 
 def test_held_request_gets_no_drafts_while_its_batch_drafts(smollm2, prompts, plain_outputs):
-    eng, (held, fresh) = run_with_held_request(smollm2, prompts)
+    eng, (held, fresh) = run_with_held_request(smollm2, prompts, request_gate=True)
     assert [held.output_ids, fresh.output_ids] == plain_outputs  # lossless
     assert held.verify_steps < rg.EXPLORE_EVERY and held.spec_steps == 0 and held.draft_tokens == 0
     assert fresh.draft_tokens > 0 and fresh.spec_steps >= 1
@@ -47,7 +47,7 @@ def test_held_request_gets_no_drafts_while_its_batch_drafts(smollm2, prompts, pl
 
 
 def test_request_gate_off_drafts_for_every_request(smollm2, prompts, plain_outputs):
-    eng, (held, fresh) = run_with_held_request(smollm2, prompts, request_gate=False)
+    eng, (held, fresh) = run_with_held_request(smollm2, prompts)  # the default: off
     assert [held.output_ids, fresh.output_ids] == plain_outputs
     assert eng.stats.budget.request_steps_held == 0
     assert held.draft_tokens > 0  # drafted like any other request
