@@ -140,13 +140,8 @@ class RequestLog:
         """The next step: the pending delta, plus (``replay``) every live request's whole context
         as ``restore`` runs, which the server indexes without learning them a second time."""
         msg = pb.SessionRequest(seq=seq, namespace=namespace)
-        if replay and self.prompts:
-            live = list(self.prompts)
-            contexts = [np.concatenate([self.prompts[r], *self.outputs[r]]) for r in live]
-            arrays.pack_runs(msg.restore, live, contexts)
-            if self.groups:  # only then: a message without groups is what older servers expect
-                msg.restore.groups.extend(self.groups.get(r, "") for r in live)
-            _pack_history(msg.restore, live, self.history)
+        if replay:
+            self._pack_restore(msg)
         if self._starts:
             arrays.pack_runs(msg.start, list(self._starts), list(self._starts.values()))
             if self._start_groups:
@@ -162,6 +157,23 @@ class RequestLog:
             msg.draft.req_ids.extend(draft_ids)
             msg.draft.budget = budget
         return msg
+
+    def restore(self, seq: int, namespace: str) -> pb.SessionRequest:
+        """A replay alone: every confirmed live request's whole context, none of the pending
+        delta, so operations buffered while it is in flight stay pending (they go with a later
+        step, and only that step's acknowledgement commits them)."""
+        msg = pb.SessionRequest(seq=seq, namespace=namespace)
+        self._pack_restore(msg)
+        return msg
+
+    def _pack_restore(self, msg: pb.SessionRequest) -> None:
+        if self.prompts:
+            live = list(self.prompts)
+            contexts = [np.concatenate([self.prompts[r], *self.outputs[r]]) for r in live]
+            arrays.pack_runs(msg.restore, live, contexts)
+            if self.groups:  # only then: a message without groups is what older servers expect
+                msg.restore.groups.extend(self.groups.get(r, "") for r in live)
+            _pack_history(msg.restore, live, self.history)
 
     def commit(self) -> None:
         """The server applied the pending step."""

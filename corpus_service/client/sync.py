@@ -8,7 +8,11 @@
 
 Failures raise ``CorpusError`` subclasses; ``CorpusUnavailable`` means "draft locally or not at
 all": the server is down, draining, or the circuit breaker is open (then it costs microseconds).
-After a broken stream the next call opens a new session and replays every live request.
+After a broken stream the next call opens a new session and replays every live request: the
+replay is one message of its own with its own deadline (``replay_timeout``), not the step's, since
+re-creating hundreds of long requests can take the server longer than a decode step's deadline
+(which would otherwise miss, replay again, and never catch up). Steps that come while it is in
+flight fail at once with ``CorpusDeadlineExceeded``; the first step after it goes on as usual.
 """
 
 from __future__ import annotations
@@ -27,8 +31,8 @@ import numpy as np
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2_grpc as pb_grpc
 from corpus_service.client.circuit_breaker import CircuitBreaker
-from corpus_service.client.policy import (CHANNEL_OPTIONS, RetryPolicy, announce_request, channel_target, decode_drafts,
-                                          describe_of, settle_step, stats_of)
+from corpus_service.client.policy import (CHANNEL_OPTIONS, RetryPolicy, announce_request, channel_target,
+                                          check_response, decode_drafts, describe_of, settle_step, stats_of)
 from corpus_service.client.request_log import RequestLog, group_key, history_args, req_id, token_array, token_runs
 from corpus_service.engine.corpus import DraftBatch
 from corpus_service.protocol.status import (TRANSIENT, CorpusDeadlineExceeded, CorpusError, CorpusUnavailable,
@@ -36,6 +40,9 @@ from corpus_service.protocol.status import (TRANSIENT, CorpusDeadlineExceeded, C
 from corpus_service.security.tls import ClientTLS, auth_metadata, open_channel, resolve_tls, resolve_token
 
 _CLOSE = object()
+# Measured 2026-12-06: 128-256 live requests x 2-4K tokens (2.1 MB) took a loaded 2-core server
+# 0.04-0.07 s to re-create; 10 s leaves room for far larger replays and still gives up on a hung peer.
+DEFAULT_REPLAY_TIMEOUT = 10.0
 
 
 class _Stream:
@@ -47,6 +54,8 @@ class _Stream:
         self._lock = threading.Lock()
         self.broken: CorpusError | None = None
         self.replayed = False
+        self.replay: Future | None = None  # the replay in flight, alone on this stream
+        self.replay_deadline = 0.0
         self._call = stub.Session(iter(self._q.get, _CLOSE), metadata=metadata or None)
         threading.Thread(target=self._read, name="corpus-session-reader", daemon=True).start()
 
@@ -84,10 +93,16 @@ class CorpusClient:
     def __init__(self, target: str, namespace: str = "default", *, timeout: float = 2.0,
                  retry: RetryPolicy | None = None, breaker: CircuitBreaker | None = None,
                  channel: grpc.Channel | None = None, max_pending_tokens: int = 1 << 20,
-                 token: str | None = None, tls: ClientTLS | str | bool | None = None) -> None:
+                 token: str | None = None, tls: ClientTLS | str | bool | None = None,
+                 replay_timeout: float = DEFAULT_REPLAY_TIMEOUT) -> None:
         """``token``: the bearer token sent with every call (default: ``NGRAM_CORPUS_TOKEN``);
-        ``tls``: a ClientTLS, a CA file, True (system roots), False, or None (``NGRAM_CORPUS_TLS_*``)."""
+        ``tls``: a ClientTLS, a CA file, True (system roots), False, or None (``NGRAM_CORPUS_TLS_*``);
+        ``replay_timeout``: seconds a new session's replay of the live requests may take (at least
+        ``timeout``)."""
+        if not 0 < float(replay_timeout) < float("inf"):
+            raise ValueError(f"replay_timeout: expected a positive number of seconds, got {replay_timeout!r}")
         self.target, self.namespace, self.timeout = target, namespace, float(timeout)
+        self.replay_timeout = max(float(replay_timeout), self.timeout)
         self.retry = retry or RetryPolicy()
         self.breaker = breaker or CircuitBreaker()
         token = resolve_token(token)
@@ -207,14 +222,22 @@ class CorpusClient:
             self.flush()
 
     def _step(self, draft_ids: list[str], budget: int, timeout: float | None) -> pb.SessionResponse:
-        self.breaker.check()
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        stream = self._stream
+        earlier_replay = stream is not None and stream.replay is not None and stream.broken is None
+        if not earlier_replay:
+            self.breaker.check()  # (a replay in flight is the breaker's trial call: its outcome settles it)
         for attempt in itertools.count():
             try:
                 if self._stream is None or self._stream.broken is not None:
-                    self._stream = _Stream(self.stub, self.metadata)
+                    self._stream, earlier_replay = _Stream(self.stub, self.metadata), False
                 stream = self._stream
-                msg = self._log.build(next(self._seq), self.namespace, draft_ids, budget, replay=not stream.replayed)
+                # A replay an earlier step sent is only looked at (a hung peer costs no step its deadline);
+                # one this step sends gets half the step's time, so that the step's own message has the rest.
+                now = time.monotonic()
+                if not self._replayed(stream, now if earlier_replay else now + (deadline - now) / 2):
+                    break
+                msg = self._log.build(next(self._seq), self.namespace, draft_ids, budget, replay=False)
                 try:
                     resp = stream.send(msg).result(timeout=max(0.0, deadline - time.monotonic()))
                 except FutureTimeout:
@@ -230,7 +253,38 @@ class CorpusClient:
                         continue
                 raise
             return settle_step(self.breaker, self._log, stream, resp)
-        raise AssertionError("unreachable")
+        raise CorpusDeadlineExceeded(f"the corpus is still re-creating this client's {len(self._log.prompts)} live "
+                                     f"requests in a new session ({self.target}); this step goes without it")
+
+    def _replayed(self, stream: _Stream, deadline: float) -> bool:
+        """Whether the server has every confirmed live request in this session: the replay is sent
+        once, alone, and waited for until ``deadline`` (a step's); False while it is still in flight
+        within ``replay_timeout``. A replay that took longer, or failed, breaks the session (the
+        next step opens another and replays again)."""
+        if stream.replayed:
+            return True
+        if stream.replay is None:
+            if not self._log.prompts:
+                stream.replayed = True
+                return True
+            stream.replay = stream.send(self._log.restore(next(self._seq), self.namespace))
+            stream.replay_deadline = time.monotonic() + self.replay_timeout
+        try:
+            resp = stream.replay.result(timeout=max(0.0, min(deadline, stream.replay_deadline) - time.monotonic()))
+        except FutureTimeout:
+            if time.monotonic() < stream.replay_deadline:
+                return False
+            raise CorpusDeadlineExceeded(f"the corpus did not re-create {len(self._log.prompts)} live requests within "
+                                         f"replay_timeout {self.replay_timeout:g}s ({self.target})") from None
+        self.breaker.record_success()
+        stream.replay = None
+        try:
+            check_response(resp)
+        except CorpusError:
+            self._drop_stream()  # refused, so nothing of it was applied: the next step starts over
+            raise
+        stream.replayed = True
+        return True
 
     def _drop_stream(self) -> None:
         if self._stream is not None:

@@ -19,9 +19,13 @@ NAMESPACE_ENV = "NGRAM_CORPUS_NAMESPACE"  # the namespace of the engine's tokeni
 TIMEOUT_ENV = "NGRAM_CORPUS_TIMEOUT"  # seconds one corpus call may take before the step goes without it
 CONNECT_TIMEOUT_ENV = "NGRAM_CORPUS_CONNECT_TIMEOUT"  # seconds to reach the corpus at start
 RETRY_ENV = "NGRAM_CORPUS_RETRY_SECONDS"  # while the corpus is away: how often to try it again
+# seconds a new session may take to re-create the live requests (vLLM's plugin: SGLang's calls keep no session)
+REPLAY_TIMEOUT_ENV = "NGRAM_CORPUS_REPLAY_TIMEOUT"
 DEFAULT_TIMEOUT = 0.05  # a step never waits longer than this for drafts from the corpus
 DEFAULT_CONNECT_TIMEOUT = 5.0
 DEFAULT_RETRY_SECONDS = 2.0
+# Not a step's deadline: a replay of hundreds of long requests outlasts one (corpus_service/client/sync.py).
+DEFAULT_REPLAY_TIMEOUT = 10.0
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
@@ -44,12 +48,13 @@ class IntegrationSettings:
     timeout: float = DEFAULT_TIMEOUT  # per call
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     retry_seconds: float = DEFAULT_RETRY_SECONDS
+    replay_timeout: float = DEFAULT_REPLAY_TIMEOUT  # steps meanwhile go without the corpus, never wait for it
 
     def __post_init__(self) -> None:
         if not isinstance(self.target, str) or not self.target.strip():
             raise ValueError(f"{TARGET_ENV}: expected host:port, got {self.target!r}")
         check_namespace_name(self.namespace)
-        for name in ("timeout", "connect_timeout", "retry_seconds"):
+        for name in ("timeout", "connect_timeout", "retry_seconds", "replay_timeout"):
             value = getattr(self, name)
             if not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name}: expected a positive number of seconds, got {value!r}")
@@ -65,4 +70,5 @@ class IntegrationSettings:
         return cls(target=target, namespace=(env.get(NAMESPACE_ENV) or "default").strip(),
                    timeout=_seconds(env, TIMEOUT_ENV, DEFAULT_TIMEOUT),
                    connect_timeout=_seconds(env, CONNECT_TIMEOUT_ENV, DEFAULT_CONNECT_TIMEOUT),
-                   retry_seconds=_seconds(env, RETRY_ENV, DEFAULT_RETRY_SECONDS))
+                   retry_seconds=_seconds(env, RETRY_ENV, DEFAULT_RETRY_SECONDS),
+                   replay_timeout=_seconds(env, REPLAY_TIMEOUT_ENV, DEFAULT_REPLAY_TIMEOUT))

@@ -99,7 +99,8 @@ class CorpusBridge:
     def __init__(self, settings: IntegrationSettings, client: CorpusClient | None = None) -> None:
         self.settings = settings
         self.client = client or CorpusClient(settings.target, settings.namespace, timeout=settings.timeout,
-                                             breaker=CircuitBreaker(cooldown_s=settings.retry_seconds))
+                                             breaker=CircuitBreaker(cooldown_s=settings.retry_seconds),
+                                             replay_timeout=settings.replay_timeout)
         self.fed: dict[str, int] = {}  # live request -> tokens the corpus has of it
         self.stats = BridgeStats()
 
