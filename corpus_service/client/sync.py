@@ -257,7 +257,7 @@ class CorpusClient:
                                      f"requests in a new session ({self.target}); this step goes without it")
 
     def _replayed(self, stream: _Stream, deadline: float) -> bool:
-        """Whether the server has every confirmed live request in this session: the replay is sent
+        """Whether the server has every confirmed live request on this stream: the replay is sent
         once, alone, and waited for until ``deadline`` (a step's); False while it is still in flight
         within ``replay_timeout``. A replay that took longer, or failed, breaks the session (the
         next step opens another and replays again)."""

@@ -117,7 +117,7 @@ def test_a_hung_peer_during_the_replay_costs_no_step_its_deadline(tmp_path):
             assert looks >= 10  # a 50 ms wait each would allow 6 at most
             time.sleep(0.3)
             with pytest.raises(CorpusDeadlineExceeded, match="replay_timeout 0.5s"):
-                client.draft(ids, 4)  # the replay outlived its deadline: that session is given up too
+                client.draft(ids, 4)  # the replay outlived its deadline: that stream is given up too
             proxy.set_mode("pass")
             deadline, drafts = time.monotonic() + 10, None
             while drafts is None and time.monotonic() < deadline:
