@@ -87,6 +87,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="shared local no_history local_no_history prompt_lookup bound_shared bound_local (default: "
                          "shared local no_history prompt_lookup, and the bound's two with --bound)")
     rp.add_argument("--bound", action="store_true", help="also the perfect-ranking bound of shared and local")
+    rp.add_argument("--phase-live", type=int, default=32, help="an epoch's bulk: lockstep rounds with more live "
+                    "requests than this per replica (as fleet's); the rest is its tail (rounds, MAT, tokens per epoch)")
     rp.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="CorpusConfig override")
     rp.add_argument("--out", default=str(REPO / "bench" / "results" / "rollouts_replay.json"))
     mp = sub.add_parser("memory", help="bytes per stored history token, synthetic 10k x 8 x 300 history")

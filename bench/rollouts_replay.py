@@ -13,29 +13,54 @@ from bench.rollouts_common import TRACE_NAMES, Sample, by_epoch, load_samples, p
 from corpus_service import CorpusConfig, NgramCorpus
 
 
-class EpochStats:
-    """Rounds and tokens of one epoch's requests."""
+PHASE_LIVE = 32  # an epoch's bulk: rounds with more live requests than this per replica (the fleet's --phase-live)
 
-    def __init__(self) -> None:
+
+class EpochStats:
+    """Rounds and tokens of one epoch's requests; with ``phase_live``, the lockstep rounds split into
+    the bulk (more than ``phase_live`` requests live in the fleet) and the tail."""
+
+    def __init__(self, phase_live: int = PHASE_LIVE) -> None:
         self.tokens = 0
         self.rounds = 0  # verify rounds summed over requests
         self.longest_rounds = 0  # rounds until the epoch's last request ended (lockstep)
         self.longest_output = 0  # the same without speculation: one token a round
+        self.phase_live = phase_live
+        self.outputs: list[int] = []
+        # phase -> [lockstep rounds, request-rounds, tokens committed]
+        self.phases: dict[str, list[int]] = {"bulk": [0, 0, 0], "tail": [0, 0, 0]}
+
+    def round(self, live: int, tokens: int) -> None:
+        """One lockstep round with ``live`` requests in the fleet that committed ``tokens``."""
+        ph = self.phases["bulk" if live > self.phase_live else "tail"]
+        ph[0] += 1
+        ph[1] += live
+        ph[2] += tokens
 
     def add(self, out_len: int, rounds: int) -> None:
+        self.outputs.append(out_len)
         self.tokens += out_len
         self.rounds += rounds
         self.longest_rounds = max(self.longest_rounds, rounds)
         self.longest_output = max(self.longest_output, out_len)
 
     def summary(self) -> dict:
-        return {"mat": self.tokens / max(self.rounds, 1), "tokens": self.tokens, "rounds": self.rounds,
-                "longest_rounds": self.longest_rounds, "longest_output": self.longest_output,
-                "makespan_rounds_vs_no_speculation": self.longest_output / max(self.longest_rounds, 1)}
+        out = {"mat": self.tokens / max(self.rounds, 1), "tokens": self.tokens, "rounds": self.rounds,
+               "longest_rounds": self.longest_rounds, "longest_output": self.longest_output,
+               "makespan_rounds_vs_no_speculation": self.longest_output / max(self.longest_rounds, 1)}
+        if any(ph[0] for ph in self.phases.values()):
+            # Without speculation every live request commits one token a round: the bulk lasts until
+            # only phase_live requests are left, i.e. the (phase_live + 1)-th longest output.
+            lens = sorted(self.outputs, reverse=True)
+            none_bulk = lens[self.phase_live] if len(lens) > self.phase_live else 0
+            out["phases"] = {name: {"rounds": r, "request_rounds": rr, "tokens": t, "mat": round(t / rr, 3) if rr else None}
+                             for name, (r, rr, t) in self.phases.items()}
+            out["phases"]["none"] = {"bulk_rounds": none_bulk, "tail_rounds": (lens[0] if lens else 0) - none_bulk}
+        return out
 
 
 def replay_lockstep(samples: list[Sample], engines: list[NgramCorpus], budget: int, *, replicas: int,
-                    keys: bool = True) -> dict[int, EpochStats]:
+                    keys: bool = True, phase_live: int = PHASE_LIVE) -> dict[int, EpochStats]:
     """Each epoch's requests at once, sample s on ``engines[(s % replicas) % len(engines)]``. Every
     round drafts each engine's live requests in one batch, then every request commits what it accepted
     (+1); requests whose output is complete finish (into their key's history), then each engine
@@ -45,7 +70,7 @@ def replay_lockstep(samples: list[Sample], engines: list[NgramCorpus], budget: i
         for eng in engines:
             if keys:
                 eng.announce_policy_version(epoch)
-        stats = EpochStats()
+        stats = EpochStats(phase_live * replicas)  # the fleet's live requests, as the fleet benchmark counts them
         placed: dict[int, list[int]] = defaultdict(list)  # engine -> indices into reqs
         for j, s in enumerate(reqs):
             e = (s.sample % replicas) % len(engines)
@@ -68,6 +93,7 @@ def replay_lockstep(samples: list[Sample], engines: list[NgramCorpus], budget: i
                     a = accept_path(toks, parents, truth[pos[j]:pos[j] + budget + 1])
                     rows.append(truth[pos[j]:pos[j] + a + 1])
                 commits[e] = rows
+            stats.round(sum(map(len, live.values())), sum(len(c) for rows in commits.values() for c in rows))
             for e, rows in commits.items():
                 js = live[e]
                 engines[e].extend_batch([f"e{epoch}r{j}" for j in js], rows)
@@ -155,7 +181,8 @@ def run_replay(args: argparse.Namespace) -> dict:
             t0 = time.perf_counter()
             engines = make()
             width = BOUND_WIDTH if arm.startswith("bound") else args.budget
-            per_epoch = replay_lockstep(samples, engines, width, replicas=args.replicas, keys=keys)
+            per_epoch = replay_lockstep(samples, engines, width, replicas=args.replicas, keys=keys,
+                                        phase_live=args.phase_live)
             run["arms"][arm] = arm_result(per_epoch, score, time.perf_counter() - t0, engines)
             print(f"  {path.stem} {arm}: MAT {run['arms'][arm]['mat']:.3f} (epochs "
                   + ", ".join(f"{e}: {st['mat']:.3f}" for e, st in run["arms"][arm]["epochs"].items())

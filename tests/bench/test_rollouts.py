@@ -43,6 +43,33 @@ def test_replay_smoke_on_the_shipped_slice(no_shared_data, tmp_path, capsys):
     assert "SUMMARY rollouts replay: rollouts_dev_g8e3_t07_slice4 R=4 B=15" in capsys.readouterr().out
 
 
+def test_phases_split_the_lockstep_rounds_at_the_live_count():
+    from bench.rollouts_replay import EpochStats
+
+    st = EpochStats(phase_live=2)
+    # Four requests of 5, 3, 2 and 2 tokens without speculation: 4, 4 live, then 2, then 1 and 1.
+    for live, tokens in ((4, 4), (4, 4), (2, 2), (1, 1), (1, 1)):
+        st.round(live, tokens)
+    for n in (5, 3, 2, 2):
+        st.add(n, n)
+    ph = st.summary()["phases"]
+    assert ph["bulk"] == {"rounds": 2, "request_rounds": 8, "tokens": 8, "mat": 1.0}
+    assert ph["tail"] == {"rounds": 3, "request_rounds": 4, "tokens": 4, "mat": 1.0}
+    # Plain decoding's bulk lasts until the third-longest output is done (2 rounds), its tail 5 - 2.
+    assert ph["none"] == {"bulk_rounds": 2, "tail_rounds": 3}
+
+
+def test_replay_reports_each_epochs_phases(no_shared_data, tmp_path):
+    res = rollouts.main(["replay", "--trace", "rollouts_dev_g8e3_t07.jsonl", "--prompts", "2", "--arms", "shared",
+                         "--phase-live", "2", "--out", str(tmp_path / "r.json")])
+    for ep in res["runs"][0]["arms"]["shared"]["epochs"].values():
+        ph = ep["phases"]
+        assert ph["bulk"]["rounds"] + ph["tail"]["rounds"] == ep["longest_rounds"]
+        assert ph["bulk"]["tokens"] + ph["tail"]["tokens"] == ep["tokens"]
+        assert ph["bulk"]["request_rounds"] + ph["tail"]["request_rounds"] == ep["rounds"]
+        assert ph["none"]["bulk_rounds"] + ph["none"]["tail_rounds"] == ep["longest_output"]
+
+
 def test_the_slices_are_the_first_prompts_of_the_shared_traces():
     shared = shared_data_dir() / "traces"
     for name, piece in rollouts.SLICES.items():
