@@ -87,6 +87,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="shared local no_history local_no_history prompt_lookup bound_shared bound_local (default: "
                          "shared local no_history prompt_lookup, and the bound's two with --bound)")
     rp.add_argument("--bound", action="store_true", help="also the perfect-ranking bound of shared and local")
+    rp.add_argument("--tail-budget", type=int, default=0, help="draft budget of the tail's rounds (0: --budget): "
+                    "deeper drafts for an epoch's last requests")
     rp.add_argument("--phase-live", type=int, default=32, help="an epoch's bulk: lockstep rounds with more live "
                     "requests than this per replica (as fleet's); the rest is its tail (rounds, MAT, tokens per epoch)")
     rp.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="CorpusConfig override")
@@ -136,6 +138,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.mode == "fleet-merge":
         return run_fleet_merge(args)
     if args.mode == "replay":
+        if args.tail_budget < 0 or args.phase_live < 0:
+            ap.error("--tail-budget and --phase-live: expected >= 0")
         return run_replay(args)
     if args.mode == "memory":
         return run_memory(args)

@@ -60,11 +60,13 @@ class EpochStats:
 
 
 def replay_lockstep(samples: list[Sample], engines: list[NgramCorpus], budget: int, *, replicas: int,
-                    keys: bool = True, phase_live: int = PHASE_LIVE) -> dict[int, EpochStats]:
+                    keys: bool = True, phase_live: int = PHASE_LIVE, tail_budget: int = 0) -> dict[int, EpochStats]:
     """Each epoch's requests at once, sample s on ``engines[(s % replicas) % len(engines)]``. Every
     round drafts each engine's live requests in one batch, then every request commits what it accepted
     (+1); requests whose output is complete finish (into their key's history), then each engine
-    applies its pending inserts (deterministic: the next round sees all of this one's)."""
+    applies its pending inserts (deterministic: the next round sees all of this one's). ``tail_budget``
+    (0: ``budget``): the draft budget of the tail's rounds (``phase_live`` or fewer live per replica),
+    where a small batch makes a deeper tree cheap."""
     out: dict[int, EpochStats] = {}
     for epoch, reqs in by_epoch(samples).items():
         for eng in engines:
@@ -82,15 +84,17 @@ def replay_lockstep(samples: list[Sample], engines: list[NgramCorpus], budget: i
         live = {e: list(js) for e, js in placed.items()}
         while any(live.values()):
             commits: dict[int, list[list[int]]] = {}
+            tail = sum(map(len, live.values())) <= phase_live * replicas
+            width = tail_budget if tail and tail_budget else budget
             for e, js in live.items():
                 if not js:
                     continue
-                batch = engines[e].draft([f"e{epoch}r{j}" for j in js], budget)
+                batch = engines[e].draft([f"e{epoch}r{j}" for j in js], width)
                 rows = []
                 for row, j in enumerate(js):
                     toks, parents, _ = batch.tree(row)
                     truth = reqs[j].output_ids
-                    a = accept_path(toks, parents, truth[pos[j]:pos[j] + budget + 1])
+                    a = accept_path(toks, parents, truth[pos[j]:pos[j] + width + 1])
                     rows.append(truth[pos[j]:pos[j] + a + 1])
                 commits[e] = rows
             stats.round(sum(map(len, live.values())), sum(len(c) for rows in commits.values() for c in rows))
@@ -152,7 +156,7 @@ def arm_result(per_epoch: dict[int, EpochStats], score_epochs: list[int], second
 
 def run_replay(args: argparse.Namespace) -> dict:
     config = CorpusConfig(**parse_overrides(args.set))
-    results: dict = {"mode": "replay", "replicas": args.replicas, "budget": args.budget,
+    results: dict = {"mode": "replay", "replicas": args.replicas, "budget": args.budget, "tail_budget": args.tail_budget,
                      "date": time.strftime("%Y-%m-%d", time.gmtime()), "runs": []}
     lines = []
     for name in args.trace or TRACE_NAMES:
@@ -182,7 +186,7 @@ def run_replay(args: argparse.Namespace) -> dict:
             engines = make()
             width = BOUND_WIDTH if arm.startswith("bound") else args.budget
             per_epoch = replay_lockstep(samples, engines, width, replicas=args.replicas, keys=keys,
-                                        phase_live=args.phase_live)
+                                        phase_live=args.phase_live, tail_budget=0 if arm.startswith("bound") else args.tail_budget)
             run["arms"][arm] = arm_result(per_epoch, score, time.perf_counter() - t0, engines)
             print(f"  {path.stem} {arm}: MAT {run['arms'][arm]['mat']:.3f} (epochs "
                   + ", ".join(f"{e}: {st['mat']:.3f}" for e, st in run["arms"][arm]["epochs"].items())

@@ -60,8 +60,14 @@ def test_phases_split_the_lockstep_rounds_at_the_live_count():
 
 
 def test_replay_reports_each_epochs_phases(no_shared_data, tmp_path):
-    res = rollouts.main(["replay", "--trace", "rollouts_dev_g8e3_t07.jsonl", "--prompts", "2", "--arms", "shared",
-                         "--phase-live", "2", "--out", str(tmp_path / "r.json")])
+    argv = ["replay", "--trace", "rollouts_dev_g8e3_t07.jsonl", "--prompts", "2", "--arms", "shared", "--phase-live", "2"]
+    res = rollouts.main(argv + ["--out", str(tmp_path / "r.json")])
+    deep = rollouts.main(argv + ["--tail-budget", "63", "--out", str(tmp_path / "d.json")])
+    assert deep["tail_budget"] == 63
+    base_ep, deep_ep = (r["runs"][0]["arms"]["shared"]["epochs"]["0"]["phases"] for r in (res, deep))
+    # The first epoch's bulk comes before any tail: it drafts as before (later epochs learn from the tails).
+    assert deep_ep["bulk"] == base_ep["bulk"]
+    assert deep_ep["tail"]["mat"] >= base_ep["tail"]["mat"]
     for ep in res["runs"][0]["arms"]["shared"]["epochs"].values():
         ph = ep["phases"]
         assert ph["bulk"]["rounds"] + ph["tail"]["rounds"] == ep["longest_rounds"]
