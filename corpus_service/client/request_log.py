@@ -134,6 +134,10 @@ class RequestLog:
     def pending_tokens(self) -> int:
         return self._pending_tokens
 
+    def pending_start_tokens(self) -> int:
+        """Prompt tokens of the starts not yet acknowledged (they ride on the next step)."""
+        return sum(p.size for p in self._starts.values())
+
     # ------------------------------------------------------------------ messages
 
     def build(self, seq: int, namespace: str, draft_ids: Sequence[str], budget: int, replay: bool) -> pb.SessionRequest:

@@ -152,6 +152,12 @@ class CorpusClient:
         with self._lock:
             self._log.finish(req_id(req_id_), bool(rollout))
 
+    def pending_start_tokens(self) -> int:
+        """Prompt tokens of the started requests the server has not acknowledged yet: the next
+        step carries them (a caller bounds a step's message by them, as vLLM's plugin does)."""
+        with self._lock:
+            return self._log.pending_start_tokens()
+
     def has_request(self, req_id_: object) -> bool:
         with self._lock:
             return self._log.is_live(req_id(req_id_))

@@ -102,6 +102,7 @@ class CorpusBridge:
                                              breaker=CircuitBreaker(cooldown_s=settings.retry_seconds),
                                              replay_timeout=settings.replay_timeout)
         self.fed: dict[str, int] = {}  # live request -> tokens the corpus has of it
+        self.waiting: dict[str, None] = {}  # live requests not started on the corpus yet, oldest first
         self.stats = BridgeStats()
 
     def check(self) -> str:
@@ -122,7 +123,8 @@ class CorpusBridge:
         self.stats.steps += 1
         try:
             self._feed(requests, live)
-            drafted = [i for i, r in enumerate(requests) if r.max_draft > 0]
+            # A request still waiting for its start gets an empty chain (no speculation) this step.
+            drafted = [i for i, r in enumerate(requests) if r.max_draft > 0 and r.req_id in self.fed]
             chains: list[list[int]] = [[] for _ in requests]
             if drafted:
                 longest = max(requests[i].max_draft for i in drafted)
@@ -141,19 +143,42 @@ class CorpusBridge:
         for rid in [r for r in self.fed if r not in live]:
             del self.fed[rid]  # first: a failing finish must not leave it behind
             client.finish(rid)
+        for rid in [r for r in self.waiting if r not in live]:
+            del self.waiting[rid]  # left before it was started: the server never had it
+        for r in requests:
+            have = self.fed.get(r.req_id)
+            if have is not None and have > r.num_tokens:  # came back shorter (preempted, recomputed): anew
+                del self.fed[r.req_id]
+                client.finish(r.req_id, rollout=False)
+            if r.req_id not in self.fed:
+                self.waiting.setdefault(r.req_id, None)
+        self._start_waiting({r.req_id: r for r in requests if r.req_id in self.waiting})
         extends: list[tuple[str, np.ndarray]] = []
         for r in requests:
             have = self.fed.get(r.req_id)
-            if have is None or have > r.num_tokens:  # new, or came back shorter (preempted, recomputed)
-                if have is not None:
-                    client.finish(r.req_id, rollout=False)
-                self.fed[r.req_id] = r.num_prompt_tokens  # before the call: a logged start that failed to flush still counts
-                client.start_request(r.req_id, r.token_ids[:r.num_prompt_tokens])
-                have = r.num_prompt_tokens
-            if r.num_tokens > have:
+            if have is not None and r.num_tokens > have:
                 extends.append((r.req_id, r.token_ids[have:r.num_tokens]))
                 self.fed[r.req_id] = r.num_tokens
         client.extend_many(extends)
+
+    def _start_waiting(self, ready: dict[str, StepRequest]) -> None:
+        """Starts waiting requests, oldest first, while the step's message stays within
+        ``max_start_tokens`` prompt tokens, counting starts not yet acknowledged (a missed step's
+        ride again): a message the server cannot apply within the deadline misses at every step
+        (a burst of 128 x 4K prompts did). Strictly in order, so every request starts in turn; one
+        prompt over the bound starts alone."""
+        cap = self.settings.max_start_tokens
+        pending = self.client.pending_start_tokens()
+        for rid in list(self.waiting):
+            r = ready.get(rid)
+            if r is None:  # live but not drafted this step: its turn waits for its tokens
+                continue
+            if pending > 0 and pending + r.num_prompt_tokens > cap:
+                break
+            del self.waiting[rid]
+            self.fed[rid] = r.num_prompt_tokens  # before the call: a logged start that failed to flush still counts
+            self.client.start_request(rid, r.token_ids[:r.num_prompt_tokens])
+            pending += r.num_prompt_tokens
 
     def note_failure(self, e: Exception) -> None:
         """A step without corpus drafts: counted; the first of an outage is logged."""
