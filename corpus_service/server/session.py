@@ -165,6 +165,9 @@ class Session:
         # step the engine refuses midway keeps its charge until close: an over-count, never an under-count.
         self.charged = 0
         self.closed = False
+        # A step applied on the worker pool may still run when its cancelled stream closes: close()
+        # then leaves the cleanup to that step (it finishes what it started too), never runs beside it.
+        self._applying = False
         self._lock = threading.Lock()
 
     def parse(self, msg: pb.SessionRequest) -> Step:
@@ -260,12 +263,26 @@ class Session:
         return int(held.sum()) * tb + held.size * REQUEST_CHARGE_BYTES
 
     def apply(self, step: Step, out: pb.SessionResponse) -> int:
-        """Applies a validated step to the engine; fills ``out.drafts``. Returns drafted nodes."""
-        corpus = self.state.corpus(step.namespace)
-        self.update(corpus, step)
-        if not step.draft:
-            return 0
-        return self.draft(corpus, step, out)
+        """Applies a validated step to the engine; fills ``out.drafts``. Returns drafted nodes. A step
+        whose stream closed before it began is not applied; one whose stream closed while it ran
+        finishes the stream's live requests when it ends, those it started included (else they would
+        stay live on the engine, unknown to any stream, until its idle timeout)."""
+        with self._lock:
+            if self.closed:
+                raise CorpusError("the session's stream has ended", grpc.StatusCode.CANCELLED)
+            self._applying = True
+        try:
+            corpus = self.state.corpus(step.namespace)
+            self.update(corpus, step)
+            if not step.draft:
+                return 0
+            return self.draft(corpus, step, out)
+        finally:
+            with self._lock:
+                self._applying = False
+                closed_meanwhile = self.closed
+            if closed_meanwhile:
+                self._finish_live()
 
     def update(self, corpus: NgramCorpus, step: Step) -> None:
         """Restores, starts, extends and finishes of a step (everything before its draft)."""
@@ -316,7 +333,15 @@ class Session:
         return int(tokens.size)
 
     def close(self) -> None:
-        """The stream ended: its live requests are finished (their tokens stay learned)."""
+        """The stream ended: its live requests are finished (their tokens stay learned), here or, if a
+        step of it is being applied on the pool, by that step when it ends (``apply``)."""
+        with self._lock:
+            self.closed = True
+            busy = self._applying
+        if not busy:
+            self._finish_live()
+
+    def _finish_live(self) -> None:
         for ns, rids in self.live.items():
             corpus = self.state.corpus(ns)
             ch = self.state.chunkers[ns] if self.state.chunkers is not None else None
@@ -328,12 +353,13 @@ class Session:
                 except ValueError:
                     pass  # expired by the engine's idle timeout meanwhile
         self.live.clear()
-        self._release(self.charged)
-        self.closed = True
+        with self._lock:
+            nbytes, self.charged = self.charged, 0
+        self.state.budget.release(nbytes)
 
     def _release(self, nbytes: int) -> None:
         # A step applied on the pool may still finish requests after its cancelled stream closed:
-        # what close released must not be released twice.
+        # what the close's cleanup releases (all that is charged) must not be released twice.
         with self._lock:
             nbytes = 0 if self.closed else min(nbytes, self.charged)
             self.charged -= nbytes
