@@ -43,11 +43,22 @@ class _AioStream:
         return self.broken is None and not self._call.done()
 
     async def exchange(self, msg: pb.SessionRequest, timeout: float) -> pb.SessionResponse:
-        """Sends ``msg`` and returns its reply; CorpusDeadlineExceeded after ``timeout`` seconds."""
+        """Sends ``msg`` and returns its reply; CorpusDeadlineExceeded after ``timeout`` seconds.
+        The deadline cancels this task, not only the call: a call cancelled before its stream's
+        headers were sent (a peer that accepts the connection and never answers) leaves grpc.aio's
+        write waiting for them forever, whatever the call's state (grpcio 1.85)."""
         if self.broken is not None:
             raise self.broken
-        call = self._call
-        timer = asyncio.get_running_loop().call_later(timeout, self._expire)
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._exchange(self._call, msg)
+        except TimeoutError as e:
+            if isinstance(e, CorpusError):  # (CorpusDeadlineExceeded is a TimeoutError too)
+                raise
+            self._expire()
+            raise self.broken from None
+
+    async def _exchange(self, call, msg: pb.SessionRequest) -> pb.SessionResponse:
         written = False
         try:
             try:
@@ -72,10 +83,8 @@ class _AioStream:
             raise self._fail(self.broken or CorpusUnavailable("the session stream is closed")) from None
         except asyncio.CancelledError:
             if self.broken is None and not self._closed:
-                raise  # the caller was cancelled
+                raise  # the caller was cancelled, or the deadline (exchange turns that into its error)
             raise self._fail(self.broken or CorpusUnavailable("the session stream was closed")) from None
-        finally:
-            timer.cancel()
 
     def _expire(self) -> None:
         # The step's fate is unknown: a new session replays the log, so both sides agree again.

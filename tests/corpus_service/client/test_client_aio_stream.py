@@ -13,7 +13,7 @@ import pytest
 from corpus_service._proto.ngram_corpus.v1 import corpus_pb2 as pb
 from corpus_service.client import AsyncCorpusClient, CircuitBreaker, CorpusUnavailable, RetryPolicy
 from corpus_service.protocol import arrays
-from corpus_service.protocol.status import CorpusDeadlineExceeded
+from corpus_service.protocol.status import CorpusDeadlineExceeded, CorpusError
 
 from ..service_fixtures import ServerProcess
 
@@ -152,3 +152,49 @@ def test_async_client_replays_after_a_real_server_restart(tmp_path):
     finally:
         if srv.alive():
             srv.stop()
+
+
+def test_a_peer_that_accepts_and_never_answers_costs_each_step_its_deadline_only():
+    """A corpus address that accepts TCP connections and never speaks HTTP/2 (a hung host, a proxy
+    that lost its upstream): each step fails within about its deadline. Before, the deadline cancelled
+    only the call, and grpc.aio's write waited forever for headers a cancelled call never sends:
+    the first step hung (2 of 2 runs past 3 s at a 50 ms deadline, 2026-12-06)."""
+    import socket
+    import threading
+    import time
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    held: list[socket.socket] = []
+
+    def accept():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            held.append(conn)  # never read, never answered
+
+    threading.Thread(target=accept, daemon=True).start()
+
+    async def main():
+        client = AsyncCorpusClient(f"127.0.0.1:{listener.getsockname()[1]}", timeout=0.05,
+                                   breaker=CircuitBreaker(failure_threshold=1000, cooldown_s=0.01))
+        await client.start_request("a", [1, 2, 3])
+        waits = []
+        for _ in range(5):
+            t = time.perf_counter()
+            with pytest.raises(CorpusError):  # unavailable, or the deadline
+                await asyncio.wait_for(client.draft(["a"], 4), 3.0)
+            waits.append(time.perf_counter() - t)
+        await client.close()
+        return waits
+
+    try:
+        waits = asyncio.run(main())
+    finally:
+        listener.close()
+        for c in held:
+            c.close()
+    assert max(waits) < 1.0, waits
