@@ -15,6 +15,10 @@ request more or less in the trees moves the step time by about that share; at ba
 extra), and at least ``MIN_GAIN``. On the H100 (2026-12-06) the whole extra at every batch size held
 sampled requests (T = 0.8, MAT 1.3) off at batch 8 and cost 1.32x -> 1.03x plain there.
 
+Off by default (``EngineConfig.request_gate``, ``--request-gate``): on the H100 (2026-12-06,
+``bench/modes.py``) every serving mode measured ran as fast or faster with the batch policy alone
+(penalties at batch 1: 0.993x plain drafting every request, 0.956x with this gate holding them).
+
 A request is judged by its own figure after ``MIN_DRAFTED`` drafted steps. Before that its kind
 decides (``request_kind``: sampling temperature and top-p/top-k, penalties, a grammar): every kind
 keeps a pooled figure over its requests' drafted steps (decayed by ``KIND_DECAY``), and a new
