@@ -12,6 +12,7 @@ import torch
 from tests.verifier.conftest import load_smollm2
 from tests.verifier.engine_fixtures import ADMIN, serve_api
 from tests.verifier.tiny_lm import next_logits, tiny_lm
+from verifier.api import weights as weights_api
 from verifier.model.loader import copy_weights_, read_weights
 
 SIGMA, SEED = 0.014075, 7
@@ -61,7 +62,7 @@ def test_off_unless_enabled(own_model):
         assert client.get("/healthz").json()["weights"]["updates_enabled"] is False
 
 
-def test_update_over_http(own_model, perturbed_logits, tmp_path):
+def test_update_over_http(own_model, perturbed_logits, tmp_path, monkeypatch):
     body = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0}
     (tmp_path / "dir").mkdir()
     with serve_api(own_model, budget=4, weights_from="smollm2", weights_dir=str(tmp_path)) as client:
@@ -74,23 +75,47 @@ def test_update_over_http(own_model, perturbed_logits, tmp_path):
             r = client.post("/v1/update-weights", json=bad, headers=ADMIN)
             assert r.status_code == 400 and why in r.json()["error"]["message"], (bad, r.text)
 
-        # A long request runs (600 tokens: longer than reading the weights twice): an update that may
-        # wait 0.05 s for it gives up and changes nothing; one that may wait long enough lets it finish
-        # with the old weights, then swaps.
-        long = {}
-        t = threading.Thread(target=lambda: long.update(r=client.post(
-            "/v1/completions", json={"prompt": PROMPT, "max_tokens": 600, "temperature": 0, "ignore_eos": True})))
-        t.start()
-        deadline = time.monotonic() + 60
-        while 'ngram_verifier_requests{state="running"} 1.0' not in client.get("/metrics").text:
-            assert time.monotonic() < deadline
-        r = client.post("/v1/update-weights", json={"weight_noise_sigma": SIGMA, "weight_noise_seed": SEED,
-                                                    "drain_timeout_s": 0.05}, headers=ADMIN)
+        # A request runs while an update drains: one that may wait 0.05 s for it gives up and changes
+        # nothing; one that may wait long enough lets it finish with the old weights, then swaps. Each
+        # request starts only once its update has read the weights (a gate around the real read), so
+        # that it is still running when the drain begins however slow the read is on a loaded machine.
+        read, go = threading.Event(), threading.Event()
+
+        def gated_read(*args):
+            out = read_weights(*args)
+            read.set()
+            assert go.wait(120)
+            return out
+
+        monkeypatch.setattr(weights_api, "read_weights", gated_read)
+
+        def during_drain(request: dict, max_tokens: int, update: dict):
+            read.clear()
+            go.clear()
+            answer = {}
+            up = threading.Thread(target=lambda: answer.update(r=client.post("/v1/update-weights", json=update,
+                                                                              headers=ADMIN)))
+            up.start()
+            assert read.wait(120)
+            t = threading.Thread(target=lambda: request.update(r=client.post(
+                "/v1/completions", json={"prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0,
+                                         "ignore_eos": True})))
+            t.start()
+            deadline = time.monotonic() + 60
+            while 'ngram_verifier_requests{state="running"} 1.0' not in client.get("/metrics").text:
+                assert time.monotonic() < deadline
+            go.set()
+            up.join(120)
+            t.join(120)
+            return answer["r"]
+
+        short = {}
+        r = during_drain(short, 400, {"weight_noise_sigma": SIGMA, "weight_noise_seed": SEED, "drain_timeout_s": 0.05})
         assert r.status_code == 503 and "unchanged" in r.json()["error"]["message"]
+        assert short["r"].status_code == 200
         assert torch.equal(next_logits(own_model.model, PROMPT), orig)
-        r = client.post("/v1/update-weights", json={"weight_noise_sigma": SIGMA, "weight_noise_seed": SEED,
-                                                    "policy_version": 3}, headers=ADMIN)
-        t.join(60)
+        long = {}
+        r = during_drain(long, 600, {"weight_noise_sigma": SIGMA, "weight_noise_seed": SEED, "policy_version": 3})
         assert r.status_code == 200, r.text
         out = r.json()
         assert out["drained_requests"] == 1 and out["policy_version"] == {"version": 3, "corpus": "local"}
