@@ -32,6 +32,8 @@ STEPS = Counter("ngram_corpus_vllm_steps", "vLLM decode steps that asked the cor
                 "(corpus: drafted from it; local: vLLM's own drafting, after a deadline or an outage)", ["outcome"])
 OUTAGES = Counter("ngram_corpus_vllm_outages", "Episodes of vLLM decode steps the corpus did not answer")
 DRAFTED = Counter("ngram_corpus_vllm_drafted_tokens", "Chain tokens the corpus drafted for vLLM")
+DEFERRED = Counter("ngram_corpus_vllm_deferred_drafts", "Requests given no chain at a step because their start on the "
+                   "corpus waits for room under NGRAM_CORPUS_MAX_START_TOKENS (one per request and step)")
 
 MAX_TREE_BUDGET = 64  # the corpus server's default --max-budget
 TREE_BUDGET_FACTOR = 2  # tree nodes asked per chain token: a deeper best path (bench/vllm_pattern.py)
@@ -64,11 +66,15 @@ class BridgeStats:
     deadline_misses: int = 0
     outages: int = 0  # episodes of unanswered steps (each logged once)
     drafted_tokens: int = 0  # chain tokens returned from the corpus
+    deferred_drafts: int = 0  # request-steps with no chain: the request's start waited under max_start_tokens
+    deferral_episodes: int = 0  # runs of steps with deferred requests (each logged once)
     last_error: str = ""
     outage_since: float | None = field(default=None)
+    deferring: bool = False
 
     def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__slots__ if k != "outage_since"} | {"in_outage": self.outage_since is not None}
+        hidden = ("outage_since", "deferring")
+        return {k: getattr(self, k) for k in self.__slots__ if k not in hidden} | {"in_outage": self.outage_since is not None}
 
 
 def best_chain(batch: DraftBatch, row: int, max_len: int) -> list[int]:
@@ -125,6 +131,7 @@ class CorpusBridge:
             self._feed(requests, live)
             # A request still waiting for its start gets an empty chain (no speculation) this step.
             drafted = [i for i, r in enumerate(requests) if r.max_draft > 0 and r.req_id in self.fed]
+            self._note_deferred(sum(r.max_draft > 0 and r.req_id in self.waiting for r in requests))
             chains: list[list[int]] = [[] for _ in requests]
             if drafted:
                 longest = max(requests[i].max_draft for i in drafted)
@@ -179,6 +186,20 @@ class CorpusBridge:
             self.fed[rid] = r.num_prompt_tokens  # before the call: a logged start that failed to flush still counts
             self.client.start_request(rid, r.token_ids[:r.num_prompt_tokens])
             pending += r.num_prompt_tokens
+
+    def _note_deferred(self, n: int) -> None:
+        """Requests left without a chain this step while their start waits: counted; the first step
+        of each run of such steps is logged."""
+        s = self.stats
+        if n:
+            s.deferred_drafts += n
+            DEFERRED.inc(n)
+            if not s.deferring:
+                s.deferral_episodes += 1
+                log.warning("ngram_corpus: %d new requests wait for their start on the corpus (at most %d prompt "
+                            "tokens a step, NGRAM_CORPUS_MAX_START_TOKENS) and draft nothing until then (episode %d)",
+                            n, self.settings.max_start_tokens, s.deferral_episodes)
+        s.deferring = n > 0
 
     def note_failure(self, e: Exception) -> None:
         """A step without corpus drafts: counted; the first of an outage is logged."""

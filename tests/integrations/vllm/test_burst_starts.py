@@ -103,12 +103,15 @@ def test_waiting_requests_start_in_arrival_order_and_one_that_leaves_first_is_ne
         chains = step(["a", "b", "c", "d"])
         assert list(bridge.fed) == ["a", "b"] and list(bridge.waiting) == ["c", "d"]
         assert [len(c) for c in chains] == [4, 4, 0, 0]  # the waiting ones: no chain yet
+        assert bridge.stats.deferred_drafts == 2 and bridge.stats.deferral_episodes == 1  # counted, not silent
         step(["e", "a", "b", "c", "d"], 1)  # a later arrival listed first does not overtake
         assert list(bridge.fed) == ["a", "b", "c"] and list(bridge.waiting) == ["d", "e"]
         step(["a", "b", "c", "e"], 2)  # "d" left before it was started: dropped, nothing to finish
         assert list(bridge.waiting) == [] and "d" not in bridge.fed and not bridge.client.has_request("d")
         chains = step(["a", "b", "c", "e"], 3)
         assert all(len(c) == 4 for c in chains)
+        # Waiting: c, d (step 1); d, e (step 2); none after: 4 request-steps in one episode.
+        assert bridge.stats.as_dict()["deferred_drafts"] == 4 and bridge.stats.deferral_episodes == 1
         assert bridge.client.stats(timeout=10)["live_requests"] == 4
         bridge.close()
 
