@@ -11,6 +11,7 @@ baselines: prompt lookup (longest suffix n = 3..1 in the context, a chain) and t
   python bench/acceptance.py --concurrent-samples    # n samples of a prompt at once, without and with groups
   python bench/acceptance.py --bound                 # also the perfect-ranking bound of the engine's candidates
   python bench/acceptance.py --ranking today,feedback,model   # the rankings side by side (docs/ranking.md)
+  python bench/acceptance.py --ranking today,model --batch 64   # ... with the verifier engine's calls at batch 64
 
 The bound (``--bound``) replays the same trace with every candidate the engine can find (up to
 1,024 occurrences per source, long chain walks, full continuations) kept in the tree to depth B,
@@ -262,7 +263,13 @@ def main_ranking(args: argparse.Namespace, config: CorpusConfig, budgets: list[i
         for b in budgets:
             run = {"trace": Path(f).name, "budget": b, "requests": len(traces)}
             for name in names:
-                run[name] = replay_engine(traces, b, config.replace(**RANKINGS[name]), args.replicas)
+                cfg = config.replace(**RANKINGS[name])
+                if args.batch:  # the verifier engine's calls (continuous batching; bench/batched_replay.py)
+                    from bench.batched_replay import replay_batched
+
+                    run[name] = replay_batched(traces, b, cfg, args.batch)
+                else:
+                    run[name] = replay_engine(traces, b, cfg, args.replicas)
             if args.bound:
                 run["bound"] = replay_engine(traces, BOUND_WIDTH, bound_config(config, b), args.replicas)
             base = run[names[0]]
@@ -270,9 +277,10 @@ def main_ranking(args: argparse.Namespace, config: CorpusConfig, budgets: list[i
             parts = []
             for name in names:
                 r = run[name]
+                costs = (f", draft {r['us_per_draft_engine']:.2f} us, extend {r['us_per_extend']:.2f} us"
+                         if "us_per_extend" in r else "")
                 parts.append(f"{name} MAT {r['mat']:.3f} ({r['mat'] / base['mat']:.3f}x, {r['accepted_per_drafted_node']:.3f} "
-                             f"acc/node, {r['drafted_nodes_per_step']:.2f} nodes/step, draft {r['us_per_draft_engine']:.2f} us, "
-                             f"extend {r['us_per_extend']:.2f} us)")
+                             f"acc/node, {r['drafted_nodes_per_step']:.2f} nodes/step{costs})")
             line = f"{Path(f).stem} B={b}: " + " | ".join(parts)
             if "bound" in run:
                 line += f" | bound {run['bound']['mat']:.3f}"
@@ -303,9 +311,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--ranking", default=None, metavar="NAMES",
                     help=f"compare rankings in the same run, comma-separated from {sorted(RANKINGS)} "
                          "(e.g. today,feedback,model); with --bound also the perfect-ranking bound")
+    ap.add_argument("--batch", type=int, default=0, metavar="N",
+                    help="with --ranking: replay N requests at a time with the verifier engine's corpus calls "
+                         "(bench/batched_replay.py) instead of one after another")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="CorpusConfig override")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "acceptance.json"))
     args = ap.parse_args(argv)
+    if args.batch < 0 or (args.batch and not args.ranking):
+        ap.error(f"--batch: expected N >= 1 with --ranking, got {args.batch}")
 
     overrides = {}
     for kv in args.set:

@@ -165,8 +165,12 @@ def run_engine(engine: Engine, prompts: list[list[int]], max_new: int, params: S
     outs = [r.output_ids for r in reqs]
     tokens = sum(map(len, outs))
     steps = sum(r.verify_steps for r in reqs)
+    accepted, spec_steps = sum(r.accepted_tokens for r in reqs), sum(r.spec_steps for r in reqs)
     return {"seconds": round(dt, 4), "tokens": tokens, "tok_s": round(tokens / dt, 2), "verify_steps": steps,
-            "accepted": sum(r.accepted_tokens for r in reqs), "draft_tokens": sum(r.draft_tokens for r in reqs),
+            "accepted": accepted, "draft_tokens": sum(r.draft_tokens for r in reqs),
+            # MAT counts every step, the budget policy's plain ones too (a timing decision); the drafts'
+            # quality alone: accepted tokens per step that verified drafts (docs/ranking.md, issue 43).
+            "spec_steps": spec_steps, "accepted_per_spec_step": round(accepted / max(spec_steps, 1), 4),
             "engine_steps": st.steps - before["steps"],
             # where the time went: prefill forwards (a refill one prompt at a time costs more of them)
             "prefills": st.prefills - before["prefills"], "prefill_s": spent("prefill_seconds"),
@@ -373,7 +377,8 @@ def bench_smollm2(args, device: torch.device, dtype: torch.dtype) -> dict:
                     row[f"{on}_vs_{off}_pooled"] = ratio(pooled_tok_s(runs[on]), pooled_tok_s(runs[off]))
             res["batches"][str(B)] = row
             print(f"smollm2 batch {B}: " + json.dumps({m: {k: row[m][k] for k in (
-                "tok_s", "mat", "speedup", "identical", "rounds_tok_s", "rounds_mat", "slowest_vs_median_round",
+                "tok_s", "mat", "accepted_per_spec_step", "speedup", "identical", "rounds_tok_s", "rounds_mat",
+                "slowest_vs_median_round",
                 "min_mat_vs_median") if k in row[m]} for m in row if isinstance(row[m], dict)}), flush=True)
     finally:
         if server is not None:

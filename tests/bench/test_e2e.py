@@ -77,6 +77,9 @@ def test_step_log_accounts_for_every_step_and_token():
     assert sum(x[3] for x in log) == r["prefills"]
     assert max(x[1] for x in log) == 2 and min(x[1] for x in log) >= 1  # at most max_batch running
     assert any(x[4] for x in log) and all(x[0] > 0 for x in log)  # budget 3: steps drafted
+    # Steps that verified drafts, and what they accepted (the drafts' quality apart from plain steps).
+    assert 0 < r["spec_steps"] <= r["verify_steps"]
+    assert r["accepted_per_spec_step"] == pytest.approx(r["accepted"] / r["spec_steps"], abs=1e-4)
     # The phase columns add up to the run's own phase totals, and no phase outlasts its step.
     assert all(len(x) == 5 + len(e2e.STEP_PHASES) for x in log)
     for j, name in enumerate(("prefill_s", "corpus_s", "pack_s", "forward_s", "commit_s")):
