@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import statistics
@@ -96,6 +97,13 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def settle(device: torch.device) -> None:
+    """Before a timed run: what earlier runs left for the garbage collector (an engine caught in a
+    reference cycle, its CUDA graphs and memory pools) is freed now, not inside this run's steps."""
+    gc.collect()
+    sync(device)
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else round(a / b, 3)
 
@@ -152,6 +160,7 @@ def run_engine(engine: Engine, prompts: list[list[int]], max_new: int, params: S
             return out
 
         engine.step = logged_step
+    settle(engine.device)
     t, started_at = time.perf_counter(), time.time()
     try:
         reqs = engine.generate(prompts, params)

@@ -57,7 +57,8 @@ from verifier.step.structured_spec import GrammarSpec  # noqa: E402
 
 from bench import structured_workload  # noqa: E402
 from bench.common import write_report  # noqa: E402
-from bench.e2e import TRACE, data_dir, load_prompts, mismatches, parse_ints, pooled_tok_s, ratio, sync  # noqa: E402
+from bench.e2e import (TRACE, data_dir, load_prompts, mismatches, parse_ints, pooled_tok_s, ratio, settle,  # noqa: E402
+                       sync)
 from bench.penalty_workload import PENALTIES  # noqa: E402
 
 MODES = ("json", "penalties", "sampled", "logprobs", "n4", "mixed")
@@ -96,7 +97,7 @@ def mode_requests(mode: str, prompts: list[list[int]], json_prompts: list[list[i
 
 def run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams], groups: list[str | None]) -> dict:
     """The requests through the engine to completion (continuous batching): tok/s, MAT, outputs."""
-    sync(engine.device)
+    settle(engine.device)
     t = time.perf_counter()
     reqs = [engine.add_request(p, sp, group=g) for p, sp, g in zip(prompts, params, groups)]
     while not all(r.finished for r in reqs):

@@ -15,6 +15,7 @@ re-exported here.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
@@ -104,7 +105,10 @@ class Engine(Prefill, Verify, Sampled, Commits, Overlap):
         self.policy = BudgetPolicy(config.max_budget, fixed, cost)
         self.policy.gpu_share = config.gpu_share
         if self.graphs is not None:
-            self.policy.node_bucket = lambda k: self.graphs.nodes_bucket(k, config.max_len)
+            # Not a closure over self: an engine in a reference cycle outlives its last reference
+            # until a full garbage collection, which then frees its graphs and device memory in the
+            # middle of whatever runs (another engine's step).
+            self.policy.node_bucket = functools.partial(self.graphs.nodes_bucket, room=config.max_len)
         if self.graphs is not None and config.overlap_plain and config.overlap_spec_plain:
             # Plain steps run overlapped (one step ahead of the host): the policy explores them in
             # runs, whose steady state it can see (BudgetPolicy.explore_run).
