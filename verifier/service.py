@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import logging
 import os
@@ -63,6 +64,18 @@ def build_verifier(cfg: VerifierConfig, lm: LoadedModel | None = None) -> Verifi
     return Verifier(cfg, engine, served)
 
 
+def freeze_startup_heap() -> int:
+    """Moves every object alive after start-up (model, engine, graphs, tokenizer, the app) out of the
+    garbage collector's reach; returns how many. Those objects live as long as the server, yet every
+    full collection while serving would scan them all: about 340,000 of them with SmolLM2, 152 ms a
+    full collection on a 2-core host (2026-12-06), a stall of the engine thread and of every request
+    in its step. After the freeze a collection scans what serving created since. (vLLM and SGLang
+    freeze their start-up heap likewise.) A server-only step: a library caller's heap is its own."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 def serve(cfg: VerifierConfig) -> None:
     import uvicorn
 
@@ -84,6 +97,7 @@ def serve(cfg: VerifierConfig) -> None:
     weights = WeightUpdater(loop, cfg.model, announcer, enabled=cfg.allow_weight_updates, weights_dir=cfg.weights_dir)
     app = create_app(loop, v.model_name, cfg.api_key, announcer, weights,
                      AdminAccess(cfg.admin_key, policy_version=cfg.allow_policy_version), cfg.lifecycle_config())
+    log.info("start-up heap frozen: %d objects out of the garbage collector's scans", freeze_startup_heap())
     sock = socket.socket(socket.AF_INET6 if ":" in cfg.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((cfg.host, cfg.port))
