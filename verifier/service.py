@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import gc
 import json
 import logging
 import os
@@ -16,6 +15,7 @@ import torch
 
 from .config import VerifierConfig
 from corpus_service.client import check_namespace, model_ids
+from corpus_service.gc_heap import freeze_startup_heap
 from .draft.drafter import Drafter
 from .draft.external_corpora import load_external_corpora
 from .engine.core import Engine
@@ -62,18 +62,6 @@ def build_verifier(cfg: VerifierConfig, lm: LoadedModel | None = None) -> Verifi
         load_external_corpora(drafter.local, cfg.external_corpus, lm.codec.tokenizer)
     engine = Engine(lm.model, lm.codec, drafter, cfg.engine_config())
     return Verifier(cfg, engine, served)
-
-
-def freeze_startup_heap() -> int:
-    """Moves every object alive after start-up (model, engine, graphs, tokenizer, the app) out of the
-    garbage collector's reach; returns how many. Those objects live as long as the server, yet every
-    full collection while serving would scan them all: about 340,000 of them with SmolLM2, 152 ms a
-    full collection on a 2-core host (2026-12-06), a stall of the engine thread and of every request
-    in its step. After the freeze a collection scans what serving created since. (vLLM and SGLang
-    freeze their start-up heap likewise.) A server-only step: a library caller's heap is its own."""
-    gc.collect()
-    gc.freeze()
-    return gc.get_freeze_count()
 
 
 def serve(cfg: VerifierConfig) -> None:

@@ -1,9 +1,9 @@
-"""``serve`` freezes the start-up heap (verifier/service.py): what exists then leaves the garbage
-collector's scans, what serving creates later stays in them."""
+"""``freeze_startup_heap`` (corpus_service/gc_heap.py; both servers call it once started): what exists then
+leaves the garbage collector's scans, what serving creates later stays in them."""
 
 import gc
 
-from verifier.service import freeze_startup_heap
+from corpus_service.gc_heap import freeze_startup_heap
 
 
 class Node:
