@@ -4,6 +4,7 @@ process on 127.0.0.1 ephemeral ports, and the ending: the whole result as JSON a
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -90,6 +91,39 @@ def parse_summary(text: str) -> dict:
     if not isinstance(summary, dict):
         raise ValueError(f"the {SUMMARY_PREFIX.strip()} line holds {type(summary).__name__}, not an object")
     return summary
+
+
+class GcWatch:
+    """Python's collections of its oldest generation while a timed run is inside the ``with``: how many
+    and how long they held the interpreter (one over an engine process's unfrozen heap took 50-150 ms
+    on the 2-core host, 2026-12-06; corpus_service/gc_heap.py). ``freeze``: on entry, what earlier runs
+    left to the collector (a dropped engine's graphs and device memory) is freed and what lives is
+    frozen out of its scans, as the servers do once started; on exit the heap is unfrozen."""
+
+    def __init__(self, freeze: bool = False) -> None:
+        self.full, self.seconds, self._t, self.freeze = 0, 0.0, None, freeze
+
+    def _seen(self, phase: str, info: dict) -> None:
+        if info.get("generation") == 2:
+            if phase == "start":
+                self._t = time.perf_counter()
+            elif self._t is not None:
+                self.full, self.seconds, self._t = self.full + 1, self.seconds + time.perf_counter() - self._t, None
+
+    def __enter__(self) -> GcWatch:
+        if self.freeze:
+            gc.collect()
+            gc.freeze()
+        gc.callbacks.append(self._seen)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._seen)
+        if self.freeze:
+            gc.unfreeze()
+
+    def as_dict(self) -> dict:
+        return {"gc_full": self.full, "gc_full_s": round(self.seconds, 4)}
 
 
 def load_average() -> list[float]:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import json
 import os
 import statistics
@@ -56,7 +55,7 @@ from verifier.step.sampling import SamplingParams  # noqa: E402
 from verifier.step.structured_spec import GrammarSpec  # noqa: E402
 
 from bench import penalty_workload, structured_workload  # noqa: E402
-from bench.common import CorpusServer, median_run, write_report  # noqa: E402
+from bench.common import CorpusServer, GcWatch, median_run, write_report  # noqa: E402
 from bench.host_cpu import CpuWatch, cpu_limit  # noqa: E402
 
 TRACE = "specbench_dev120_greedy.jsonl"
@@ -95,13 +94,6 @@ def parse_ints(s: str) -> list[int]:
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def settle(device: torch.device) -> None:
-    """Before a timed run: what earlier runs left for the garbage collector (an engine caught in a
-    reference cycle, its CUDA graphs and memory pools) is freed now, not inside this run's steps."""
-    gc.collect()
-    sync(device)
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -160,17 +152,18 @@ def run_engine(engine: Engine, prompts: list[list[int]], max_new: int, params: S
             return out
 
         engine.step = logged_step
-    settle(engine.device)
-    t, started_at = time.perf_counter(), time.time()
-    try:
-        reqs = engine.generate(prompts, params)
-    finally:
-        if step_log:
-            del engine.step
+    with GcWatch(freeze=True) as collections:  # the heap frozen, as a server's is once started
+        sync(engine.device)
+        t, started_at = time.perf_counter(), time.time()
+        try:
+            reqs = engine.generate(prompts, params)
+        finally:
+            if step_log:
+                del engine.step
+        sync(engine.device)
+        dt = time.perf_counter() - t
     if reqs_out is not None:
         reqs_out.extend(reqs)
-    sync(engine.device)
-    dt = time.perf_counter() - t
     outs = [r.output_ids for r in reqs]
     tokens = sum(map(len, outs))
     steps = sum(r.verify_steps for r in reqs)
@@ -180,6 +173,7 @@ def run_engine(engine: Engine, prompts: list[list[int]], max_new: int, params: S
             # MAT counts every step, the budget policy's plain ones too (a timing decision); the drafts'
             # quality alone: accepted tokens per step that verified drafts (docs/ranking.md, issue 43).
             "spec_steps": spec_steps, "accepted_per_spec_step": round(accepted / max(spec_steps, 1), 4),
+            **collections.as_dict(),
             "engine_steps": st.steps - before["steps"],
             # where the time went: prefill forwards (a refill one prompt at a time costs more of them)
             "prefills": st.prefills - before["prefills"], "prefill_s": spent("prefill_seconds"),

@@ -56,9 +56,8 @@ from verifier.step.sampling import SamplingParams  # noqa: E402
 from verifier.step.structured_spec import GrammarSpec  # noqa: E402
 
 from bench import structured_workload  # noqa: E402
-from bench.common import write_report  # noqa: E402
-from bench.e2e import (TRACE, data_dir, load_prompts, mismatches, parse_ints, pooled_tok_s, ratio, settle,  # noqa: E402
-                       sync)
+from bench.common import GcWatch, write_report  # noqa: E402
+from bench.e2e import TRACE, data_dir, load_prompts, mismatches, parse_ints, pooled_tok_s, ratio, sync  # noqa: E402
 from bench.penalty_workload import PENALTIES  # noqa: E402
 
 MODES = ("json", "penalties", "sampled", "logprobs", "n4", "mixed")
@@ -97,13 +96,14 @@ def mode_requests(mode: str, prompts: list[list[int]], json_prompts: list[list[i
 
 def run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams], groups: list[str | None]) -> dict:
     """The requests through the engine to completion (continuous batching): tok/s, MAT, outputs."""
-    settle(engine.device)
-    t = time.perf_counter()
-    reqs = [engine.add_request(p, sp, group=g) for p, sp, g in zip(prompts, params, groups)]
-    while not all(r.finished for r in reqs):
-        engine.step()
-    sync(engine.device)
-    dt = time.perf_counter() - t
+    with GcWatch(freeze=True) as collections:  # the heap frozen, as a server's is once started
+        sync(engine.device)
+        t = time.perf_counter()
+        reqs = [engine.add_request(p, sp, group=g) for p, sp, g in zip(prompts, params, groups)]
+        while not all(r.finished for r in reqs):
+            engine.step()
+        sync(engine.device)
+        dt = time.perf_counter() - t
     outs = [r.output_ids for r in reqs]
     tokens = sum(map(len, outs))
     steps = sum(r.verify_steps for r in reqs)
@@ -111,7 +111,7 @@ def run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams], 
     return {"seconds": round(dt, 4), "tokens": tokens, "tok_s": round(tokens / dt, 2), "verify_steps": steps,
             "mat": round(tokens / max(steps, 1), 3), "request_steps_drafted": drafted,
             "accepted": sum(r.accepted_tokens for r in reqs), "draft_tokens": sum(r.draft_tokens for r in reqs),
-            "errors": sum(r.finish_reason == "error" for r in reqs), "outputs": outs}
+            "errors": sum(r.finish_reason == "error" for r in reqs), **collections.as_dict(), "outputs": outs}
 
 
 def policy_record(engine: Engine) -> dict:

@@ -88,3 +88,28 @@ def test_corpus_server_starts_on_ephemeral_ports_and_stops(tmp_path):
     bad = CorpusServer(tmp_path / "bad", "--namespace", "x:vocab=-1", log_level=None)
     with pytest.raises(RuntimeError, match="exited"):
         bad.start(timeout=60)
+
+
+def test_gc_watch_counts_full_collections_inside_it_only():
+    import gc
+
+    from bench.common import GcWatch
+
+    gc.collect()  # before: not counted
+    with GcWatch() as w:
+        gc.collect(0)  # a young collection: not a full one
+        gc.collect()
+        gc.collect()
+    gc.collect()  # after: not counted
+    assert w.full == 2 and w.seconds > 0
+    assert w.as_dict() == {"gc_full": 2, "gc_full_s": round(w.seconds, 4)}
+
+
+def test_gc_watch_freezes_the_heap_only_while_inside():
+    import gc
+
+    from bench.common import GcWatch
+
+    with GcWatch(freeze=True):
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0

@@ -1,5 +1,6 @@
 """CPU smoke of bench/e2e.py's helpers (the benchmark itself runs on the GPU machine)."""
 
+import gc
 import importlib.util
 import json
 from pathlib import Path
@@ -80,6 +81,8 @@ def test_step_log_accounts_for_every_step_and_token():
     # Steps that verified drafts, and what they accepted (the drafts' quality apart from plain steps).
     assert 0 < r["spec_steps"] <= r["verify_steps"]
     assert r["accepted_per_spec_step"] == pytest.approx(r["accepted"] / r["spec_steps"], abs=1e-4)
+    # The run went with the process's heap frozen (as a server's is), and left it as it was.
+    assert r["gc_full"] >= 0 and r["gc_full_s"] >= 0 and gc.get_freeze_count() == 0
     # The phase columns add up to the run's own phase totals, and no phase outlasts its step.
     assert all(len(x) == 5 + len(e2e.STEP_PHASES) for x in log)
     for j, name in enumerate(("prefill_s", "corpus_s", "pack_s", "forward_s", "commit_s")):
