@@ -96,7 +96,7 @@ def parse_summary(text: str) -> dict:
 class GcWatch:
     """Python's collections of its oldest generation while a timed run is inside the ``with``: how many
     and how long they held the interpreter (one over an engine process's unfrozen heap took 50-150 ms
-    on the 2-core host, 2026-12-06; corpus_service/gc_heap.py). ``freeze``: on entry, what earlier runs
+    on the 2-core host, 2026-12-06; ngram_common/gc_heap.py). ``freeze``: on entry, what earlier runs
     left to the collector (a dropped engine's graphs and device memory) is freed and what lives is
     frozen out of its scans, as the servers do once started; on exit the heap is unfrozen."""
 

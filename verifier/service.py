@@ -15,7 +15,7 @@ import torch
 
 from .config import VerifierConfig
 from corpus_service.client import check_namespace, model_ids
-from corpus_service.gc_heap import freeze_startup_heap
+from ngram_common.gc_heap import freeze_startup_heap
 from .draft.drafter import Drafter
 from .draft.external_corpora import load_external_corpora
 from .engine.core import Engine

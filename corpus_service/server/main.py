@@ -29,7 +29,7 @@ from corpus_service._proto.ngram_corpus.v1 import corpus_pb2
 from corpus_service.admin.app import create_admin_app
 from corpus_service.admin.catalog import Catalog
 from corpus_service.admin.persistence import DataDir
-from corpus_service.gc_heap import freeze_startup_heap
+from ngram_common.gc_heap import freeze_startup_heap
 from corpus_service.security.auth import AuthInterceptor
 from corpus_service.security.config import security_warnings
 from corpus_service.security.tls import server_credentials

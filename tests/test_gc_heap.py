@@ -1,9 +1,9 @@
-"""``freeze_startup_heap`` (corpus_service/gc_heap.py; both servers call it once started): what exists then
+"""``freeze_startup_heap`` (ngram_common/gc_heap.py; both servers call it once started): what exists then
 leaves the garbage collector's scans, what serving creates later stays in them."""
 
 import gc
 
-from corpus_service.gc_heap import freeze_startup_heap
+from ngram_common.gc_heap import freeze_startup_heap
 
 
 class Node:
