@@ -24,8 +24,9 @@ Per step, in ms of host time:
 Modes, in the same run, on the same prompts (the Spec-Bench dev trace's), at a fixed budget so that
 every step drafts: ``local`` (the in-process corpus), ``remote`` (the corpus service, pipelined, its
 client in a child process, asks by measured gain; a real ``python -m corpus_service serve`` on
-127.0.0.1), ``remote_always`` (the same, asking every step), and ``plain``
-(no corpus, overlapped steps: all of their host work counts as ``other``). Prints one summary line
+127.0.0.1), ``remote_always`` (the same, asking every step), ``plain``
+(no corpus, overlapped steps: all of their host work counts as ``other``), and ``local_plain``
+(a speculative engine that drafts nothing: its plain steps, the corpus fed every step). Prints one summary line
 (host ms per step of each mode, remote over local), writes JSON.
 
     python3 bench/host_phases.py --batches 1,8,64 --out bench/results/host_phases.json
@@ -56,8 +57,9 @@ from verifier.step.cuda_graphs import GreedyStepResult  # noqa: E402
 from verifier.step.sampling import SamplingParams  # noqa: E402
 
 PHASES = ("pack", "launch", "commit", "other")
-# remote: the corpus service with the verifier's default asks (adaptive); remote_always: asking every step.
-MODES = ("plain", "local", "remote", "remote_always")
+# remote: the corpus service with the verifier's default asks (adaptive); remote_always: asking every step;
+# local_plain: the in-process corpus fed every step and no drafts (a speculative engine's plain steps).
+MODES = ("plain", "local", "remote", "remote_always", "local_plain")
 
 
 class TraceDevice:
@@ -140,11 +142,11 @@ def run_mode(model, codec, mode: str, target: str | None, traces, B: int, budget
             with CorpusClient(target) as c:
                 c.reset()
         draft = DraftConfig(corpus_timeout_s=5.0, remote_asks="always" if mode == "remote_always" else "adaptive")
-        drafter = Drafter("local" if mode == "local" else target, draft, vocab_size=model.config.vocab_size)
+        drafter = Drafter(target if mode.startswith("remote") else "local", draft, vocab_size=model.config.vocab_size)
     prompts = [t.prompt_ids for t in traces]
     max_len = max(map(len, prompts)) + max_new + budget + 4
     engine = Engine(model, codec, drafter,
-                    EngineConfig(max_batch=B, max_len=max_len, budget=0 if mode == "plain" else budget,
+                    EngineConfig(max_batch=B, max_len=max_len, budget=0 if mode in ("plain", "local_plain") else budget,
                                  max_budget=max(budget, 1), emulate_graphs=True, cuda_graphs=False,
                                  compile=False, cost_probe_s=0.0))
     dev = TraceDevice(engine, {tuple(t.prompt_ids): t.output_ids for t in traces}, device_ms / 1e3)

@@ -94,16 +94,30 @@ def mode_requests(mode: str, prompts: list[list[int]], json_prompts: list[list[i
     raise ValueError(f"mode: expected one of {MODES + EXTRA_MODES}, got {mode!r}")
 
 
-def run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams], groups: list[str | None]) -> dict:
-    """The requests through the engine to completion (continuous batching): tok/s, MAT, outputs."""
+def run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams], groups: list[str | None],
+        step_log: bool = False) -> dict:
+    """The requests through the engine to completion (continuous batching): tok/s, MAT, outputs.
+    ``step_log``: also each engine step's (running requests, committed tokens, wall ms, requests
+    that verified drafts)
+    and, for a speculative engine, what its budget policy saw of each step (``policy_log``)."""
+    log: list[tuple] = []
+    seen = _PolicyWatch(engine) if step_log and engine.drafter is not None else None
     with GcWatch(freeze=True) as collections:  # the heap frozen, as a server's is once started
         sync(engine.device)
         t = time.perf_counter()
         reqs = [engine.add_request(p, sp, group=g) for p, sp, g in zip(prompts, params, groups)]
+        st = engine.stats
         while not all(r.finished for r in reqs):
-            engine.step()
+            if step_log:
+                bs, n0, d0, t0 = len(engine.scheduler.running), st.generated_tokens, st.spec_steps, time.perf_counter()
+                engine.step()
+                log.append((bs, st.generated_tokens - n0, round(1e3 * (time.perf_counter() - t0), 4), st.spec_steps - d0))
+            else:
+                engine.step()
         sync(engine.device)
         dt = time.perf_counter() - t
+    if seen is not None:
+        seen.restore()
     outs = [r.output_ids for r in reqs]
     tokens = sum(map(len, outs))
     steps = sum(r.verify_steps for r in reqs)
@@ -111,7 +125,43 @@ def run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams], 
     return {"seconds": round(dt, 4), "tokens": tokens, "tok_s": round(tokens / dt, 2), "verify_steps": steps,
             "mat": round(tokens / max(steps, 1), 3), "request_steps_drafted": drafted,
             "accepted": sum(r.accepted_tokens for r in reqs), "draft_tokens": sum(r.draft_tokens for r in reqs),
-            "errors": sum(r.finish_reason == "error" for r in reqs), **collections.as_dict(), "outputs": outs}
+            "errors": sum(r.finish_reason == "error" for r in reqs), **collections.as_dict(), "outputs": outs,
+            **({"step_log": log} if step_log else {}),
+            **({"policy_log": seen.rows, "policy_figures": policy_figures(engine)} if seen is not None else {})}
+
+
+class _PolicyWatch:
+    """Records what the budget policy is told of each step: (batch size, drafted, wall ms, committed
+    tokens, modeled forward ms of the step's tokens); ``restore`` puts the policy's method back."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.policy, self.rows = engine.policy, []
+        self.inner = self.policy.observe_delivered
+
+        def observe_delivered(bs, drafted, seconds, committed):
+            step = self.policy._step_forward
+            fwd = self.policy.cost(step[0]) if step is not None and self.policy.cost is not None else None
+            self.rows.append((bs, int(drafted), round(1e3 * seconds, 4), committed,
+                              None if fwd is None else round(1e3 * fwd, 4),
+                              None if step is None else round(1e3 * step[1], 4)))
+            return self.inner(bs, drafted, seconds, committed)
+
+        self.policy.observe_delivered = observe_delivered
+
+    def restore(self) -> None:
+        del self.policy.observe_delivered  # the instance attribute: the class's method again
+
+
+def policy_figures(engine: Engine) -> dict:
+    """Per batch bucket, the policy's figures at the end of a run: each mode's step time (ms) and
+    tokens per request per step, and drafting's relative rate."""
+    out = {}
+    for b, st in sorted(engine.policy._buckets.items()):
+        out[str(b)] = {"step_ms": {m: None if st.step_time[k] is None else round(1e3 * st.step_time[k], 4)
+                                   for m, k in (("draft", True), ("plain", False))},
+                       "acceptance": {m: st.acceptance(k) for m, k in (("draft", True), ("plain", False))},
+                       "relative": st.relative}
+    return out
 
 
 def policy_record(engine: Engine) -> dict:
@@ -182,10 +232,10 @@ def bench(args, device: torch.device, dtype: torch.dtype, partial=None) -> dict:
                 for rnd in range(args.rounds):
                     sl = slice(rnd * n, (rnd + 1) * n)
                     prompts, params, groups = mode_requests(mode, spec_prompts[sl], json_prompts[sl], args.max_new)
-                    base = run(plain, prompts, params, groups)
+                    base = run(plain, prompts, params, groups, args.step_log)
                     cell["plain"].append({k: v for k, v in base.items() if k != "outputs"})
                     for arm in arms:
-                        r = run(engines[arm], prompts, params, groups)
+                        r = run(engines[arm], prompts, params, groups, args.step_log)
                         out = {k: v for k, v in r.items() if k != "outputs"}
                         out["x_plain"] = ratio(r["tok_s"], base["tok_s"])
                         if mode in GREEDY_MODES:
@@ -249,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draft-threads", type=int, default=0, help="0 = auto (a quarter of the CPUs, 1-4)")
     p.add_argument("--cost-probe-s", type=float, default=3.0)
     p.add_argument("--eager", action="store_true", help="no CUDA graphs or compilation")
+    p.add_argument("--step-log", action="store_true", help="each engine step's batch, tokens, wall time and what the "
+                   "budget policy saw of it, in the JSON (diagnosis of a mode's ratio)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "modes.json"))
     args = p.parse_args(argv)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
