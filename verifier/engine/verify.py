@@ -106,6 +106,7 @@ class Verify:
                     self.cache.clear(r.slot, r.cache_len)
             return self._verify_step(running, plain | retry)
         accepted_total = 0
+        generated = self.stats.generated_tokens
         # Each request's committed run (its accepted path's tokens, then the bonus) gathered for the
         # whole batch at once: accept_index holds the path's node indices into the flat [bs * K]
         # trees (-1 past the path), and the bonus is the target's prediction after the last one.
@@ -144,9 +145,11 @@ class Verify:
         self._flush_extends()
         t3 = time.perf_counter()
         self.stats.commit_seconds += t3 - t2
-        # The step's wall time, commits included.
+        # The step's wall time, commits included, and the tokens it really committed: an accepted
+        # path that a stop or max_tokens cuts short delivers only its committed part (near the end
+        # of short outputs counting accepted tokens made drafting look better than it was).
         if not captured and self.drafter is not None:
-            self.policy.observe_delivered(bs, self._drafted, t3 - t0, bs + accepted_total)
+            self.policy.observe_delivered(bs, self._drafted, t3 - t0, self.stats.generated_tokens - generated)
         self.stats.draft_tokens += sum(num_nodes) - bs
         self.stats.accepted_tokens += accepted_total
         if K > 1:
