@@ -19,7 +19,9 @@ run's. Modes:
 Spec-Bench dev prompts (``traces/specbench_dev120_greedy.jsonl``) except for ``json``. Arms
 (--arms): ``spec`` (the engine's defaults) and, where ``EngineConfig`` has the field,
 ``spec_gate`` (``request_gate=True``: per-request no-draft decisions, off by default since the
-H100 figures of 2026-12-06) or ``spec_nogate`` (``request_gate=False``, explicitly). Greedy
+H100 figures of 2026-12-06), ``spec_nogate`` (``request_gate=False``, explicitly) or
+``spec_critical`` (``MakespanConfig(critical_path=True)``: drafting judged by what it gains the
+request expected to end last, where a closed batch's tail sets the makespan). Greedy
 modes also report whether the speculative outputs equal plain decoding's (bf16 near-ties aside,
 reported, never raised).
 
@@ -48,6 +50,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from verifier.budget.makespan import MakespanConfig  # noqa: E402
 from verifier.draft.drafter import DraftConfig, Drafter, auto_draft_threads  # noqa: E402
 from verifier.engine import Engine, EngineConfig  # noqa: E402
 from verifier.model import load_model  # noqa: E402
@@ -62,7 +65,7 @@ from bench.penalty_workload import PENALTIES  # noqa: E402
 
 MODES = ("json", "penalties", "sampled", "logprobs", "n4", "mixed")
 EXTRA_MODES = ("greedy",)
-ARMS = ("spec", "spec_gate", "spec_nogate")
+ARMS = ("spec", "spec_gate", "spec_nogate", "spec_critical")
 DEFAULT_ARMS = ("spec", "spec_gate")
 GREEDY_MODES = ("json", "penalties", "logprobs", "mixed", "greedy")
 SAMPLES = 4  # n of the n4 mode
@@ -222,7 +225,8 @@ def bench(args, device: torch.device, dtype: torch.dtype, partial=None) -> dict:
         for mode in args.modes:
             engines = {}
             for arm in arms:
-                extra = {"spec_gate": {"request_gate": True}, "spec_nogate": {"request_gate": False}}.get(arm, {})
+                extra = {"spec_gate": {"request_gate": True}, "spec_nogate": {"request_gate": False},
+                         "spec_critical": {"makespan": MakespanConfig(critical_path=True)}}.get(arm, {})
                 # One start-up probe per batch size: each engine starts from a copy of it.
                 engines[arm] = Engine(lm.model, lm.codec, Drafter("local", draft, vocab_size=V),
                                       engine_config(B, max_len, args, **extra), cost=copy.deepcopy(cost) if cost else None)
