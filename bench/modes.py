@@ -101,8 +101,8 @@ def run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams], 
         step_log: bool = False) -> dict:
     """The requests through the engine to completion (continuous batching): tok/s, MAT, outputs.
     ``step_log``: also each engine step's (running requests, committed tokens, wall ms, requests
-    that verified drafts)
-    and, for a speculative engine, what its budget policy saw of each step (``policy_log``)."""
+    that verified drafts) and, for a speculative engine, what its budget policy saw of each step
+    (``policy_log``) and its figures at the end (``policy_figures``)."""
     log: list[tuple] = []
     seen = _PolicyWatch(engine) if step_log and engine.drafter is not None else None
     with GcWatch(freeze=True) as collections:  # the heap frozen, as a server's is once started
@@ -135,7 +135,8 @@ def run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams], 
 
 class _PolicyWatch:
     """Records what the budget policy is told of each step: (batch size, drafted, wall ms, committed
-    tokens, modeled forward ms of the step's tokens); ``restore`` puts the policy's method back."""
+    tokens, the cost model's forward ms for the step's tokens, its measured forward ms), the last two
+    None where the step's forward was not measured apart; ``restore`` puts the policy's method back."""
 
     def __init__(self, engine: Engine) -> None:
         self.policy, self.rows = engine.policy, []

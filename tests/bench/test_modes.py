@@ -1,9 +1,10 @@
-"""CPU checks of bench/modes.py's request sets and summary (the benchmark itself runs on a GPU)."""
+"""CPU checks of bench/modes.py's request sets, summary and step log (the benchmark itself runs on a GPU)."""
 
 import pytest
 
 from bench import modes
 from bench.penalty_workload import PENALTIES
+from tests.verifier.tiny_lm import one_thread, tiny_lm  # noqa: F401 (a fixture)
 
 
 def test_each_mode_builds_its_requests():
@@ -48,3 +49,27 @@ def test_arms_need_the_engine_field_and_bad_arguments_are_refused(capsys):
         with pytest.raises(SystemExit):
             modes.main(argv)
     assert "expected" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_step_log_accounts_for_every_step_and_what_the_policy_was_told():
+    from verifier.draft.drafter import Drafter
+    from verifier.engine.core import Engine, EngineConfig
+    from verifier.step.sampling import SamplingParams
+
+    lm = tiny_lm(vocab_size=16, seed=3)
+    eng = Engine(lm.model, lm.codec, Drafter(vocab_size=16), EngineConfig(max_batch=2, max_len=128, budget=3, max_budget=4))
+    prompts = [[1, 2, 3, 1, 2, 3], [4, 5, 4, 5, 4], [6, 7, 6, 7]]
+    params = [SamplingParams(max_tokens=9, ignore_eos=True)] * 3
+    r = modes.run(eng, prompts, params, [None] * 3, step_log=True)
+    log = r["step_log"]
+    assert sum(x[1] for x in log) == r["tokens"] == 27 and max(x[0] for x in log) <= 2
+    assert sum(x[3] for x in log) == r["request_steps_drafted"] > 0
+    # The policy was told of every verify step, and exactly the tokens they committed (prefills apart).
+    told = r["policy_log"]
+    assert len(told) >= sum(1 for x in log if x[0] > 0) - 1 and sum(x[3] for x in told) == 27 - len(prompts)
+    assert all(x[1] == 1 for x in told)  # budget 3: every step drafted
+    assert set(r["policy_figures"]) and all("relative" in f for f in r["policy_figures"].values())
+    assert "observe_delivered" not in vars(eng.policy)  # the watch is gone after the run
+    assert "step_log" not in modes.run(eng, prompts[:1], params[:1], [None])
+    eng.drafter.close()
