@@ -39,13 +39,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import write_report  # noqa: E402
-from bench.host_phases import TraceDevice  # noqa: E402
+from bench.host_phases import TraceDevice, stand_in_model  # noqa: E402
 from bench.traces import default_trace_files, load_traces  # noqa: E402
 from verifier.budget.cost_model import CostModel  # noqa: E402
 from verifier.budget.makespan import MakespanConfig  # noqa: E402
 from verifier.draft.drafter import Drafter  # noqa: E402
 from verifier.engine.core import Engine, EngineConfig  # noqa: E402
-from verifier.model import ModelConfig, build_model, load_model  # noqa: E402
 from verifier.step.sampling import SamplingParams  # noqa: E402
 
 # Forward ms by tokens in the step: the H100 start-up probe of the batch-64 engine (bench/e2e.py,
@@ -153,12 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         table = {int(k): float(v) for k, v in json.loads(args.forward_ms).items()} if args.forward_ms else H100_FORWARD_MS
     except (ValueError, AttributeError) as e:
         p.error(f"--forward-ms: expected a JSON object of tokens to ms ({e})")
-    lm = load_model(args.gguf, "cpu", torch.bfloat16)  # the tokenizer and the shapes; no forward runs
-    codec, cfg = lm.codec, lm.model.config
-    del lm
-    # One layer: the KV cache stays small; no forward reads it (the trace is the model).
-    model = build_model(ModelConfig.from_name("smollm2-135m", num_layers=1, vocab_size=cfg.vocab_size), None, "cpu",
-                        torch.float32)
+    model, codec = stand_in_model(args.gguf)  # the trace is the model: no forward runs
     traces = load_traces(args.trace or default_trace_files()[0])
     if args.prompts * args.rounds > len(traces):
         p.error(f"--prompts x --rounds: the trace holds {len(traces)} requests")

@@ -16,6 +16,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from ngram_common.gc_heap import freeze_startup_heap
+
 REPO = Path(__file__).resolve().parent.parent
 SUMMARY_PREFIX = "SUMMARY "
 ADMIN_TOKEN = "bench-admin-token-0123456789"  # the admin token of persistent_server's servers
@@ -112,8 +114,7 @@ class GcWatch:
 
     def __enter__(self) -> GcWatch:
         if self.freeze:
-            gc.collect()
-            gc.freeze()
+            freeze_startup_heap()
         gc.callbacks.append(self._seen)
         return self
 

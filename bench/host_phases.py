@@ -132,6 +132,17 @@ class TraceDevice:
         return logits
 
 
+def stand_in_model(gguf: str):
+    """(model, codec) for an engine whose device is a ``TraceDevice``: the GGUF's tokenizer, and a
+    one-layer model of its shapes (the engine's KV cache, sized by the model, stays small at batch
+    64; no forward reads it)."""
+    lm = load_model(gguf, "cpu", torch.bfloat16)
+    codec, vocab = lm.codec, lm.model.config.vocab_size
+    del lm
+    return build_model(ModelConfig.from_name("smollm2-135m", num_layers=1, vocab_size=vocab), None, "cpu",
+                       torch.float32), codec
+
+
 def run_mode(model, codec, mode: str, target: str | None, traces, B: int, budget: int, max_new: int,
              device_ms: float) -> dict:
     drafter = None
@@ -238,12 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--device-ms must be >= 0")
     if not modes or any(m not in MODES for m in modes):
         p.error(f"--modes: expected some of {', '.join(MODES)}, got {modes}")
-    lm = load_model(args.gguf, "cpu", torch.bfloat16)  # the tokenizer and the shapes; no forward runs
-    codec, cfg = lm.codec, lm.model.config
-    del lm
-    # One layer: the engine's KV cache (sized by the model) stays small at batch 64; no forward reads it.
-    model = build_model(ModelConfig.from_name("smollm2-135m", num_layers=1, vocab_size=cfg.vocab_size), None,
-                        "cpu", torch.float32)
+    model, codec = stand_in_model(args.gguf)
     traces = load_traces(args.trace or default_trace_files()[0])
     server = target = None
     tmp = tempfile.TemporaryDirectory()

@@ -29,7 +29,6 @@ from corpus_service._proto.ngram_corpus.v1 import corpus_pb2
 from corpus_service.admin.app import create_admin_app
 from corpus_service.admin.catalog import Catalog
 from corpus_service.admin.persistence import DataDir
-from ngram_common.gc_heap import freeze_startup_heap
 from corpus_service.security.auth import AuthInterceptor
 from corpus_service.security.config import security_warnings
 from corpus_service.security.tls import server_credentials
@@ -37,6 +36,7 @@ from corpus_service.server.config import ServiceConfig, deprecations
 from corpus_service.server.grpc_server import CorpusServicer, keepalive_options
 from corpus_service.server.handlers import add_corpus_servicer
 from corpus_service.server.state import ServiceState
+from ngram_common.gc_heap import freeze_startup_heap
 
 log = logging.getLogger("corpus_service")
 SERVICE_NAME = corpus_pb2.DESCRIPTOR.services_by_name["Corpus"].full_name
