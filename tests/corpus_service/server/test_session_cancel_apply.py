@@ -42,6 +42,8 @@ def test_requests_a_cancelled_streams_last_step_starts_end_with_it(tmp_path):
         # Every trial's requests end with its stream (the engine's idle timeout is minutes away).
         wait_until(lambda: live_requests(srv) == 0, timeout=20)
         assert limit_used(srv, "live_request_bytes") == 0
-        assert metrics(srv)[("ngram_corpus_sessions_total", ())] >= 6
+        # The streams reached the server: those cancelled 60 ms or more after sending surely did (an
+        # immediate cancel may beat the call to the server on a loaded machine: 5 of 6 once in CI).
+        assert metrics(srv)[("ngram_corpus_sessions_total", ())] >= 3
     finally:
         srv.stop()
