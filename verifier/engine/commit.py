@@ -78,12 +78,27 @@ class Commits:
         return self.drafter.await_ahead()
 
     def _dispatch(self, hold: bool = False) -> None:
-        """The drafter's held corpus calls and next draft request to its client (Drafter.dispatch);
-        ``hold``: more steps follow soon, so calls no draft request needs may wait for one of them."""
+        """The last verify step's deferred work (``_settle``), then the drafter's held corpus calls and
+        next draft request to its client (Drafter.dispatch); ``hold``: more steps follow soon, so
+        calls no draft request needs may wait for one of them."""
         if self.drafter is not None:
+            self._settle()
             self._corpus_call(self.drafter.dispatch, hold)
 
     def _flush_extends(self) -> None:
         if self._extends:
             extends, self._extends = self._extends, []
             self._corpus_call(self.drafter.extend_many, extends)
+
+    def _settle(self) -> None:
+        """A verify step's bookkeeping that no decision before the next launch needs: its committed
+        tokens into the corpus and what the budget policy learns from it. A CUDA engine runs it
+        while the GPU computes the next step (``_dispatch`` follows every launch), not between the
+        last step's results and the next launch, where it kept the GPU idle: at batch 64 a plain
+        step of a speculative engine cost 0.2 ms more than plain decoding's (H100, 2026-12-06).
+        A draft or a request's finish needs the corpus up to date, so both flush the extends first;
+        the policy's next budget decision sees the step before (its figures average over tens of steps)."""
+        self._flush_extends()
+        told, self._told = self._told, []
+        for call, args in told:
+            call(*args)

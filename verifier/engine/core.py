@@ -123,6 +123,7 @@ class Engine(Prefill, Verify, Sampled, Commits, Overlap):
         # HTTP API bounds admission by (verifier/api/lifecycle.py). Under _lock: the API's thread adds.
         self._waiting = self._waiting_tokens = 0
         self._extends: list[tuple[str, list[int]]] = []  # this step's committed tokens for the drafter
+        self._told: list[tuple] = []  # the last verify step's observations for the policy: (method, args)
         self._drafted = False  # whether this step asked the corpus for drafts (BudgetPolicy.observe_delivered)
         self._budget_now: tuple[int, int] | None = None  # (batch size, budget) decided by _overlaps
         self._committed_launched = 0  # requests the last committed overlapped step gave a token
@@ -274,6 +275,7 @@ class Engine(Prefill, Verify, Sampled, Commits, Overlap):
                 stepped = True
         for req in self.scheduler.release_finished():
             if self.drafter is not None:  # an aborted or failed output stays out of the prompt history
+                self._flush_extends()  # (its last tokens first)
                 self._corpus_call(self.drafter.finish, req.req_id, req.finish_reason in ("stop", "length"))
         if not (stepped and self.scheduler.running):
             # This step's commits and finishes reach the corpus now if no verify step follows at
@@ -318,6 +320,7 @@ class Engine(Prefill, Verify, Sampled, Commits, Overlap):
                 req.status, req.finish_reason, req.error = Status.FINISHED, "error", error
         for req in self.scheduler.release_finished():
             if self.drafter is not None:
+                self._flush_extends()
                 self.drafter.finish(req.req_id, rollout=False)
         self._dispatch()
         with self._lock:

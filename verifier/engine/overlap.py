@@ -58,6 +58,8 @@ class Overlap:
         launch = self.graphs.launch_greedy_step(host, bs, 1, max(prefix) + 1,
                                                 tokens_from=None if prev is None else prev.launch)
         self._inflight = _Inflight(list(running), launch, prefix)
+        if self.drafter is not None:  # a verify step's bookkeeping, while the device runs this one
+            self._settle()
         if prev is not None:
             done = self._commit_launched(prev)
         return done

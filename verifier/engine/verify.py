@@ -95,7 +95,7 @@ class Verify:
         if not captured:
             # The forward phase (launch to results) refreshes the cost model; the whole step, the
             # host overhead the model does not see.
-            self.policy.observe_step(K > 1, time.perf_counter() - t0, bs * K, forward_seconds=t2 - t1)
+            self._told.append((self.policy.observe_step, (K > 1, time.perf_counter() - t0, bs * K, t2 - t1)))
         bad_any = bad.any(-1).tolist()
         # A draft node's NaN K/V reaches every row of its request (masked columns get weight 0, and
         # 0 * NaN = NaN), so such a request verifies the step again without drafts, as plain decoding would.
@@ -142,18 +142,17 @@ class Verify:
                                                              path_b, [slow[1][b][i] for i in path_b]))
             if bad_any[b]:  # NaN K/V in masked rows would still reach attention (0 * NaN)
                 self.cache.clear(req.slot, 0 if req.finish_reason == "error" else req.cache_len)
-        self._flush_extends()
-        t3 = time.perf_counter()
+        t3 = time.perf_counter()  # (the extends and the policy's observations: Commits._settle)
         self.stats.commit_seconds += t3 - t2
         # The step's wall time, commits included, and the tokens it really committed: an accepted
         # path that a stop or max_tokens cuts short delivers only its committed part (near the end
         # of short outputs counting accepted tokens made drafting look better than it was).
         if not captured and self.drafter is not None:
-            self.policy.observe_delivered(bs, self._drafted, t3 - t0, self.stats.generated_tokens - generated)
+            self._told.append((self.policy.observe_delivered, (bs, self._drafted, t3 - t0, self.stats.generated_tokens - generated)))
         self.stats.draft_tokens += sum(num_nodes) - bs
         self.stats.accepted_tokens += accepted_total
         if K > 1:
-            self.policy.observe(predicted, accepted_total)
+            self._told.append((self.policy.observe, (predicted, accepted_total)))
 
     def _plan(self, running: list[Request], plain: frozenset[str], slots: list[int], max_prefix: int,
               fast: bool) -> tuple[PackedTrees, StepInput | None]:
@@ -173,6 +172,7 @@ class Verify:
         k = nodes = 0
         best_first = True
         if budget > 0 and spec:
+            self._flush_extends()  # the last step's commits, which the drafts continue
             batch = self._corpus_call(self.drafter.draft, [running[i].req_id for i in spec], budget)
             tokens, parents, probs, counts = batch.tokens, batch.parents, batch.probs, batch.counts
             grammar = [i for i in spec if running[i].grammar is not None]
