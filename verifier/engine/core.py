@@ -273,9 +273,11 @@ class Engine(Prefill, Verify, Sampled, Commits, Overlap):
                 self._verify_step(running)
                 updated.extend(running)
                 stepped = True
-        for req in self.scheduler.release_finished():
+        finished = self.scheduler.release_finished()
+        if finished and self.drafter is not None:
+            self._flush_extends()  # their last tokens before their finishes
+        for req in finished:
             if self.drafter is not None:  # an aborted or failed output stays out of the prompt history
-                self._flush_extends()  # (its last tokens first)
                 self._corpus_call(self.drafter.finish, req.req_id, req.finish_reason in ("stop", "length"))
         if not (stepped and self.scheduler.running):
             # This step's commits and finishes reach the corpus now if no verify step follows at
@@ -318,9 +320,11 @@ class Engine(Prefill, Verify, Sampled, Commits, Overlap):
         for req in reqs:
             if not req.finished:
                 req.status, req.finish_reason, req.error = Status.FINISHED, "error", error
-        for req in self.scheduler.release_finished():
+        finished = self.scheduler.release_finished()
+        if finished and self.drafter is not None:
+            self._flush_extends()
+        for req in finished:
             if self.drafter is not None:
-                self._flush_extends()
                 self.drafter.finish(req.req_id, rollout=False)
         self._dispatch()
         with self._lock:
