@@ -104,13 +104,17 @@ class GcWatch:
 
     def __init__(self, freeze: bool = False) -> None:
         self.full, self.seconds, self._t, self.freeze = 0, 0.0, None, freeze
+        self.young_seconds = 0.0  # collections of generations 0 and 1 (a step log's per-step figure)
 
     def _seen(self, phase: str, info: dict) -> None:
-        if info.get("generation") == 2:
-            if phase == "start":
-                self._t = time.perf_counter()
-            elif self._t is not None:
-                self.full, self.seconds, self._t = self.full + 1, self.seconds + time.perf_counter() - self._t, None
+        if phase == "start":
+            self._t = time.perf_counter()
+        elif self._t is not None:
+            dt, self._t = time.perf_counter() - self._t, None
+            if info.get("generation") == 2:
+                self.full, self.seconds = self.full + 1, self.seconds + dt
+            else:
+                self.young_seconds += dt
 
     def __enter__(self) -> GcWatch:
         if self.freeze:

@@ -101,7 +101,8 @@ def run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams], 
         step_log: bool = False) -> dict:
     """The requests through the engine to completion (continuous batching): tok/s, MAT, outputs.
     ``step_log``: also each engine step's (running requests, committed tokens, wall ms, requests
-    that verified drafts) and, for a speculative engine, what its budget policy saw of each step
+    that verified drafts, then the ms of its verify phases: packing (drafting included), forward
+    (launch to results), commit, and of Python's collections of the younger generations) and, for a speculative engine, what its budget policy saw of each step
     (``policy_log``) and its figures at the end (``policy_figures``)."""
     log: list[tuple] = []
     seen = _PolicyWatch(engine) if step_log and engine.drafter is not None else None
@@ -113,8 +114,11 @@ def run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams], 
         while not all(r.finished for r in reqs):
             if step_log:
                 bs, n0, d0, t0 = len(engine.scheduler.running), st.generated_tokens, st.spec_steps, time.perf_counter()
+                p0, f0, c0, g0 = st.pack_seconds, st.forward_seconds, st.commit_seconds, collections.young_seconds
                 engine.step()
-                log.append((bs, st.generated_tokens - n0, round(1e3 * (time.perf_counter() - t0), 4), st.spec_steps - d0))
+                log.append((bs, st.generated_tokens - n0, round(1e3 * (time.perf_counter() - t0), 4), st.spec_steps - d0,
+                            *(round(1e3 * x, 4) for x in (st.pack_seconds - p0, st.forward_seconds - f0,
+                                                           st.commit_seconds - c0, collections.young_seconds - g0))))
             else:
                 engine.step()
         sync(engine.device)

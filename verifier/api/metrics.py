@@ -73,6 +73,9 @@ class EngineCollector:
         sw.add_metric(["nothing"], b.plain_switches_nothing)
         sw.add_metric(["critical"], b.plain_switches_critical)
         yield sw
+        yield CounterMetricFamily("ngram_verifier_budget_plain_steps_backoff",
+                                  "steps decoded plain after drafting steps whose node choice verified no node",
+                                  value=b.plain_steps_backoff)
         yield CounterMetricFamily("ngram_verifier_budget_cost_model_refits",
                                   "cost-model refreshes from observed steps", value=b.cost_model_refits)
         # Per request (verifier/budget/request_gate.py): no drafts where its own acceptance does not pay.

@@ -17,11 +17,18 @@ Python per request) is not in it, and at large batches it dominates: on the H200
 64 requests took 4.7 ms of wall time plain and about 14 ms speculative, against 1.6 and 4 ms of
 forward. So the policy also measures what each mode delivers, per batch-size bucket (powers of
 two): the committed tokens per request of its steps (the acceptance actually measured: drafting
-steps against plain steps' one token) over its step time, the median of its latest steps. A step
+steps against plain steps' one token) over its step time, the mean of its latest steps, each
+clipped to ``CLIP`` times their median. A step
 counts as the cost model's forward time for its tokens in the batch plus its own host time (its
 wall time less its measured forward), so that a forward slowed by other processes, the noisy part
 on a loaded machine, is the model's median rather than one step's, and both modes are timed on the
 same model; an overlapped plain step, whose forward is not measured apart, counts its wall time.
+The clipped mean, not the median: a drafting step's time follows its tree size, and so do its
+tokens (H100, 2026-12-06, batch 64, n = 4 at T = 0.8: drafting steps of 2.6-2.9 ms and of 3.5 ms);
+over a window of small and large trees the median time is a small tree's while the tokens are a
+mean over both, which credits drafting with more than it delivered (tests/verifier/budget:
+1.20x plain where 1.02x was delivered). The clip keeps one slow step (another process took the
+core) from weighing on the figure as a plain mean would.
 Before, decayed sums of tokens and wall seconds were compared: one slow drafting step weighed on
 the figure for hundreds of steps, and on the H200 one round of batch 64 drafted in 3 of its 214
 full-batch steps (MAT 1.26 against 2.58 in the other rounds).
@@ -50,6 +57,14 @@ delivered less than plain), ``nothing`` (the corpus had nothing to draft), ``cri
 ``critical_path`` on, verifier/budget/makespan.py: drafting gains the request expected to end last
 less than it adds to the step time).
 
+A drafting step whose node choice verifies no node (``cost``: with the corpus's drafts in hand, no
+tree size was expected to pay) has paid drafting's host work for a plain step's tokens (H100,
+2026-12-06, batch 64, n = 4 at T = 0.8: 0.3-0.45 ms of a 2 ms step, in 14-39 of a round's ~230
+steps, often in runs). The next step's drafts continue the same requests one token on, so the bucket
+backs off: it decodes plain for the next 1, 2, 4 (``BACKOFF_MAX``) steps after consecutive such
+outcomes, and asks again after that; a step that verifies drafts ends the back-off. Those steps are
+counted (``BudgetStats.plain_steps_backoff``). Exploring and optimistic steps do not back off.
+
 Within a drafting step, a request whose own measured acceptance does not pay for a drafting step's
 cost gets no drafts (verifier/budget/request_gate.py; counted per request, not per bucket).
 """
@@ -72,7 +87,9 @@ __all__ = ["BudgetPolicy", "BudgetStats", "CostModel"]
 
 log = logging.getLogger(__name__)
 
-TIME_WINDOW = 9  # a mode's latest steps, of which the median step time counts
+TIME_WINDOW = 9  # a mode's latest steps, whose clipped mean step time counts
+CLIP = 1.5  # a step counts at most this many times its window's median time
+BACKOFF_MAX = 4  # plain steps after a drafting step whose node choice verified nothing (doubling from 1)
 MIN_STEPS = 3  # steps of each mode a bucket needs before it compares them (until then: drafting, exploring plain)
 OVERHEAD_WINDOW = 9  # a mode's latest (step wall time / modeled forward time) ratios
 LOG_EVERY_S = 60.0  # a bucket's switches to plain for one reason: one log line per this many seconds
@@ -81,6 +98,12 @@ LOG_EVERY_S = 60.0  # a bucket's switches to plain for one reason: one log line 
 def _median(xs) -> float:
     s = sorted(xs)
     return s[len(s) // 2]
+
+
+def _clipped_mean(xs) -> float:
+    """The mean of ``xs``, each at most CLIP times their median (module docstring)."""
+    top = CLIP * _median(xs)
+    return sum(min(x, top) for x in xs) / len(xs)
 
 
 @dataclass
@@ -93,6 +116,7 @@ class BudgetStats:
     plain_switches_nothing: int = 0
     plain_switches_critical: int = 0
     cost_model_refits: int = 0  # the cost model's figures changed from observed steps
+    plain_steps_backoff: int = 0  # steps decoded plain after drafting steps whose node choice verified nothing
     # Per request (verifier/budget/request_gate.py): requests switched to no drafts because their
     # measured acceptance does not pay for a drafting step, and the request-steps held off so.
     request_switches_acceptance: int = 0
@@ -118,6 +142,8 @@ class _Bucket:
     plain_reason: str = "delivered"  # why plain decoding leads, where it does: "delivered" or "critical"
     state: str = "draft"  # the latest leading-mode step: "draft", or why it decoded plain ("cost", "nothing")
     version: int = -1  # the cost model version the step times were computed on
+    backoff: int = 0  # plain steps of the latest back-off (module docstring); 0: none running
+    skip: int = 0  # plain steps left in it
 
     def acceptance(self, mode: bool) -> float | None:
         """Committed tokens per request per step of this mode."""
@@ -125,11 +151,11 @@ class _Bucket:
         return s[1] / s[2] if s[2] > 0 else None
 
     def update(self, mode: bool, forward: Callable[[int], float], version: int) -> None:
-        """The mode's step time (the median of its latest steps; both modes' after a refit of the cost
-        model, so that they are timed on the same figures) and drafting's relative rate."""
+        """The mode's step time (the clipped mean of its latest steps; both modes' after a refit of
+        the cost model, so that they are timed on the same figures) and drafting's relative rate."""
         for m in ((mode,) if version == self.version else (False, True)):
             if self.times[m]:
-                self.step_time[m] = _median([(forward(n) if n else 0.0) + t for n, t in self.times[m]])
+                self.step_time[m] = _clipped_mean([(forward(n) if n else 0.0) + t for n, t in self.times[m]])
         self.version = version
         a, b = self.acceptance(True), self.acceptance(False)
         td, tp = self.step_time[True], self.step_time[False]
@@ -208,7 +234,7 @@ class BudgetPolicy:
 
     def delivered(self, bs: int, drafted: bool) -> float | None:
         """Committed tokens per second of this bucket's steps of one mode: tokens per step over the
-        median step time (None: none seen yet)."""
+        clipped mean step time (None: none seen yet)."""
         st = self._buckets.get(self.batch_bucket(bs))
         if st is None or not st.step_time[drafted] or st.sums[drafted][2] <= 0:
             return None
@@ -236,7 +262,7 @@ class BudgetPolicy:
         return None if st is None else st.relative
 
     def step_cost_ratio(self, bs: int) -> float | None:
-        """This bucket's drafting step time over its plain step time (medians of the latest steps,
+        """This bucket's drafting step time over its plain step time (clipped means of the latest steps,
         host work included; None until both modes have MIN_STEPS): what a request's drafted step
         must deliver, in tokens, to pay (``RequestGate``)."""
         st = self._buckets.get(self.batch_bucket(bs))
@@ -377,6 +403,11 @@ class BudgetPolicy:
         if not self.drafting_pays(bs, critical):
             return 0
         st = self._bucket(b)
+        if st.skip > 0 and not self._exploring:
+            st.skip -= 1
+            self.stats.plain_steps_backoff += 1
+            self._count(b, "backoff")
+            return 0
         st.draft_steps += 1
         self._optimistic = self._exploring or st.draft_steps % self.explore_every == 0
         self._fresh_costs()
@@ -468,6 +499,7 @@ class BudgetPolicy:
             self._count(self._step_bucket, "optimistic")
             if best == 0 and gains[1] > 0:
                 best = 1
+        self._back_off(best == 0 and not (optimistic or self._exploring))
         if best == 0:
             self._count(self.batch_bucket(bs), "nodes0")
             self._note("cost", f"no tree size was expected to pay (calibration {c:.2f}, "
@@ -475,6 +507,19 @@ class BudgetPolicy:
         else:
             self._note("draft")
         return best
+
+    def _back_off(self, nothing_verified: bool) -> None:
+        """After this step's node choice: a leading-mode drafting step that verifies no node starts
+        or doubles the bucket's back-off; one that verifies drafts ends it (module docstring)."""
+        b = self._step_bucket
+        if b is None:
+            return
+        st = self._bucket(b)
+        if nothing_verified:
+            st.backoff = min(BACKOFF_MAX, 2 * st.backoff) if st.backoff else 1
+            st.skip = st.backoff
+        elif not self._exploring:
+            st.backoff = st.skip = 0
 
     # ------------------------------------------------------------------ observations
 

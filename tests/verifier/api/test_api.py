@@ -78,6 +78,7 @@ def test_models_health_metrics(api):
     # Per request (verifier/budget/request_gate.py): switches to no drafts by reason, request-steps held off.
     assert 'ngram_verifier_budget_request_no_draft_switches_total{reason="acceptance"}' in m
     assert "ngram_verifier_budget_request_steps_no_draft_total" in m
+    assert "ngram_verifier_budget_plain_steps_backoff_total" in m
 
 
 def test_cli_rejects_bad_flags_without_loading_a_model(capsys):
