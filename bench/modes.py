@@ -102,10 +102,21 @@ def run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams], 
     """The requests through the engine to completion (continuous batching): tok/s, MAT, outputs.
     ``step_log``: also each engine step's (running requests, committed tokens, wall ms, requests
     that verified drafts, then the ms of its verify phases: packing (drafting included), forward
-    (launch to results), commit, and of Python's collections of the younger generations) and, for a speculative engine, what its budget policy saw of each step
-    (``policy_log``) and its figures at the end (``policy_figures``)."""
+    (launch to results), commit, and of Python's collections of the younger generations, then
+    whether it asked the corpus for drafts), those figures per class of step (``step_classes``)
+    and, for a speculative engine, what its budget policy saw of each step (``policy_log``) and its
+    figures at the end (``policy_figures``)."""
     log: list[tuple] = []
     seen = _PolicyWatch(engine) if step_log and engine.drafter is not None else None
+    asks = [0]
+    if step_log and engine.drafter is not None:  # counts the step's corpus asks (restored below)
+        draft = engine.drafter.draft
+
+        def counted(*a, **k):
+            asks[0] += 1
+            return draft(*a, **k)
+
+        engine.drafter.draft = counted
     with GcWatch(freeze=True) as collections:  # the heap frozen, as a server's is once started
         sync(engine.device)
         t = time.perf_counter()
@@ -114,17 +125,20 @@ def run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams], 
         while not all(r.finished for r in reqs):
             if step_log:
                 bs, n0, d0, t0 = len(engine.scheduler.running), st.generated_tokens, st.spec_steps, time.perf_counter()
-                p0, f0, c0, g0 = st.pack_seconds, st.forward_seconds, st.commit_seconds, collections.young_seconds
+                p0, f0, c0, g0, a0 = st.pack_seconds, st.forward_seconds, st.commit_seconds, collections.young_seconds, asks[0]
                 engine.step()
                 log.append((bs, st.generated_tokens - n0, round(1e3 * (time.perf_counter() - t0), 4), st.spec_steps - d0,
                             *(round(1e3 * x, 4) for x in (st.pack_seconds - p0, st.forward_seconds - f0,
-                                                           st.commit_seconds - c0, collections.young_seconds - g0))))
+                                                           st.commit_seconds - c0, collections.young_seconds - g0)),
+                            asks[0] - a0))
             else:
                 engine.step()
         sync(engine.device)
         dt = time.perf_counter() - t
     if seen is not None:
         seen.restore()
+    if engine.drafter is not None and "draft" in vars(engine.drafter):
+        del engine.drafter.draft  # the instance attribute: the class's method again
     outs = [r.output_ids for r in reqs]
     tokens = sum(map(len, outs))
     steps = sum(r.verify_steps for r in reqs)
@@ -133,8 +147,24 @@ def run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams], 
             "mat": round(tokens / max(steps, 1), 3), "request_steps_drafted": drafted,
             "accepted": sum(r.accepted_tokens for r in reqs), "draft_tokens": sum(r.draft_tokens for r in reqs),
             "errors": sum(r.finish_reason == "error" for r in reqs), **collections.as_dict(), "outputs": outs,
-            **({"step_log": log} if step_log else {}),
+            **({"step_log": log, "step_classes": step_classes(log)} if step_log else {}),
             **({"policy_log": seen.rows, "policy_figures": policy_figures(engine)} if seen is not None else {})}
+
+
+def step_classes(log: list[tuple]) -> dict:
+    """A step log's steps with requests running, by class: ``drafted`` (some request verified
+    drafts), ``asked_none`` (it asked the corpus and verified no draft: drafting's host work for a
+    plain step's tokens), ``plain``; per class the steps, committed tokens per step and mean ms of
+    the wall time and the pack, forward and commit phases."""
+    out = {}
+    for name, test in (("drafted", lambda x: x[3] > 0), ("asked_none", lambda x: x[3] == 0 and x[8] > 0),
+                       ("plain", lambda x: x[3] == 0 and x[8] == 0)):
+        rows = [x for x in log if x[0] > 0 and test(x)]
+        if rows:
+            mean = lambda j: round(sum(x[j] for x in rows) / len(rows), 4)  # noqa: E731
+            out[name] = {"steps": len(rows), "tokens": mean(1), "wall_ms": mean(2), "pack_ms": mean(4),
+                         "forward_ms": mean(5), "commit_ms": mean(6)}
+    return out
 
 
 class _PolicyWatch:

@@ -65,6 +65,11 @@ def test_step_log_accounts_for_every_step_and_what_the_policy_was_told():
     log = r["step_log"]
     assert sum(x[1] for x in log) == r["tokens"] == 27 and max(x[0] for x in log) <= 2
     assert sum(x[3] for x in log) == r["request_steps_drafted"] > 0
+    assert all(x[8] == 1 for x in log if x[3] > 0)  # a step that verified drafts asked the corpus for them
+    classes = r["step_classes"]
+    assert classes["drafted"]["steps"] == sum(1 for x in log if x[3] > 0)
+    assert sum(c["steps"] for c in classes.values()) == sum(1 for x in log if x[0] > 0)
+    assert "draft" not in vars(eng.drafter)  # the ask counter is gone after the run
     # The policy was told of every verify step, and exactly the tokens they committed (prefills apart).
     told = r["policy_log"]
     assert len(told) >= sum(1 for x in log if x[0] > 0) - 1 and sum(x[3] for x in told) == 27 - len(prompts)
@@ -73,3 +78,6 @@ def test_step_log_accounts_for_every_step_and_what_the_policy_was_told():
     assert "observe_delivered" not in vars(eng.policy)  # the watch is gone after the run
     assert "step_log" not in modes.run(eng, prompts[:1], params[:1], [None])
     eng.drafter.close()
+    plain = Engine(lm.model, lm.codec, None, EngineConfig(max_batch=2, max_len=128, budget=0))
+    r = modes.run(plain, prompts, params, [None] * 3, step_log=True)
+    assert set(r["step_classes"]) == {"plain"} and r["step_classes"]["plain"]["steps"] >= 8
