@@ -18,13 +18,13 @@ class Sampled:
     """Sampled verification (mixed into ``Engine``, whose state it uses)."""
 
     def _raw_targets(self, running: list[Request]) -> bool:
-        """Whether every request's target is the softmax of its logits as the model gave them (or
-        their argmax): no penalties or min_tokens, grammar, logprobs, top-k or top-p. Such a step
-        verifies from the logits (``kernels.tree_sampling_logits``), without a [bs, K, V]
-        distribution (at 134 requests x 16 nodes, ~0.65 ms of the H200's time per step)."""
-        V = self.model.config.vocab_size
-        return all(not needs_processing(r) and r.grammar is None and r.params.logprobs is None
-                   and not 0 < r.params.top_k < V and r.params.top_p >= 1.0 for r in running)
+        """Whether every request's target comes from its logits as the model gave them: their
+        softmax, truncated by top-k / top-p, or their argmax (no penalties or min_tokens, grammar or
+        logprobs). Such a step verifies from the logits (``kernels.tree_sampling_logits``, top-k /
+        top-p as a floor per row), without a float copy of the logits, a sort of every row and a
+        [bs, K, V] distribution (at 134 requests x 16 nodes, ~0.65 ms of the H200's time per step
+        for the distribution alone)."""
+        return all(not needs_processing(r) and r.grammar is None and r.params.logprobs is None for r in running)
 
     def _coins(self, running: list[Request], K: int, extra: np.ndarray | None = None):
         """Each request's K node coins [bs, K] and bonus coin [bs] on the device, from its own stream
@@ -45,11 +45,20 @@ class Sampled:
         """Tree rejection sampling of a ``_raw_targets`` step straight from its logits; greedy rows
         (temperature 0) have one-hot targets, as in ``_verify_sampled``. Returns (result, bad)."""
         bs, K = f.tokens.shape
-        temps = np.repeat(np.array([r.params.temperature for r in running], dtype=np.float32), K)
-        coins, final, temps = self._coins(running, K, temps)
+        V = self.model.config.vocab_size
+        # top-k / top-p go up with the temperatures in one copy, only where a request truncates.
+        rows = [(r.params.temperature, r.params.top_k if 0 < r.params.top_k < V else 0, r.params.top_p)
+                for r in running]
+        truncated = any(k or p < 1.0 for _, k, p in rows)
+        per_row = np.repeat(np.array(rows if truncated else [t for t, _, _ in rows], dtype=np.float32), K, axis=0)
+        coins, final, extra = self._coins(running, K, per_row.T.reshape(-1))
+        n = bs * K
+        temps = extra[:n]
+        top_k, top_p = (extra[n:2 * n], extra[2 * n:]) if truncated else (None, None)
         idx = f.idx
         return kernels.tree_sampling_logits(f.tokens, idx.retrive_index, idx.retrive_next_token,
-                                            idx.retrive_next_sibling, coins, final, f.logits, temps, K)
+                                            idx.retrive_next_sibling, coins, final, f.logits, temps, K,
+                                            top_k=top_k, top_p=top_p)
 
     def _verify_sampled(self, running: list[Request], f: StepForward, logits: torch.Tensor):
         """Exact tree rejection sampling of processed ``logits`` [bs, K, V] float32; greedy rows use

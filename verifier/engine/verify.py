@@ -209,9 +209,10 @@ class Verify:
         """A step that is not one greedy-step graph: the forward part replayed as a forward graph
         where there are graphs (``inp``), else run eagerly at the step's shape; then either the
         greedy tail (greedy requests without logit processing, no graphs), or tree rejection
-        sampling straight from the logits (``_raw_targets``: no processing, no truncation), or the
-        logits processed on the way (penalties, grammar masks, top-k/top-p) and verified greedily
-        or by tree rejection sampling, eagerly. Returns the results on the host as greedy_step does."""
+        sampling straight from the logits (``_raw_targets``: no processing; top-k / top-p as a
+        floor per row), or the logits processed on the way (penalties, grammar masks, logprobs,
+        then top-k / top-p) and verified greedily or by tree rejection sampling, eagerly. Returns
+        the results on the host as greedy_step does."""
         bs, K = packed.bs, packed.K
         if self.device.type != "cuda":  # a CPU forward is synchronous: hand over the corpus calls first
             self._dispatch(hold=True)

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "MAX_NODES", "NORM_LINEAR_MAX_ROWS", "NativeKernelError", "TreeIndices", "VerifyResult", "argmax_rows",
     "compact_kv_cache",
-    "decode_attention", "flatten_draft_tree", "native_available", "norm_linear", "rope_store_kv", "silu_mul",
+    "decode_attention", "flatten_draft_tree", "logit_floor", "native_available", "norm_linear", "rope_store_kv", "silu_mul",
     "tree_attention_mask", "tree_attention_mask_flat",
     "tree_indices_from_mask", "tree_indices_from_parents", "tree_sampling_logits", "tree_speculative_sampling",
     "verify_tree_greedy",
@@ -112,26 +112,52 @@ def tree_speculative_sampling(candidates: Tensor, retrive_index: Tensor, retrive
 def tree_sampling_logits(candidates: Tensor, retrive_index: Tensor, retrive_next_token: Tensor,
                          retrive_next_sibling: Tensor, coins: Tensor, final_coins: Tensor, logits: Tensor,
                          temperature: Tensor, num_spec_steps: int, threshold_single: float = 1.0,
-                         threshold_acc: float = 1.0, *, allow_reference: bool | None = None) -> tuple[VerifyResult, Tensor]:
+                         threshold_acc: float = 1.0, *, top_k: Tensor | None = None, top_p: Tensor | None = None,
+                         allow_reference: bool | None = None) -> tuple[VerifyResult, Tensor]:
     """``tree_speculative_sampling`` straight from the LM head's logits [bs, K, V] (float32, bfloat16
     or float16, contiguous) at a temperature per row [bs * K] float32 (0: a greedy row, its target
-    one-hot at the argmax), for targets without top-k, top-p or logit processing. Returns (the
-    verification, bad [bs, K] bool: rows with a NaN or an infinity, verified as zeroed logits).
+    one-hot at the argmax), with top-k and top-p per row where given ([bs * K] float32; top_k 0 or
+    >= V and top_p 1 are off), for targets without logit processing. Returns (the verification,
+    bad [bs, K] bool: rows with a NaN or an infinity, verified as zeroed logits).
 
-    On the GPU no [bs, K, V] distribution is written: one kernel takes each row's softmax
-    statistics (max, normaliser, argmax, non-finite flag) in one pass, and the tree walk computes q
-    only at the tokens it tests and over the bonus row (``csrc/verify_sampling.cu``). The
-    reference (``verifier.step.reference.tree_sampling_logits``) writes the distribution; the two
-    round differently (the kernel's exp is the fast one), so a coin within rounding of a boundary
-    can decide differently.
+    On the GPU no [bs, K, V] distribution is written: a truncating step first takes each row's
+    floor (``logit_floor``), one kernel takes each row's softmax statistics (max, normaliser over
+    the tokens at or above the floor, argmax, non-finite flag) in one pass, and the tree walk
+    computes q only at the tokens it tests and over the bonus row (``csrc/verify_sampling.cu``).
+    The reference (``verifier.step.reference.tree_sampling_logits``) writes the distribution; the
+    two round differently (the kernel's exp is the fast one), so a coin within rounding of a
+    boundary can decide differently.
     """
     args = (candidates, retrive_index, retrive_next_token, retrive_next_sibling, coins, final_coins, logits,
             temperature, num_spec_steps, float(threshold_single), float(threshold_acc))
     checks.check_sampling_logits(*args)
+    checks.check_truncation(logits.shape[0] * logits.shape[1], logits.shape[2], logits.device, top_k, top_p)
     if _use_native(candidates.device, "tree_sampling_logits", allow_reference):
-        *res, bad = _ops().tree_sampling_logits(*args)
+        floor = None
+        if top_k is not None or top_p is not None:
+            floor = _ops().logit_floor_rows(logits.view(-1, logits.shape[2]), temperature, top_k, top_p)
+        *res, bad = _ops().tree_sampling_logits(*args, floor)
         return VerifyResult(*res), bad
-    return reference.tree_sampling_logits(*args)
+    return reference.tree_sampling_logits(*args, top_k=top_k, top_p=top_p)
+
+
+def logit_floor(logits: Tensor, temperature: Tensor, top_k: Tensor | None = None, top_p: Tensor | None = None, *,
+                allow_reference: bool | None = None) -> Tensor:
+    """Top-k / top-p as a floor per row of logits [N, V] (float32, bfloat16 or float16, contiguous):
+    float32 [N], a token kept iff its logit is >= it; -inf where nothing is truncated (top_k 0 or
+    >= V and top_p 1, temperature 0, or a NaN or an infinity in the row). temperature, top_k and
+    top_p are [N] float32 (top_k whole numbers). The semantics are
+    ``verifier.step.sampling.truncation_floor``'s (every token tied with the last one kept stays);
+    the kernel (``csrc/logit_floor.cu``) is a radix select with fixed-point masses, deterministic."""
+    checks.check_floor_logits(logits, temperature)
+    checks.check_truncation(*logits.shape, logits.device, top_k, top_p)
+    if _use_native(logits.device, "logit_floor", allow_reference):
+        return _ops().logit_floor_rows(logits, temperature, top_k, top_p)
+    from ..step.sampling import truncation_floor
+
+    n = logits.shape[0]
+    return truncation_floor(logits, temperature, top_k if top_k is not None else torch.zeros(n),
+                            top_p if top_p is not None else torch.ones(n))
 
 
 def tree_attention_mask(tree_mask: Tensor, prefix_lens: Tensor, kv_len: int, *, allow_reference: bool | None = None) -> Tensor:

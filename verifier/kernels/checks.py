@@ -228,3 +228,19 @@ def check_silu_mul(gate_up) -> None:
     check_tensor("gate_up", gate_up, dtypes=(torch.float32, torch.bfloat16, torch.float16))
     require(gate_up.dim() >= 1 and gate_up.shape[-1] >= 2 and gate_up.shape[-1] % 2 == 0,
             f"gate_up: expected [..., 2 I] with I >= 1 (gate, then up), got {tuple(gate_up.shape)}")
+
+
+def check_floor_logits(logits, temperature):
+    check_tensor("logits", logits, ndim=2, dtypes=(torch.float32, torch.bfloat16, torch.float16))
+    require(logits.shape[1] >= 1, "logits: vocab size must be >= 1")
+    check_tensor("temperature", temperature, shape=(logits.shape[0],), dtypes=torch.float32, device=logits.device)
+
+
+def check_truncation(rows, vocab, device, top_k, top_p):
+    """top_k and top_p: None or [rows] float32 on the logits' device (a vocabulary below 2^23: the
+    floor kernel's fixed-point masses)."""
+    if top_k is not None or top_p is not None:
+        require(vocab < 2**23, f"top_k / top_p: a vocabulary below 2^23 tokens, got {vocab}")
+    for name, t in (("top_k", top_k), ("top_p", top_p)):
+        if t is not None:
+            check_tensor(name, t, shape=(rows,), dtypes=torch.float32, device=device)

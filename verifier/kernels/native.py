@@ -10,7 +10,7 @@ import ctypes
 import threading
 from ctypes import c_float, c_int, c_int64, c_void_p
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 _P = c_void_p  # every pointer argument, passed as an int from tensor.data_ptr()
 _SIGNATURES = {
@@ -19,7 +19,8 @@ _SIGNATURES = {
     "ngk_tree_indices_from_parents": [_P, _P, _P, _P, _P, _P, _P, c_int, c_int, _P],
     "ngk_verify_tree_greedy": [_P] * 8 + [c_int, c_int, c_int, _P],
     "ngk_tree_speculative_sampling": [_P] * 10 + [c_int, c_int, c_int, c_int, c_float, c_float, _P],
-    "ngk_tree_sampling_logits": [c_int] + [_P] * 15 + [c_int, c_int, c_int, c_int, c_float, c_float, _P],
+    "ngk_tree_sampling_logits": [c_int] + [_P] * 16 + [c_int, c_int, c_int, c_int, c_float, c_float, _P],
+    "ngk_logit_floor_rows": [c_int, _P, c_int64, c_int, _P, _P, _P, _P, _P],
     "ngk_tree_attention_mask_dense": [_P, _P, _P, c_int, c_int, c_int64, _P],
     "ngk_tree_attention_mask_flat": [_P, _P, _P, _P, c_int, c_int, _P],
     "ngk_compact_kv_cache": [_P, _P, _P, _P, c_int, c_int, c_int, c_int, c_int64, c_int64, _P],

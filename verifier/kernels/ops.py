@@ -107,11 +107,27 @@ def _(candidates, retrive_index, retrive_next_token, retrive_next_sibling, coins
     return _verify_outputs(candidates, *candidates.shape, num_spec_steps)
 
 
+@torch.library.custom_op(f"{_NS}::logit_floor_rows", mutates_args=())
+def logit_floor_rows(logits: Tensor, temperature: Tensor, top_k: Tensor | None, top_p: Tensor | None) -> Tensor:
+    rows, V = logits.shape
+    out = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    with torch.cuda.device(logits.device):
+        library().call("ngk_logit_floor_rows", _DTYPE_CODES[logits.dtype], _ptr(logits), rows, V, _ptr(temperature),
+                       0 if top_k is None else _ptr(top_k), 0 if top_p is None else _ptr(top_p), _ptr(out),
+                       _stream(logits))
+    return out
+
+
+@logit_floor_rows.register_fake
+def _(logits, temperature, top_k, top_p):
+    return logits.new_empty(logits.shape[0], dtype=torch.float32)
+
+
 @torch.library.custom_op(f"{_NS}::tree_sampling_logits", mutates_args=())
 def tree_sampling_logits(candidates: Tensor, retrive_index: Tensor, retrive_next_token: Tensor,
                          retrive_next_sibling: Tensor, coins: Tensor, final_coins: Tensor, logits: Tensor,
                          temperature: Tensor, num_spec_steps: int, threshold_single: float,
-                         threshold_acc: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                         threshold_acc: float, row_floor: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     bs, K = candidates.shape
     V = logits.shape[2]
     out = _verify_outputs(candidates, bs, K, num_spec_steps)
@@ -121,7 +137,7 @@ def tree_sampling_logits(candidates: Tensor, retrive_index: Tensor, retrive_next
     row_bad = torch.empty(bs, K, dtype=torch.bool, device=logits.device)
     with torch.cuda.device(candidates.device):
         library().call("ngk_tree_sampling_logits", _DTYPE_CODES[logits.dtype], _ptr(logits), _ptr(temperature),
-                       _ptr(row_max), _ptr(row_inv_sum), _ptr(row_argmax), _ptr(row_bad), *map(_ptr, out),
+                       0 if row_floor is None else _ptr(row_floor), _ptr(row_max), _ptr(row_inv_sum), _ptr(row_argmax), _ptr(row_bad), *map(_ptr, out),
                        _ptr(candidates), _ptr(retrive_index), _ptr(retrive_next_token), _ptr(retrive_next_sibling),
                        _ptr(coins), _ptr(final_coins), bs, K, num_spec_steps, V, float(threshold_single),
                        float(threshold_acc), _stream(candidates))
@@ -130,7 +146,7 @@ def tree_sampling_logits(candidates: Tensor, retrive_index: Tensor, retrive_next
 
 @tree_sampling_logits.register_fake
 def _(candidates, retrive_index, retrive_next_token, retrive_next_sibling, coins, final_coins, logits,
-      temperature, num_spec_steps, threshold_single, threshold_acc):
+      temperature, num_spec_steps, threshold_single, threshold_acc, row_floor=None):
     bs, K = candidates.shape
     return (*_verify_outputs(candidates, bs, K, num_spec_steps), candidates.new_empty(bs, K, dtype=torch.bool))
 

@@ -18,6 +18,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from .sampling import truncation_floor
+
 
 class TreeIndices(NamedTuple):
     positions: Tensor  # [bs*K] int64: prefix_len + depth
@@ -257,17 +259,26 @@ def tree_speculative_sampling(
 def tree_sampling_logits(candidates: Tensor, retrive_index: Tensor, retrive_next_token: Tensor,
                          retrive_next_sibling: Tensor, coins: Tensor, final_coins: Tensor, logits: Tensor,
                          temperature: Tensor, num_spec_steps: int, threshold_single: float = 1.0,
-                         threshold_acc: float = 1.0) -> tuple[VerifyResult, Tensor]:
+                         threshold_acc: float = 1.0, *, top_k: Tensor | None = None,
+                         top_p: Tensor | None = None) -> tuple[VerifyResult, Tensor]:
     """``tree_speculative_sampling`` from logits [bs, K, V] and a temperature per row [bs * K]
     (0: a greedy row, whose q is one-hot at its argmax): q = softmax(logits / temperature) in
-    float32. A row holding a NaN or an infinity counts as zeroed logits (uniform q; one-hot at
-    token 0 when greedy) and is flagged. Returns (the verification, bad [bs, K] bool)."""
+    float32, truncated by top-k and top-p per row where given (``sampling.truncation_floor``). A
+    row holding a NaN or an infinity counts as zeroed logits (uniform q; one-hot at token 0 when
+    greedy) and is flagged. Returns (the verification, bad [bs, K] bool)."""
     bs, K, V = logits.shape
     flat = logits.reshape(bs * K, V).float()
     bad = ~torch.isfinite(flat).all(-1)
     flat = flat.masked_fill(bad[:, None], 0.0)
     greedy = temperature == 0
-    probs = (flat / torch.where(greedy, 1.0, temperature)[:, None]).softmax(-1)
+    scaled = flat / torch.where(greedy, 1.0, temperature)[:, None]
+    if top_k is not None or top_p is not None:
+        n = bs * K
+        floor = truncation_floor(flat, temperature, top_k if top_k is not None else torch.zeros(n),
+                                 top_p if top_p is not None else torch.ones(n))
+        floor = floor.masked_fill(bad, float("-inf"))  # (a bad row's floor is -inf already)
+        scaled = scaled.masked_fill(flat < floor[:, None], float("-inf"))
+    probs = scaled.softmax(-1)
     if bool(greedy.any()):
         one_hot = torch.zeros_like(probs).scatter_(1, flat.argmax(-1, keepdim=True), 1.0)
         probs = torch.where(greedy[:, None], one_hot, probs)

@@ -1,7 +1,9 @@
 """Sampling parameters and the target distribution they define.
 
 With temperature T, top-k k and top-p p the target is q = softmax(logits / T) restricted to the k
-most likely tokens and to the smallest set whose mass reaches p, renormalised. Tree rejection
+most likely tokens and to the smallest set whose mass reaches p, renormalised. Both truncations
+are a floor on the logits (``truncation_floor``): every token tied with the last one kept stays,
+as in vLLM's and SGLang's top-k, so q does not depend on how a sort orders ties. Tree rejection
 sampling against this q is exact: the output is distributed as plain sampling from q.
 Temperature 0 means greedy (argmax).
 
@@ -80,6 +82,42 @@ class SamplingParams:
         return bool(self.presence_penalty or self.frequency_penalty) or self.repetition_penalty != 1.0
 
 
+def truncation_floor(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """The per-row floor of top-k and top-p on logits [N, V]: a token is kept iff its logit is >=
+    the floor (float32 [N]; -inf where nothing is truncated, for greedy rows, temperature 0, and
+    for rows holding a NaN or an infinity). With x sorted descending, top-k's floor is x_(k), the
+    k-th largest; top-p's is x_(m), m the first index where the cumulative softmax(x / T) over
+    what top-k kept reaches p; the floor is the larger. The torch reference of the kernel
+    ``verifier.kernels.logit_floor`` (which sums masses in fixed point, in another order: the two
+    can differ only where the cumulative mass is within rounding of p). No device sync: the
+    processed path calls it inside a step."""
+    x = logits.float()
+    N, V = x.shape
+    k = top_k.to(device=x.device, dtype=torch.int64)
+    p = top_p.to(device=x.device, dtype=torch.float32)
+    t = temperature.to(device=x.device, dtype=torch.float32)
+    use_k, use_p = (k > 0) & (k < V), p < 1.0
+    # Every row is computed and the rows without a floor masked at the end: no device sync.
+    active = (use_k | use_p) & (t > 0) & torch.isfinite(x).all(-1)
+    xs = x.sort(dim=-1, descending=True).values
+    floor_k = xs.gather(1, (torch.where(use_k, k, V) - 1)[:, None]).squeeze(1)
+    scaled = (xs - xs[:, :1]) / torch.where(t > 0, t, 1.0)[:, None]
+    cum = scaled.exp().masked_fill(xs < floor_k[:, None], 0.0).cumsum(-1)
+    m = (cum < p[:, None] * cum[:, -1:]).sum(-1).clamp(max=V - 1)  # the first index reaching p
+    floor_p = torch.where(use_p, xs.gather(1, m[:, None]).squeeze(1), float("-inf"))
+    floor = torch.maximum(torch.where(use_k, floor_k, float("-inf")), floor_p)
+    return torch.where(active, floor, float("-inf"))
+    xs = x[active].sort(dim=-1, descending=True).values
+    kk = torch.where(use_k, k, V)[active]
+    floor_k = xs.gather(1, (kk - 1)[:, None]).squeeze(1)
+    mass = ((xs.double() - xs[:, :1].double()) / temperature[active][:, None]).exp() * (xs >= floor_k[:, None])
+    cum = mass.cumsum(-1)
+    m = (cum < p[active][:, None] * cum[:, -1:]).sum(-1).clamp(max=V - 1)  # first index reaching p
+    floor_p = torch.where(use_p[active], xs.gather(1, m[:, None]).squeeze(1), float("-inf"))
+    floor[active] = torch.maximum(torch.where(use_k[active], floor_k, float("-inf")), floor_p)
+    return floor
+
+
 def target_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor,
                  truncated: bool | None = None) -> Tensor:
     """logits [N, V]; per-row temperature (> 0), top_k (0 = off), top_p [N] -> probs [N, V] float32.
@@ -87,24 +125,16 @@ def target_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tens
     ``truncated``: whether any row has a top_k below V or a top_p below 1, where the caller knows it
     on the host (None: read from the tensors, a device sync). Without truncation the distribution is
     the softmax itself: no sort of every row (a speculative step of 134 requests x 16 nodes over a
-    49k vocabulary sorts 105 M values for nothing), and the same distribution up to float rounding."""
-    logits = logits.float() / temperature[:, None]
-    V = logits.shape[-1]
+    49k vocabulary sorts 105 M values for nothing)."""
+    raw = logits.float()
+    scaled = raw / temperature[:, None]
+    V = raw.shape[-1]
     if truncated is None:
         truncated = bool((((top_k > 0) & (top_k < V)) | (top_p < 1.0)).any())
     if not truncated:
-        return logits.softmax(-1)
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    ranks = torch.arange(V, device=logits.device)[None, :]
-    k = torch.where(top_k > 0, top_k, V).clamp(max=V)
-    drop = ranks >= k[:, None]
-    probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
-    # Keep the smallest prefix whose mass reaches top_p: a token is dropped when the mass before it
-    # already reaches top_p (the first token always stays).
-    before = probs.cumsum(-1) - probs
-    drop = drop | (before >= top_p[:, None])
-    probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
-    return torch.zeros_like(probs).scatter_(-1, order, probs)
+        return scaled.softmax(-1)
+    floor = truncation_floor(raw, temperature, top_k, top_p)
+    return scaled.masked_fill(raw < floor[:, None], float("-inf")).softmax(-1)
 
 
 def sample(probs: Tensor, coins: Tensor) -> Tensor:

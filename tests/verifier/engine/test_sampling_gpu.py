@@ -46,7 +46,9 @@ def test_greedy_requests_in_a_sampled_batch_decode_as_plain_greedy(lm):
 
 
 def test_seeded_sampling_repeats(lm):
-    params = [SamplingParams(max_tokens=48, temperature=0.7, seed=100 + s, ignore_eos=True) for s in range(4)]
+    # top-p / top-k on half of them: the floor kernel in the same step
+    params = [SamplingParams(max_tokens=48, temperature=0.7, seed=100 + s, ignore_eos=True,
+                             **({"top_p": 0.9, "top_k": 50} if s % 2 else {})) for s in range(4)]
     a = [r.output_ids for r in _run(lm, params, budget=7)]
     b = [r.output_ids for r in _run(lm, params, budget=7)]
     assert a == b

@@ -132,13 +132,15 @@ def test_sampling_is_exact_chi_square_on_gpu():
     assert min(pvalues.values()) > 1e-6, pvalues
 
 
+@pytest.mark.parametrize("truncate", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("K,vocab", [(1, 7), (7, 5), (16, 1001), (16, 49152), (64, 32000)])
 @pytest.mark.parametrize("bs", [1, 37, 134])
-def test_sampling_from_logits_parity(bs, K, vocab, dtype):
+def test_sampling_from_logits_parity(bs, K, vocab, dtype, truncate):
     """The kernel that reads logits against the reference that writes their softmax: the same
     acceptance decisions and bonus tokens, except within rounding of a boundary (its exp is the fast
-    one, and it sums in float32), rarely; greedy rows (T = 0) and rows with a NaN or inf included."""
+    one, and it sums in float32), rarely; greedy rows (T = 0) and rows with a NaN or inf included;
+    with top-k / top-p on some rows (``truncate``), the floor's too."""
     if bs * K * vocab > 2**30 // 4:
         pytest.skip("keeps the reference's probabilities under 1 GiB")
     dev = "cuda"
@@ -156,10 +158,16 @@ def test_sampling_from_logits_parity(bs, K, vocab, dtype):
     coins, final = torch.rand(bs, K, generator=g), torch.rand(bs, generator=g)
     _, idx = ref.tree_indices_from_parents(parents, prefix)
     links = [t.to(dev) for t in idx[1:]]
+    trunc = {}
+    if truncate:
+        rows = bs * K
+        trunc = {"top_k": torch.where(torch.rand(rows, generator=g) < 0.5, float(min(vocab, 40)), 0.0),
+                 "top_p": torch.where(torch.rand(rows, generator=g) < 0.7, 0.9, 1.0)}
+    trunc_dev = {k: v.to(dev) for k, v in trunc.items()}
     for steps in sorted({1, max(1, K // 3), K}):
-        want, want_bad = ref.tree_sampling_logits(tokens, *idx[1:], coins, final, logits, temp, steps)
+        want, want_bad = ref.tree_sampling_logits(tokens, *idx[1:], coins, final, logits, temp, steps, **trunc)
         got, got_bad = kernels.tree_sampling_logits(tokens.to(dev), *links, coins.to(dev), final.to(dev),
-                                                    logits.to(dev), temp.to(dev), steps)
+                                                    logits.to(dev), temp.to(dev), steps, **trunc_dev)
         assert torch.equal(got_bad.cpu(), want_bad)
         got = ref.VerifyResult(*(t.cpu() for t in got))
         differ = (got.accept_token_num != want.accept_token_num).nonzero().flatten().tolist()
@@ -179,6 +187,15 @@ def test_sampling_from_logits_is_exact_chi_square_on_gpu():
         return kernels.tree_sampling_logits(cand, ridx, nxt, sib, coins, final, logits, temp, steps, single, acc)[0]
 
     pvalues = exactness_pvalues(from_logits, n=200_000, seed=2, device="cuda")
+    assert not any(np.isnan(list(pvalues.values()))), pvalues
+    assert min(pvalues.values()) > 1e-6, pvalues
+
+
+def test_truncated_sampling_from_logits_is_exact_chi_square_on_gpu():
+    from tests.verifier.step.test_reference_verify import exactness_pvalues
+    from tests.verifier.step.test_target_probs import truncated_from_probs
+
+    pvalues = exactness_pvalues(truncated_from_probs(kernels.tree_sampling_logits), n=200_000, seed=4, device="cuda")
     assert not any(np.isnan(list(pvalues.values()))), pvalues
     assert min(pvalues.values()) > 1e-6, pvalues
 

@@ -23,4 +23,4 @@ int record_arg_error(const char* file, int line, const char* what) {
 extern "C" const char* ngk_last_error() { return g_last_error; }
 
 // Lets the loader check it got the library version it expects.
-extern "C" int ngk_abi_version() { return 4; }
+extern "C" int ngk_abi_version() { return 5; }

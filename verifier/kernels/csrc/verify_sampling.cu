@@ -27,9 +27,10 @@
 // reciprocal of its sum of exp((x - max) / T), its argmax and whether it holds a NaN or an
 // infinity), and computes q(v) = exp((x_v - max) / T) / sum only where the walk and the bonus draw
 // read it: at most K values per request and the bonus row, instead of writing and reading all
-// bs * K * V. A temperature of 0 makes the row greedy (q one-hot at the argmax, as the engine's
-// greedy rows in a sampled batch); a non-finite row counts as zeroed logits (uniform q, or one-hot
-// at token 0 when greedy), as numerics.nonfinite_rows leaves it.
+// bs * K * V. Top-k and top-p come as a per-row floor on the logits (logit_floor.cu): tokens below
+// it have q = 0 and the sum runs over the rest. A temperature of 0 makes the row greedy (q one-hot
+// at the argmax, as the engine's greedy rows in a sampled batch); a non-finite row counts as zeroed
+// logits (uniform q, or one-hot at token 0 when greedy), as numerics.nonfinite_rows leaves it.
 #include <math.h>
 
 #include <type_traits>
@@ -62,11 +63,14 @@ struct DenseProbs {
 template <typename T>
 struct LogitRow {
   const T* l;
-  float mx, it, inv_sum, uniform;
+  float mx, it, inv_sum, uniform, floor;
   int64_t amax;
   int mode;
   __device__ __forceinline__ float operator()(int v) const {
-    if (mode == 0) return __expf((ngk::to_f(l[v]) - mx) * it) * inv_sum;
+    if (mode == 0) {
+      const float x = ngk::to_f(l[v]);
+      return x >= floor ? __expf((x - mx) * it) * inv_sum : 0.f;
+    }
     if (mode == 1) return v == amax ? 1.f : 0.f;
     return uniform;
   }
@@ -81,13 +85,14 @@ struct LogitProbs {
   const float* row_inv_sum;
   const int64_t* row_argmax;
   const uint8_t* row_bad;
+  const float* row_floor;  // null: no truncation
   int64_t V;
   __device__ __forceinline__ LogitRow<T> row(int64_t r) const {
     const float it = inv_temp_of(temperature[r]);
     const bool bad = row_bad[r] != 0;
     const int mode = it == 0.f ? 1 : (bad ? 2 : 0);
     return LogitRow<T>{logits + r * V, row_max[r], it, row_inv_sum[r], 1.f / static_cast<float>(V),
-                       bad ? 0 : row_argmax[r], mode};
+                       row_floor != nullptr ? row_floor[r] : -INFINITY, bad ? 0 : row_argmax[r], mode};
   }
 };
 
@@ -265,7 +270,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Per-row softmax statistics of logits [rows, V] at temperature[r] (0: only the argmax is
-// needed): the max, 1 / sum exp((x - max) / temperature), the argmax (ties to the lowest
+// needed), over the tokens at or above the row's floor (logit_floor.cu; none: every token):
+// the max, 1 / sum exp((x - max) / temperature), the argmax (ties to the lowest
 // index, as torch.argmax) and whether the row holds a NaN or an infinity (then argmax 0 and the
 // other figures unused). One pass over the row: each thread keeps a running max and a sum
 // rescaled when the max grows (online softmax), merged across the block.
@@ -283,17 +289,20 @@ __device__ __forceinline__ void merge_stats(float& m, float& s, int& i, float m2
 template <typename T>
 __global__ void __launch_bounds__(kStatThreads)
     softmax_rows_kernel(const T* __restrict__ logits, int64_t V, const float* __restrict__ temperature,
-                        float* __restrict__ out_max, float* __restrict__ out_inv_sum,
-                        int64_t* __restrict__ out_idx, uint8_t* __restrict__ out_bad) {
+                        const float* __restrict__ row_floor, float* __restrict__ out_max,
+                        float* __restrict__ out_inv_sum, int64_t* __restrict__ out_idx,
+                        uint8_t* __restrict__ out_bad) {
   constexpr int kVec = 16 / sizeof(T);
   __shared__ float sm[kStatThreads / 32], ss[kStatThreads / 32];
   __shared__ int si[kStatThreads / 32], sbad[kStatThreads / 32];
   const T* row = logits + blockIdx.x * V;
   const float it = inv_temp_of(temperature[blockIdx.x]);
+  const float floor = row_floor != nullptr ? row_floor[blockIdx.x] : -INFINITY;
   float m = -INFINITY, s = 0.f;
   int idx = 0x7fffffff, bad = 0;
   auto add = [&](float x, int j) {
     bad |= !isfinite(x);
+    if (x < floor) return;  // truncated away (the row's max is always kept)
     if (x > m) {
       s = (m == -INFINITY ? 0.f : s * __expf((m - x) * it)) + 1.f;
       m = x, idx = j;
@@ -344,7 +353,8 @@ __global__ void __launch_bounds__(kStatThreads)
 }
 
 template <typename T>
-int launch_logits(const void* logits, int64_t rows, int64_t V, const float* temperature, float* row_max,
+int launch_logits(const void* logits, int64_t rows, int64_t V, const float* temperature,
+                  const float* row_floor, float* row_max,
                   float* row_inv_sum, int64_t* row_argmax, uint8_t* row_bad, int32_t* predicts,
                   int32_t* accept_index, int32_t* accept_token_num, const int64_t* candidates,
                   const int64_t* retrive_index, const int64_t* next_token, const int64_t* next_sibling,
@@ -352,9 +362,9 @@ int launch_logits(const void* logits, int64_t rows, int64_t V, const float* temp
                   float threshold_single, float threshold_acc, cudaStream_t stream) {
   const T* l = static_cast<const T*>(logits);
   softmax_rows_kernel<T><<<static_cast<unsigned>(rows), kStatThreads, 0, stream>>>(
-      l, V, temperature, row_max, row_inv_sum, row_argmax, row_bad);
+      l, V, temperature, row_floor, row_max, row_inv_sum, row_argmax, row_bad);
   NGK_CHECK_LAUNCH();
-  const LogitProbs<T> probs{l, temperature, row_max, row_inv_sum, row_argmax, row_bad, V};
+  const LogitProbs<T> probs{l, temperature, row_max, row_inv_sum, row_argmax, row_bad, row_floor, V};
   tree_sampling_kernel<LogitProbs<T>><<<batch_size, kThreads, 0, stream>>>(
       predicts, accept_index, accept_token_num, candidates, retrive_index, next_token, next_sibling,
       coins, final_coins, probs, K, S, static_cast<int>(V), threshold_single, threshold_acc);
@@ -384,11 +394,14 @@ extern "C" int ngk_tree_speculative_sampling(
 }
 
 // The same from logits [batch_size, K, vocab_size] (dtype: 0 float32, 1 float16, 2 bfloat16,
-// contiguous) and temperature [batch_size * K] float32 (0: a greedy row). The per-row
-// statistics go to row_max, row_inv_sum [rows] float32, row_argmax [rows] int64 and row_bad
-// [rows] uint8 (a NaN or an infinity in the row), rows = batch_size * K; the caller reads row_bad.
+// contiguous), temperature [batch_size * K] float32 (0: a greedy row) and row_floor [batch_size *
+// K] float32 (top-k / top-p as a floor on the logits, ngk_logit_floor_rows; null: no truncation).
+// The per-row statistics go to row_max, row_inv_sum [rows] float32, row_argmax [rows] int64 and
+// row_bad [rows] uint8 (a NaN or an infinity in the row), rows = batch_size * K; the caller reads
+// row_bad.
 extern "C" int ngk_tree_sampling_logits(
-    int dtype, const void* logits, const float* temperature, float* row_max, float* row_inv_sum,
+    int dtype, const void* logits, const float* temperature, const float* row_floor, float* row_max,
+    float* row_inv_sum,
     int64_t* row_argmax, uint8_t* row_bad, int32_t* predicts, int32_t* accept_index,
     int32_t* accept_token_num, const int64_t* candidates, const int64_t* retrive_index,
     const int64_t* next_token, const int64_t* next_sibling, const float* coins,
@@ -403,8 +416,8 @@ extern "C" int ngk_tree_sampling_logits(
   const float capped_acc = fmaxf(threshold_acc, 1e-9f);
   auto go = [&](auto tag) {
     using T = decltype(tag);
-    return launch_logits<T>(logits, rows, vocab_size, temperature, row_max, row_inv_sum, row_argmax, row_bad,
-                            predicts, accept_index, accept_token_num, candidates, retrive_index, next_token,
+    return launch_logits<T>(logits, rows, vocab_size, temperature, row_floor, row_max, row_inv_sum, row_argmax,
+                            row_bad, predicts, accept_index, accept_token_num, candidates, retrive_index, next_token,
                             next_sibling, coins, final_coins, batch_size, K, num_spec_steps, threshold_single,
                             capped_acc, stream);
   };
