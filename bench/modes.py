@@ -16,7 +16,9 @@ run's. Modes:
 - ``greedy`` (not in the default set): plain greedy requests, the headline workload of
   ``bench/e2e.py``, here with and without the request gate.
 
-Spec-Bench dev prompts (``traces/specbench_dev120_greedy.jsonl``) except for ``json``. Arms
+Spec-Bench dev prompts (``traces/specbench_dev120_greedy.jsonl``) except for ``json``; ``--traces``
+adds other traces' prompts after them (``humaneval164_greedy.jsonl``: 284 prompts, four disjoint
+rounds of 60 at batch 64 instead of two: a closed batch's rounds spread +-10%). Arms
 (--arms): ``spec`` (the engine's defaults) and, where ``EngineConfig`` has the field,
 ``spec_gate`` (``request_gate=True``: per-request no-draft decisions, off by default since the
 H100 figures of 2026-12-06), ``spec_nogate`` (``request_gate=False``, explicitly) or
@@ -213,6 +215,17 @@ def policy_record(engine: Engine) -> dict:
     return out
 
 
+def trace_prompts(data: Path, traces: list[str]) -> list[list[int]]:
+    """Every prompt of the traces (files under ``data/traces``), in order, each file's in its own."""
+    out: list[list[int]] = []
+    for name in traces:
+        path = data / "traces" / name
+        if not path.is_file():
+            raise ValueError(f"--traces: no trace at {path}")
+        out += load_prompts(path, sum(1 for line in path.open() if line.strip()))
+    return out
+
+
 def engine_config(B: int, max_len: int, args, **extra) -> EngineConfig:
     names = {f.name for f in dataclasses.fields(EngineConfig)}
     unknown = set(extra) - names
@@ -233,10 +246,9 @@ def bench(args, device: torch.device, dtype: torch.dtype, partial=None) -> dict:
     t0 = time.perf_counter()
     lm = load_model(args.gguf, device, dtype)
     V = lm.model.config.vocab_size
-    trace = data_dir(args.data_dir) / "traces" / TRACE
-    unique = sum(1 for line in trace.open() if line.strip())
-    n_max = min(unique, max(max(args.prompts, B) for B in args.batches) * args.rounds)
-    spec_prompts = load_prompts(trace, n_max)
+    pool = trace_prompts(data_dir(args.data_dir), args.traces)
+    n_max = min(len(pool), max(max(args.prompts, B) for B in args.batches) * args.rounds)
+    spec_prompts = pool[:n_max]
     json_prompts = structured_workload.prompts(lm.codec, n_max)
     max_len = max(map(len, spec_prompts + json_prompts)) + args.max_new + args.max_budget + 4
     arms = available_arms(args.arms)
@@ -333,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=int, default=32, help="requests per mode, batch size and round: max(this, batch)")
     p.add_argument("--rounds", type=int, default=2, help="rounds of disjoint requests on the same engines (plain first "
                    "in each); the first is a fresh engine's (default 2)")
+    p.add_argument("--traces", default=TRACE, help="comma-separated trace files under DATA/traces whose prompts "
+                   f"the modes use, in order (default {TRACE}; humaneval164_greedy.jsonl adds 164)")
     p.add_argument("--max-new", type=int, default=128)
     p.add_argument("--max-budget", type=int, default=15)
     p.add_argument("--draft-threads", type=int, default=0, help="0 = auto (a quarter of the CPUs, 1-4)")
@@ -344,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    args.traces = [t.strip() for t in args.traces.split(",") if t.strip()]
+    if not args.traces or any("/" in t or not t.endswith(".jsonl") for t in args.traces):
+        p.error(f"--traces: expected .jsonl file names under DATA/traces, got {args.traces}")
     if not args.modes or any(m not in MODES + EXTRA_MODES for m in args.modes):
         p.error(f"--modes: expected some of {', '.join(MODES + EXTRA_MODES)}, got {args.modes}")
     if not args.arms or any(a not in ARMS for a in args.arms):

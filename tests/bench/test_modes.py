@@ -43,9 +43,22 @@ def test_summary_ratios_and_the_worst_case():
     assert s["min_spec_x"] == 0.98  # the worst mode of the default arm, every round pooled
 
 
+def test_traces_pool_their_prompts_in_order(tmp_path):
+    import json
+
+    (tmp_path / "traces").mkdir()
+    for name, ids in (("a.jsonl", [[1, 2], [3]]), ("b.jsonl", [[4], [5, 6], [7]])):
+        (tmp_path / "traces" / name).write_text("".join(json.dumps({"prompt_ids": x}) + "\n" for x in ids) + "\n")
+    assert modes.trace_prompts(tmp_path, ["a.jsonl", "b.jsonl"]) == [[1, 2], [3], [4], [5, 6], [7]]
+    assert modes.trace_prompts(tmp_path, ["b.jsonl"]) == [[4], [5, 6], [7]]
+    with pytest.raises(ValueError, match="no trace at"):
+        modes.trace_prompts(tmp_path, ["c.jsonl"])
+
+
 def test_arms_need_the_engine_field_and_bad_arguments_are_refused(capsys):
     assert modes.available_arms(["spec", "spec_gate", "spec_nogate"]) == ["spec", "spec_gate", "spec_nogate"]
-    for argv in (["--modes", "beam"], ["--arms", "fast"], ["--prompts", "0"], ["--rounds", "0"]):
+    for argv in (["--modes", "beam"], ["--arms", "fast"], ["--prompts", "0"], ["--rounds", "0"],
+                 ["--traces", "../x.jsonl"], ["--traces", ","]):
         with pytest.raises(SystemExit):
             modes.main(argv)
     assert "expected" in capsys.readouterr().err
