@@ -15,7 +15,6 @@ top-k), vocab 49152.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -25,24 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import write_report  # noqa: E402
-from bench.kernels import make_inputs  # noqa: E402
+from bench.kernels import make_inputs, time_eager  # noqa: E402
 from verifier import kernels  # noqa: E402
 from verifier.step.sampling import target_probs  # noqa: E402
-
-
-def timed(fn, repeats: int) -> float:
-    """Median microseconds of one call, CUDA events, after two warm-up calls."""
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(times)
 
 
 def shape(bs: int, K: int, vocab: int, top_k: int, repeats: int) -> dict:
@@ -68,7 +52,7 @@ def shape(bs: int, K: int, vocab: int, top_k: int, repeats: int) -> dict:
     def floor_only():
         return kernels.logit_floor(logits.view(rows, vocab), temp, tk if top_k else None, tp)
 
-    new, old, floor = timed(logits_path, repeats), timed(processed_path, repeats), timed(floor_only, repeats)
+    new, old, floor = (time_eager(f, reps=repeats) for f in (logits_path, processed_path, floor_only))
     return {"bs": bs, "K": K, "logits_path_us": round(new, 1), "processed_path_us": round(old, 1),
             "floor_us": round(floor, 1), "x": round(old / new, 2)}
 
