@@ -41,9 +41,17 @@ class Sampled:
         draws = dev[:n].view(bs, K + 1)
         return draws[:, :K].contiguous(), draws[:, K].contiguous(), dev[n:]
 
-    def _verify_raw(self, running: list[Request], f: StepForward):
-        """Tree rejection sampling of a ``_raw_targets`` step straight from its logits; greedy rows
-        (temperature 0) have one-hot targets, as in ``_verify_sampled``. Returns (result, bad)."""
+    @staticmethod
+    def _finite_after_processing(running: list[Request]) -> bool:
+        """Whether processing leaves every logit finite: penalties and logprobs do; a grammar mask
+        and min_tokens put -inf in on purpose (which the logits kernel would read as a broken row).
+        Such a step's processed float32 logits verify like raw ones (``_verify_raw``)."""
+        return all(r.grammar is None and len(r.output_ids) >= r.params.min_tokens for r in running)
+
+    def _verify_raw(self, running: list[Request], f: StepForward, logits: torch.Tensor | None = None):
+        """Tree rejection sampling of a ``_raw_targets`` step straight from its logits (or from
+        ``logits`` [bs, K, V], processed, finite); greedy rows (temperature 0) have one-hot targets,
+        as in ``_verify_sampled``. Returns (result, bad)."""
         bs, K = f.tokens.shape
         V = self.model.config.vocab_size
         # top-k / top-p go up with the temperatures in one copy, only where a request truncates.
@@ -57,8 +65,8 @@ class Sampled:
         top_k, top_p = (extra[n:2 * n], extra[2 * n:]) if truncated else (None, None)
         idx = f.idx
         return kernels.tree_sampling_logits(f.tokens, idx.retrive_index, idx.retrive_next_token,
-                                            idx.retrive_next_sibling, coins, final, f.logits, temps, K,
-                                            top_k=top_k, top_p=top_p)
+                                            idx.retrive_next_sibling, coins, final,
+                                            f.logits if logits is None else logits, temps, K, top_k=top_k, top_p=top_p)
 
     def _verify_sampled(self, running: list[Request], f: StepForward, logits: torch.Tensor):
         """Exact tree rejection sampling of processed ``logits`` [bs, K, V] float32; greedy rows use

@@ -210,9 +210,10 @@ class Verify:
         where there are graphs (``inp``), else run eagerly at the step's shape; then either the
         greedy tail (greedy requests without logit processing, no graphs), or tree rejection
         sampling straight from the logits (``_raw_targets``: no processing; top-k / top-p as a
-        floor per row), or the logits processed on the way (penalties, grammar masks, logprobs,
-        then top-k / top-p) and verified greedily or by tree rejection sampling, eagerly. Returns
-        the results on the host as greedy_step does."""
+        floor per row), or the logits processed on the way (penalties, grammar masks, logprobs)
+        and verified greedily, from the processed logits as from raw ones where they stay finite,
+        or by tree rejection sampling of their distribution (grammars, min_tokens), eagerly.
+        Returns the results on the host as greedy_step does."""
         bs, K = packed.bs, packed.K
         if self.device.type != "cuda":  # a CPU forward is synchronous: hand over the corpus calls first
             self._dispatch(hold=True)
@@ -245,6 +246,8 @@ class Verify:
             if all(r.params.greedy for r in running):
                 res = kernels.verify_tree_greedy(f.tokens, idx.retrive_index, idx.retrive_next_token,
                                                  idx.retrive_next_sibling, logits.argmax(-1), K)
+            elif self._finite_after_processing(running):  # penalties / logprobs: no sort, no [bs, K, V] q
+                res, _ = self._verify_raw(running, f, logits)
             else:
                 res = self._verify_sampled(running, f, logits)
         keep_accepted(self.cache, f, res)

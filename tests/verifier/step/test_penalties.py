@@ -97,3 +97,30 @@ def test_greedy_penalties_on_smollm2_speculative_equals_plain(smollm2, trace_row
     again = eng.generate(prompts, params)
     assert [r.output_ids for r in again] == [r.output_ids for r in plain]
     assert sum(r.accepted_tokens for r in again) > 0
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_sampled_step_with_penalties_verifies_from_its_processed_logits(monkeypatch):
+    """Penalties leave every logit finite, so a sampled step verifies from the processed logits as
+    from raw ones (the logits kernel: no sort, no [bs, K, V] distribution); min_tokens masks stop
+    tokens with -inf, which that kernel would read as a broken row, so those steps keep the
+    distribution path."""
+    from verifier import kernels
+
+    calls = {"logits": 0, "probs": 0}
+    for name, key in (("tree_sampling_logits", "logits"), ("tree_speculative_sampling", "probs")):
+        inner = getattr(kernels, name)
+
+        def counted(*a, _inner=inner, _key=key, **k):
+            calls[_key] += 1
+            return _inner(*a, **k)
+
+        monkeypatch.setattr(kernels, name, counted)
+    lm = tiny_lm(vocab_size=6, seed=3, weight_std=0.4)
+    eng = tiny_engine(lm, spec=True, budget=4)
+    sampled = dict(temperature=0.9, top_p=0.9, ignore_eos=True, **PENALTIES)
+    eng.generate([[1, 2, 3, 1, 2]] * 2, [SamplingParams(max_tokens=6, seed=s, **sampled) for s in range(2)])
+    assert calls["logits"] > 0 and calls["probs"] == 0
+    calls.update(logits=0, probs=0)
+    eng.generate([[1, 2, 3, 1, 2]], [SamplingParams(max_tokens=6, seed=9, min_tokens=6, **sampled)])
+    assert calls["probs"] > 0 and calls["logits"] == 0
