@@ -155,9 +155,7 @@ def logit_floor(logits: Tensor, temperature: Tensor, top_k: Tensor | None = None
         return _ops().logit_floor_rows(logits, temperature, top_k, top_p)
     from ..step.sampling import truncation_floor
 
-    n = logits.shape[0]
-    return truncation_floor(logits, temperature, top_k if top_k is not None else torch.zeros(n),
-                            top_p if top_p is not None else torch.ones(n))
+    return truncation_floor(logits, temperature, top_k, top_p)
 
 
 def tree_attention_mask(tree_mask: Tensor, prefix_lens: Tensor, kv_len: int, *, allow_reference: bool | None = None) -> Tensor:

@@ -273,10 +273,8 @@ def tree_sampling_logits(candidates: Tensor, retrive_index: Tensor, retrive_next
     greedy = temperature == 0
     scaled = flat / torch.where(greedy, 1.0, temperature)[:, None]
     if top_k is not None or top_p is not None:
-        n = bs * K
-        floor = truncation_floor(flat, temperature, top_k if top_k is not None else torch.zeros(n),
-                                 top_p if top_p is not None else torch.ones(n))
-        floor = floor.masked_fill(bad, float("-inf"))  # (a bad row's floor is -inf already)
+        # (flat has a bad row zeroed: no floor for it, as the kernel, which sees the NaN, gives)
+        floor = truncation_floor(flat, temperature, top_k, top_p).masked_fill(bad, float("-inf"))
         scaled = scaled.masked_fill(flat < floor[:, None], float("-inf"))
     probs = scaled.softmax(-1)
     if bool(greedy.any()):

@@ -82,9 +82,10 @@ class SamplingParams:
         return bool(self.presence_penalty or self.frequency_penalty) or self.repetition_penalty != 1.0
 
 
-def truncation_floor(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
-    """The per-row floor of top-k and top-p on logits [N, V]: a token is kept iff its logit is >=
-    the floor (float32 [N]; -inf where nothing is truncated, for greedy rows, temperature 0, and
+def truncation_floor(logits: Tensor, temperature: Tensor, top_k: Tensor | None = None,
+                     top_p: Tensor | None = None) -> Tensor:
+    """The per-row floor of top-k and top-p (None: off) on logits [N, V]: a token is kept iff its
+    logit is >= the floor (float32 [N]; -inf where nothing is truncated, for greedy rows, temperature 0, and
     for rows holding a NaN or an infinity). With x sorted descending, top-k's floor is x_(k), the
     k-th largest; top-p's is x_(m), m the first index where the cumulative softmax(x / T) over
     what top-k kept reaches p; the floor is the larger. The torch reference of the kernel
@@ -93,8 +94,8 @@ def truncation_floor(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: 
     processed path calls it inside a step."""
     x = logits.float()
     N, V = x.shape
-    k = top_k.to(device=x.device, dtype=torch.int64)
-    p = top_p.to(device=x.device, dtype=torch.float32)
+    k = torch.zeros(N, dtype=torch.int64, device=x.device) if top_k is None else top_k.to(x.device, torch.int64)
+    p = torch.ones(N, device=x.device) if top_p is None else top_p.to(x.device, torch.float32)
     t = temperature.to(device=x.device, dtype=torch.float32)
     use_k, use_p = (k > 0) & (k < V), p < 1.0
     # Every row is computed and the rows without a floor masked at the end: no device sync.
@@ -107,15 +108,6 @@ def truncation_floor(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: 
     floor_p = torch.where(use_p, xs.gather(1, m[:, None]).squeeze(1), float("-inf"))
     floor = torch.maximum(torch.where(use_k, floor_k, float("-inf")), floor_p)
     return torch.where(active, floor, float("-inf"))
-    xs = x[active].sort(dim=-1, descending=True).values
-    kk = torch.where(use_k, k, V)[active]
-    floor_k = xs.gather(1, (kk - 1)[:, None]).squeeze(1)
-    mass = ((xs.double() - xs[:, :1].double()) / temperature[active][:, None]).exp() * (xs >= floor_k[:, None])
-    cum = mass.cumsum(-1)
-    m = (cum < p[active][:, None] * cum[:, -1:]).sum(-1).clamp(max=V - 1)  # first index reaching p
-    floor_p = torch.where(use_p[active], xs.gather(1, m[:, None]).squeeze(1), float("-inf"))
-    floor[active] = torch.maximum(torch.where(use_k[active], floor_k, float("-inf")), floor_p)
-    return floor
 
 
 def target_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor,

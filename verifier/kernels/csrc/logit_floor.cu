@@ -15,8 +15,8 @@
 // (top-k) or the mass (top-p) from the top first reaches its target. Masses are fixed-point
 // integers (exp((x - max) / T) scaled by 2^40, integer atomics into a histogram per warp): sums in
 // any order are the same, so the floor is deterministic run to run, and a token's weight rounds by
-// at most 2^-40 of the row's largest (the torch reference sums in float64 in another order: the
-// two can pick different ends of a boundary only when the cumulative mass is within rounding of
+// at most 2^-40 of the row's largest (the torch reference sums float32 in another order: the two
+// can pick different ends of a boundary only when the cumulative mass is within rounding of
 // top_p).
 // One block per row; rows without truncation return after reading their parameters.
 #include <math.h>
@@ -44,8 +44,7 @@ __device__ __forceinline__ unsigned long long weight(float x, float mx, float it
 }
 
 // Calls f(x, index) for every element of the row, each thread a strided share, with 16-byte loads
-// two at a time where the row allows (each pass is bound by load latency, not arithmetic: 96 scalar
-// loads per thread of a 49k row took ~30 us a pass on an H100).
+// two at a time where the row allows (a 49k row is 96 scalar loads per thread a pass otherwise).
 template <typename T, typename F>
 __device__ __forceinline__ void for_row(const T* row, int64_t V, F&& f) {
   constexpr int kVec = 16 / sizeof(T);
