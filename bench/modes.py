@@ -18,7 +18,7 @@ run's. Modes:
 
 Spec-Bench dev prompts (``traces/specbench_dev120_greedy.jsonl``) except for ``json``; ``--traces``
 adds other traces' prompts after them (``humaneval164_greedy.jsonl``: 284 prompts, four disjoint
-rounds of 60 at batch 64 instead of two: a closed batch's rounds spread +-10%). Arms
+rounds of 60 at batch 64 instead of two: one closed batch's rounds gave 0.76-1.26x). Arms
 (--arms): ``spec`` (the engine's defaults) and, where ``EngineConfig`` has the field,
 ``spec_gate`` (``request_gate=True``: per-request no-draft decisions, off by default since the
 H100 figures of 2026-12-06), ``spec_nogate`` (``request_gate=False``, explicitly) or
