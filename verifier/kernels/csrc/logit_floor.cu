@@ -14,10 +14,9 @@
 // the candidates still sharing the prefix chosen so far, then picking the bin where the count
 // (top-k) or the mass (top-p) from the top first reaches its target. Masses are fixed-point
 // integers (exp((x - max) / T) scaled by 2^40, integer atomics into a histogram per warp): sums in
-// any order are the same, so the floor is deterministic run to run, and a token's weight rounds by
-// at most 2^-40 of the row's largest (the torch reference sums float32 in another order: the two
-// can pick different ends of a boundary only when the cumulative mass is within rounding of
-// top_p).
+// any order are the same, so the floor is deterministic run to run (the torch reference sums
+// float32 in another order with an accurate exp: the two can pick different ends of a boundary
+// only when the cumulative mass is within rounding of top_p).
 // One block per row; rows without truncation return after reading their parameters.
 #include <math.h>
 
@@ -28,7 +27,7 @@ namespace {
 
 constexpr int kFloorThreads = 512;
 constexpr int kWarps = kFloorThreads / 32;
-constexpr double kMassScale = 1099511627776.0;  // 2^40: V * 2^40 < 2^63 for any V < 2^23
+constexpr float kMassScale = 1099511627776.f;  // 2^40: V * 2^40 < 2^63 for any V < 2^23
 
 __device__ __forceinline__ uint32_t key_of(float x) {
   const uint32_t u = __float_as_uint(x == 0.f ? 0.f : x);  // -0 is +0, as the floor's >= has it
@@ -39,8 +38,11 @@ __device__ __forceinline__ float float_of(uint32_t k) {
   return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
+// A token's mass in fixed point: the fast exp (as the sampling kernel's q) and a float product.
+// Every pass computes the same integer for the same logit, which is all the select needs; an
+// accurate expf and a float64 product per token made the block compute-bound.
 __device__ __forceinline__ unsigned long long weight(float x, float mx, float it) {
-  return static_cast<unsigned long long>(static_cast<double>(expf((x - mx) * it)) * kMassScale);
+  return __float2ull_rz(__expf((x - mx) * it) * kMassScale);
 }
 
 // Calls f(x, index) for every element of the row, each thread a strided share, with 16-byte loads
@@ -224,7 +226,9 @@ __global__ void __launch_bounds__(kFloorThreads)
     // The threshold's weight w is at least ((1 - p) * total - 1) / V: what lies at or below it
     // (more than total - target) is at most V tokens of weight <= w. Lighter tokens cannot
     // matter, and in a language model's row they are nearly all of them.
-    const double bound = floor(((1.0 - static_cast<double>(p)) * total - 1.0) / static_cast<double>(V));
+    // (Halved: the fast exp is monotone only up to its rounding, so a token below the threshold
+    // may weigh a little more than it.)
+    const double bound = floor(((1.0 - static_cast<double>(p)) * total - 1.0) / static_cast<double>(V) / 2.0);
     const unsigned long long wmin = bound > 0.0 ? static_cast<unsigned long long>(bound) : 0ull;
     const uint32_t kp = radix_select(row, V, lo, 1, target, wmin, m, it, whist, hist, &above, &digit);
     lo = kp > lo ? kp : lo;
