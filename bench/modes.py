@@ -28,9 +28,9 @@ modes also report whether the speculative outputs equal plain decoding's (bf16 n
 reported, never raised).
 
 Each mode runs ``--rounds`` rounds of disjoint requests (as many as the trace holds) on the same
-engines, plain first in each round: a server keeps its engine, its corpus and what its budget has
-learned, so the first round is a fresh engine's start-up and later ones its steady state; both
-are reported.
+engines, plain first in even rounds and last in odd ones (``--no-alternate``: always first): a
+server keeps its engine, its corpus and what its budget has learned, so the first round is a fresh
+engine's start-up and later ones its steady state; both are reported.
 
 Prints one SUMMARY line ({mode}_b{B}_{arm}_x: tok/s over plain's) and writes the whole result
 (per run: tok/s, MAT, the policy's decisions and switches, the request gate's counts) to --out.
@@ -283,10 +283,15 @@ def bench(args, device: torch.device, dtype: torch.dtype, partial=None) -> dict:
                 for rnd in range(args.rounds):
                     sl = slice(rnd * n, (rnd + 1) * n)
                     prompts, params, groups = mode_requests(mode, spec_prompts[sl], json_prompts[sl], args.max_new)
+                    # Alternating order (plain first in even rounds, last in odd ones): whatever
+                    # the device does to the run that follows another (clocks, allocator, caches)
+                    # falls on both sides alike.
+                    spec_first = args.alternate and rnd % 2 == 1
+                    runs = {arm: run(engines[arm], prompts, params, groups, args.step_log) for arm in arms} if spec_first else {}
                     base = run(plain, prompts, params, groups, args.step_log)
                     cell["plain"].append({k: v for k, v in base.items() if k != "outputs"})
                     for arm in arms:
-                        r = run(engines[arm], prompts, params, groups, args.step_log)
+                        r = runs[arm] if spec_first else run(engines[arm], prompts, params, groups, args.step_log)
                         out = {k: v for k, v in r.items() if k != "outputs"}
                         out["x_plain"] = ratio(r["tok_s"], base["tok_s"])
                         if mode in GREEDY_MODES:
@@ -343,8 +348,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES + EXTRA_MODES)}")
     p.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"speculative arms, of {', '.join(ARMS)}")
     p.add_argument("--prompts", type=int, default=32, help="requests per mode, batch size and round: max(this, batch)")
-    p.add_argument("--rounds", type=int, default=2, help="rounds of disjoint requests on the same engines (plain first "
-                   "in each); the first is a fresh engine's (default 2)")
+    p.add_argument("--rounds", type=int, default=2, help="rounds of disjoint requests on the same engines; the first "
+                   "is a fresh engine's (default 2)")
+    p.add_argument("--no-alternate", dest="alternate", action="store_false", help="plain decoding first in every "
+                   "round (default: first in even rounds, after the speculative arms in odd ones)")
     p.add_argument("--traces", default=TRACE, help="comma-separated trace files under DATA/traces whose prompts "
                    f"the modes use, in order (default {TRACE}; humaneval164_greedy.jsonl adds 164)")
     p.add_argument("--max-new", type=int, default=128)
