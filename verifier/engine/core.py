@@ -35,6 +35,7 @@ from ..model import ForwardBatch, KVCache, TextCodec, Transformer
 from ..model import fusion
 from ..step.cuda_graphs import GraphRunner, probe_native_linear
 from ..step.grammar import GrammarCompiler
+from ..step.penalties import PenaltyCounts
 from ..step.sampling import SamplingParams
 from .commit import Commits
 from .config import EngineConfig, EngineStats
@@ -96,6 +97,7 @@ class Engine(Prefill, Verify, Sampled, Commits, Overlap):
         self.makespan = MakespanClock()
         self.eos_ids = tuple(codec.eos_token_ids or mc.eos_token_ids)
         self._stop_sets: dict[tuple, frozenset[int]] = {}  # (ignore_eos, stop_token_ids) -> stop_tokens
+        self.penalty_counts = PenaltyCounts(config.max_batch)  # penalized requests' token counts, per slot
         self.grammars = GrammarCompiler(codec.tokenizer, mc.vocab_size, self.eos_ids)  # lazy: structured output
         fixed = 0 if drafter is None else config.budget
         if fixed is None and cost is None:

@@ -84,10 +84,10 @@ class Prefill:
                 self._corpus_call(self.drafter.start_request, req.req_id, req.prompt_ids, group=req.group,
                                   prompt_key=req.prompt_key, policy_version=req.policy_version)
         bad = nonfinite_rows(logits)  # before penalties: min_tokens puts -inf in on purpose
-        for i, req in enumerate(reqs):
-            if needs_processing(req):
-                process_logits(logits[i:i + 1, None], [req], logits.new_zeros(1, 1, dtype=torch.int64),
-                               torch.ones(1, 1, 1, dtype=torch.bool, device=dev), self.eos_ids)
+        if any(needs_processing(r) for r in reqs):
+            n = len(reqs)
+            process_logits(logits[:, None], reqs, logits.new_zeros(n, 1, dtype=torch.int64),
+                           torch.ones(n, 1, 1, dtype=torch.bool, device=dev), self.eos_ids, self.penalty_counts)
         mask_logits(reqs, None, logits)
         # The greedy requests' first tokens and every row's non-finite flag: one copy to the host.
         greedy = [i for i, r in enumerate(reqs) if r.params.greedy]

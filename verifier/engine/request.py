@@ -70,7 +70,7 @@ class Request:
     text: str = ""  # decoded output, truncated at a stop string when one matched
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token if params.logprobs is set
     grammar: Any = None  # verifier.step.grammar.GrammarMatcher when params.grammar is set (structured output)
-    penalty_state: Any = None  # verifier.step.penalties: [tokens counted, counts [V], prompt mask [V]] on the device
+    penalty_state: Any = None  # verifier.step.penalties: its serial, which its slot's row of PenaltyCounts holds
     group: str | None = None  # corpus request group: the n samples of one API request draft from each other
     # The corpus' prompt history (corpus_service/engine/prompt_keys.py): the key this request is a
     # sample of (None: a hash of its prompt ids) and the policy version sampling it (None: the

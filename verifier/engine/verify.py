@@ -238,7 +238,7 @@ class Verify:
             # Processing writes into the logits: a float32 copy of a graph's 16-bit buffer.
             logits = f.logits if f.logits.dtype == torch.float32 else f.logits.float()
             bad = nonfinite_rows(logits)  # before penalties: min_tokens puts -inf in on purpose
-            process_logits(logits, running, f.tokens, f.tree_mask, self.eos_ids)
+            process_logits(logits, running, f.tokens, f.tree_mask, self.eos_ids, self.penalty_counts)
             if any(r.grammar is not None for r in running):  # structured output: each node's grammar mask
                 n, tok, par = packed.num_nodes, packed.tokens, packed.parents
                 mask_logits(running, [(tok[b, 1:n[b]], par[b, 1:n[b]] - 1) for b in range(bs)], logits)

@@ -12,14 +12,26 @@ one plain decoding would use at that position. Node i at depth d predicts output
 Semantics (vLLM's): presence and frequency penalties count output tokens,
 ``logit -= frequency * count + presence * (count > 0)``; the repetition penalty applies to every
 token in the prompt or the output, ``logit / r`` if positive else ``logit * r``.
+
+The penalized requests of a step are processed together, in a fixed number of batched ops
+whatever their number: per request, a dozen small ops (each a kernel launch and its Python) cost
+a batch of 30 penalized requests about 5 ms of a 7.4 ms SmolLM2 step on the H100 (2026-12-06).
+Each request's output-token counts and prompt tokens live in one device matrix per engine, a row
+per KV-cache slot (``PenaltyCounts``), brought up to date with the tokens committed since the
+last step (output only grows) in one scatter for the whole batch.
 """
 
 from __future__ import annotations
 
+import itertools
+
+import numpy as np
 import torch
 from torch import Tensor
 
 from ..engine.request import Request
+
+_serials = itertools.count(1)  # a request's claim on a slot's row (Request.penalty_state)
 
 
 def needs_processing(req: Request) -> bool:
@@ -27,60 +39,117 @@ def needs_processing(req: Request) -> bool:
     return p.penalized or len(req.output_ids) < p.min_tokens
 
 
+class PenaltyCounts:
+    """Per KV-cache slot: the output-token counts [slots, V] (float32) and the prompt's tokens as a
+    mask [slots, V] of the request running in it, on the device, allocated at the first penalized
+    request (``slots x V x 5`` bytes: 15.7 MB for 64 slots of SmolLM2's 49,152 tokens). A row
+    belongs to the request whose serial (``Request.penalty_state``) it holds; another request in
+    the slot starts it afresh."""
+
+    def __init__(self, slots: int) -> None:
+        if slots < 1:
+            raise ValueError(f"slots: expected >= 1, got {slots}")
+        self.slots = slots
+        self.counts: Tensor | None = None
+        self.prompt: Tensor | None = None
+        self._owner = [0] * slots  # the serial of the request each row counts for (0: none)
+        self._counted = [0] * slots  # output tokens counted in each row
+
+    def rows(self, reqs: list[Request], V: int, dev: torch.device) -> Tensor:
+        """The requests' slots as a device index, their rows brought up to date (one host-to-device
+        copy and at most three scatters for all of them)."""
+        if self.counts is None or self.counts.shape[1] != V or self.counts.device != dev:
+            self.counts = torch.zeros(self.slots, V, dtype=torch.float32, device=dev)
+            self.prompt = torch.zeros(self.slots, V, dtype=torch.bool, device=dev)
+            self._owner = [0] * self.slots
+        fresh: list[int] = []  # rows to clear
+        marks: list[int] = []  # flat (slot, prompt token) indices to set
+        adds: list[int] = []  # flat (slot, output token) indices to count
+        for req in reqs:
+            s = req.slot
+            if not 0 <= s < self.slots:
+                raise ValueError(f"penalties: request {req.req_id!r} holds slot {s}, expected 0..{self.slots - 1}")
+            if req.penalty_state is None:
+                req.penalty_state = next(_serials)
+            if self._owner[s] != req.penalty_state:
+                self._owner[s], self._counted[s] = req.penalty_state, 0
+                fresh.append(s)
+                marks.extend(s * V + t for t in req.prompt_ids if 0 <= t < V)
+            out = req.output_ids
+            if self._counted[s] < len(out):
+                adds.extend(s * V + min(max(t, 0), V - 1) for t in out[self._counted[s]:])
+                self._counted[s] = len(out)
+        n = len(reqs)
+        host = np.empty(n + len(fresh) + len(marks) + len(adds), dtype=np.int64)
+        host[:n] = [r.slot for r in reqs]
+        host[n:n + len(fresh)] = fresh
+        host[n + len(fresh):n + len(fresh) + len(marks)] = marks
+        host[n + len(fresh) + len(marks):] = adds
+        idx = torch.from_numpy(host).to(dev, non_blocking=True)
+        if fresh:
+            rows = idx[n:n + len(fresh)]
+            self.counts.index_fill_(0, rows, 0.0)
+            self.prompt.index_fill_(0, rows, False)
+            if marks:
+                self.prompt.view(-1).index_fill_(0, idx[n + len(fresh):n + len(fresh) + len(marks)], True)
+        if adds:
+            flat = idx[n + len(fresh) + len(marks):]
+            self.counts.view(-1).index_add_(0, flat, torch.ones(len(adds), dtype=torch.float32, device=dev))
+        return idx[:n]
+
+
 @torch.inference_mode()  # the logits are inference tensors (updated in place)
 def process_logits(logits: Tensor, reqs: list[Request], tokens: Tensor, tree_mask: Tensor,
-                   eos_ids: tuple[int, ...]) -> Tensor:
+                   eos_ids: tuple[int, ...], counts: PenaltyCounts) -> Tensor:
     """logits [bs, K, V] of bs requests' trees (tokens [bs, K], node 0 = root; tree_mask [bs, K, K]
     ancestor-or-self) -> the same tensor, processed in place for the requests that need it."""
+    pen = [b for b, r in enumerate(reqs) if r.params.penalized]
+    if pen:
+        _penalize(logits, [reqs[b] for b in pen], pen, tokens, tree_mask, counts)
     for b, req in enumerate(reqs):
-        if needs_processing(req):
-            _process_one(logits[b], req, tokens[b], tree_mask[b], eos_ids)
+        if len(req.output_ids) < req.params.min_tokens:
+            _min_tokens(logits[b], req, tree_mask[b], eos_ids)
     return logits
 
 
-def _counts(req: Request, V: int, dev: torch.device, need_prompt: bool) -> tuple[Tensor, Tensor | None]:
-    """The request's output-token counts [V] (float32) and, for the repetition penalty, its prompt
-    tokens as a mask [V], kept on the device and brought up to date with the tokens committed
-    since the last step (output only grows), instead of copying every output id each step."""
-    state = req.penalty_state
-    if state is None or state[1].device != dev:
-        counts = torch.zeros(V, dtype=torch.float32, device=dev)
-        prompt = None
-        if need_prompt:
-            prompt = torch.zeros(V, dtype=torch.bool, device=dev)
-            prompt[torch.tensor([t for t in req.prompt_ids if 0 <= t < V], dtype=torch.int64, device=dev)] = True
-        state = req.penalty_state = [0, counts, prompt]
-    n = len(req.output_ids)
-    if state[0] < n:
-        new = torch.tensor(req.output_ids[state[0]:], dtype=torch.int64, device=dev).clamp_(0, V - 1)
-        state[1].index_add_(0, new, torch.ones(len(new), dtype=torch.float32, device=dev))
-        state[0] = n
-    return state[1], state[2]
-
-
-def _process_one(logits: Tensor, req: Request, tokens: Tensor, mask: Tensor, eos_ids: tuple[int, ...]) -> None:
-    p = req.params
-    K, V = logits.shape
+def _penalize(logits: Tensor, reqs: list[Request], pen: list[int], tokens: Tensor, tree_mask: Tensor,
+              counts: PenaltyCounts) -> None:
+    """The penalties of rows ``pen`` (requests ``reqs``), in batched ops."""
+    bs, K, V = logits.shape
     dev = logits.device
-    if p.penalized:
-        base, prompt_seen = _counts(req, V, dev, p.repetition_penalty != 1.0)
-        counts = base.to(logits.dtype).expand(K, V).clone()
-        if K > 1:  # + the draft tokens on each node's path (columns 1.., the root is in output_ids)
-            path = mask[:, 1:].to(logits.dtype)
-            counts.scatter_add_(1, tokens[1:].clamp(0, V - 1)[None].expand(K, K - 1), path)
-        if p.repetition_penalty != 1.0:
-            seen = (counts > 0) | prompt_seen
-            r = p.repetition_penalty
-            logits.copy_(torch.where(seen, torch.where(logits > 0, logits / r, logits * r), logits))
-        if p.frequency_penalty:
-            logits.sub_(p.frequency_penalty * counts)
-        if p.presence_penalty:
-            logits.sub_(p.presence_penalty * (counts > 0).to(logits.dtype))
-    produced = len(req.output_ids)
-    if produced < p.min_tokens:
-        stops = [t for t in (() if p.ignore_eos else eos_ids) + p.stop_token_ids if 0 <= t < V]
-        if stops:
-            depth = mask.sum(-1) - 1  # [K]
-            early = (produced + depth) < p.min_tokens
-            cols = torch.tensor(stops, dtype=torch.int64, device=dev)
-            logits[:, cols] = logits[:, cols].masked_fill(early[:, None], float("-inf"))
+    n = len(pen)
+    whole = n == bs
+    slots = counts.rows(reqs, V, dev)
+    # Each request's parameters as [n, 1, 1] columns (one small copy).
+    params = torch.tensor([[r.params.repetition_penalty, r.params.frequency_penalty, r.params.presence_penalty]
+                           for r in reqs], dtype=torch.float32).to(dev, non_blocking=True)
+    rep, freq, pres = (params[:, i, None, None] for i in range(3))
+    sel = None if whole else torch.tensor(pen, dtype=torch.int64).to(dev, non_blocking=True)
+    c = counts.counts.index_select(0, slots)[:, None, :]  # [n, 1, V]
+    if K > 1:  # + the draft tokens on each node's path (columns 1.., the root is in output_ids)
+        tok = tokens if whole else tokens.index_select(0, sel)
+        mask = tree_mask if whole else tree_mask.index_select(0, sel)
+        c = c.repeat(1, K, 1)
+        c.scatter_add_(2, tok[:, 1:].clamp(0, V - 1)[:, None, :].expand(n, K, K - 1), mask[:, :, 1:].to(c.dtype))
+    x = logits if whole else logits.index_select(0, sel)
+    if any(r.params.repetition_penalty != 1.0 for r in reqs):
+        seen = (c > 0) | counts.prompt.index_select(0, slots)[:, None, :]
+        x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)  # (r = 1: x itself, exactly)
+    x = x - freq * c  # (0 * count = 0: unchanged)
+    x = x - pres * (c > 0).to(x.dtype)
+    if whole:
+        logits.copy_(x)
+    else:
+        logits.index_copy_(0, sel, x)
+
+
+def _min_tokens(logits: Tensor, req: Request, mask: Tensor, eos_ids: tuple[int, ...]) -> None:
+    """The stop tokens masked at the nodes whose output index is still below ``min_tokens``."""
+    p = req.params
+    V = logits.shape[-1]
+    stops = [t for t in (() if p.ignore_eos else eos_ids) + p.stop_token_ids if 0 <= t < V]
+    if stops:
+        depth = mask.sum(-1) - 1  # [K]
+        early = (len(req.output_ids) + depth) < p.min_tokens
+        cols = torch.tensor(stops, dtype=torch.int64, device=logits.device)
+        logits[:, cols] = logits[:, cols].masked_fill(early[:, None], float("-inf"))

@@ -43,6 +43,49 @@ def test_greedy_penalties_equal_the_reference_with_and_without_speculation():
     assert sum(r.accepted_tokens for r in again) >= 20, [r.accepted_tokens for r in again]
 
 
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("spec", [False, True], ids=["plain", "speculative"])
+def test_a_batch_mixing_penalties_equals_each_request_alone(spec):
+    """Penalized requests of different parameters beside unpenalized ones (one batched pass over
+    the penalized rows only), more requests than slots (a slot's row starts afresh for the next
+    request), each output equal to its own one-token-at-a-time reference."""
+    lm = tiny_lm(vocab_size=64, seed=1)
+    prompts = [[1, 2, 3, 4] * 3, [5, 6, 5, 6, 7, 5, 6], [9, 10, 11, 9, 10], [3, 3, 4, 4, 5], [7, 8, 9, 7, 8]]
+    pens = [PENALTIES, {}, dict(frequency_penalty=1.5), dict(repetition_penalty=0.7, presence_penalty=-0.5), {}]
+    params = [SamplingParams(max_tokens=12, ignore_eos=True, **p) for p in pens]
+    expected = [reference_greedy(lm, pr, 12, **pe) for pr, pe in zip(prompts, pens)]
+    eng = tiny_engine(lm, spec=spec, max_batch=3)
+    assert [r.output_ids for r in eng.generate(prompts, params)] == expected
+    if spec:  # the learned corpus drafts the second pass: trees of several nodes, penalized per path
+        again = eng.generate(prompts[::-1], params[::-1])
+        assert [r.output_ids for r in again] == expected[::-1]
+        assert sum(r.accepted_tokens for r in again) >= 10
+
+
+def test_penalty_counts_rows_follow_their_requests():
+    from verifier.engine.request import Request
+    from verifier.step.penalties import PenaltyCounts
+
+    counts, V = PenaltyCounts(2), 8
+    a = Request("a", [1, 2, 2], SamplingParams(frequency_penalty=1.0))
+    a.slot, a.output_ids = 1, [3, 3, 9, -1]  # out-of-vocabulary ids count at the nearest end, as before
+    rows = counts.rows([a], V, torch.device("cpu"))
+    assert rows.tolist() == [1]
+    assert counts.counts[1].tolist() == [1, 0, 0, 2, 0, 0, 0, 1] and counts.counts[0].sum() == 0
+    assert counts.prompt[1].nonzero().flatten().tolist() == [1, 2]
+    a.output_ids.append(4)  # only the new token is added
+    counts.rows([a], V, torch.device("cpu"))
+    assert counts.counts[1].tolist() == [1, 0, 0, 2, 1, 0, 0, 1]
+    b = Request("b", [5], SamplingParams(presence_penalty=1.0))
+    b.slot, b.output_ids = 1, [6]  # the slot's next request: its row starts afresh
+    counts.rows([b], V, torch.device("cpu"))
+    assert counts.counts[1].tolist() == [0, 0, 0, 0, 0, 0, 1, 0]
+    assert counts.prompt[1].nonzero().flatten().tolist() == [5]
+    b.slot = 2
+    with pytest.raises(ValueError, match="slot 2"):
+        counts.rows([b], V, torch.device("cpu"))
+
+
 def chi2_pvalue(counts: dict, probs: dict, n: int) -> float:
     """Pearson's chi-square goodness of fit; cells expected below 5 are pooled into one."""
     small = [k for k in probs if probs[k] * n < 5]
