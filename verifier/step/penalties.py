@@ -54,6 +54,8 @@ class PenaltyCounts:
         self.prompt: Tensor | None = None
         self._owner = [0] * slots  # the serial of the request each row counts for (0: none)
         self._counted = [0] * slots  # output tokens counted in each row
+        self._ones: Tensor | None = None  # a scatter's addends (sliced: no fill per step)
+        self._params: tuple[tuple, Tensor] | None = None  # the latest step's parameters on the device
 
     def rows(self, reqs: list[Request], V: int, dev: torch.device) -> Tensor:
         """The requests' slots as a device index, their rows brought up to date (one host-to-device
@@ -93,9 +95,18 @@ class PenaltyCounts:
             if marks:
                 self.prompt.view(-1).index_fill_(0, idx[n + len(fresh):n + len(fresh) + len(marks)], True)
         if adds:
-            flat = idx[n + len(fresh) + len(marks):]
-            self.counts.view(-1).index_add_(0, flat, torch.ones(len(adds), dtype=torch.float32, device=dev))
+            if self._ones is None or self._ones.numel() < len(adds) or self._ones.device != dev:
+                self._ones = torch.ones(max(len(adds), 2 * self.slots), dtype=torch.float32, device=dev)
+            self.counts.view(-1).index_add_(0, idx[n + len(fresh) + len(marks):], self._ones[:len(adds)])
         return idx[:n]
+
+    def params(self, reqs: list[Request], dev: torch.device) -> Tensor:
+        """The requests' (repetition, frequency, presence) penalties as [n, 3] on the device: copied
+        once while a batch keeps its requests' parameters (most steps)."""
+        key = tuple((r.params.repetition_penalty, r.params.frequency_penalty, r.params.presence_penalty) for r in reqs)
+        if self._params is None or self._params[0] != key or self._params[1].device != dev:
+            self._params = key, torch.tensor(key, dtype=torch.float32).to(dev, non_blocking=True)
+        return self._params[1]
 
 
 @torch.inference_mode()  # the logits are inference tensors (updated in place)
@@ -120,10 +131,8 @@ def _penalize(logits: Tensor, reqs: list[Request], pen: list[int], tokens: Tenso
     n = len(pen)
     whole = n == bs
     slots = counts.rows(reqs, V, dev)
-    # Each request's parameters as [n, 1, 1] columns (one small copy).
-    params = torch.tensor([[r.params.repetition_penalty, r.params.frequency_penalty, r.params.presence_penalty]
-                           for r in reqs], dtype=torch.float32).to(dev, non_blocking=True)
-    rep, freq, pres = (params[:, i, None, None] for i in range(3))
+    params = counts.params(reqs, dev)
+    rep, freq, pres = (params[:, i, None, None] for i in range(3))  # [n, 1, 1] columns
     sel = None if whole else torch.tensor(pen, dtype=torch.int64).to(dev, non_blocking=True)
     c = counts.counts.index_select(0, slots)[:, None, :]  # [n, 1, V]
     if K > 1:  # + the draft tokens on each node's path (columns 1.., the root is in output_ids)
@@ -131,15 +140,16 @@ def _penalize(logits: Tensor, reqs: list[Request], pen: list[int], tokens: Tenso
         mask = tree_mask if whole else tree_mask.index_select(0, sel)
         c = c.repeat(1, K, 1)
         c.scatter_add_(2, tok[:, 1:].clamp(0, V - 1)[:, None, :].expand(n, K, K - 1), mask[:, :, 1:].to(c.dtype))
+    # The whole batch penalized: in place (elementwise, each element read before it is written);
+    # else on a copy of the rows, written back.
     x = logits if whole else logits.index_select(0, sel)
+    pos = c > 0
     if any(r.params.repetition_penalty != 1.0 for r in reqs):
-        seen = (c > 0) | counts.prompt.index_select(0, slots)[:, None, :]
-        x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)  # (r = 1: x itself, exactly)
-    x = x - freq * c  # (0 * count = 0: unchanged)
-    x = x - pres * (c > 0).to(x.dtype)
-    if whole:
-        logits.copy_(x)
-    else:
+        seen = pos | counts.prompt.index_select(0, slots)[:, None, :]
+        torch.where(seen, torch.where(x > 0, x / rep, x * rep), x, out=x)  # (r = 1: x itself, exactly)
+    x.addcmul_(freq, c, value=-1.0)  # (frequency 0: unchanged)
+    x.addcmul_(pres, pos.to(x.dtype), value=-1.0)
+    if not whole:
         logits.index_copy_(0, sel, x)
 
 
