@@ -14,8 +14,9 @@ Semantics (vLLM's): presence and frequency penalties count output tokens,
 token in the prompt or the output, ``logit / r`` if positive else ``logit * r``.
 
 The penalized requests of a step are processed together, in a fixed number of batched ops
-whatever their number: per request, a dozen small ops (each a kernel launch and its Python) cost
-a batch of 30 penalized requests about 5 ms of a 7.4 ms SmolLM2 step on the H100 (2026-12-06).
+whatever their number: per request, a dozen small ops (each a kernel launch and its Python) took
+5.1 ms a step for 32 penalized requests of a batch of 64 on the H100, 0.27 ms batched
+(``bench/penalties.py``, 2026-12-06).
 Each request's output-token counts and prompt tokens live in one device matrix per engine, a row
 per KV-cache slot (``PenaltyCounts``), brought up to date with the tokens committed since the
 last step (output only grows) in one scatter for the whole batch.
@@ -76,7 +77,8 @@ class PenaltyCounts:
             if self._owner[s] != req.penalty_state:
                 self._owner[s], self._counted[s] = req.penalty_state, 0
                 fresh.append(s)
-                marks.extend(s * V + t for t in req.prompt_ids if 0 <= t < V)
+                if req.params.repetition_penalty != 1.0:  # the only reader of the prompt's row
+                    marks.extend(s * V + t for t in req.prompt_ids if 0 <= t < V)
             out = req.output_ids
             if self._counted[s] < len(out):
                 adds.extend(s * V + min(max(t, 0), V - 1) for t in out[self._counted[s]:])

@@ -67,7 +67,7 @@ def test_penalty_counts_rows_follow_their_requests():
     from verifier.step.penalties import PenaltyCounts
 
     counts, V = PenaltyCounts(2), 8
-    a = Request("a", [1, 2, 2], SamplingParams(frequency_penalty=1.0))
+    a = Request("a", [1, 2, 2], SamplingParams(frequency_penalty=1.0, repetition_penalty=1.2))
     a.slot, a.output_ids = 1, [3, 3, 9, -1]  # out-of-vocabulary ids count at the nearest end, as before
     rows = counts.rows([a], V, torch.device("cpu"))
     assert rows.tolist() == [1]
@@ -76,7 +76,7 @@ def test_penalty_counts_rows_follow_their_requests():
     a.output_ids.append(4)  # only the new token is added
     counts.rows([a], V, torch.device("cpu"))
     assert counts.counts[1].tolist() == [1, 0, 0, 2, 1, 0, 0, 1]
-    b = Request("b", [5], SamplingParams(presence_penalty=1.0))
+    b = Request("b", [5], SamplingParams(presence_penalty=1.0, repetition_penalty=0.9))
     b.slot, b.output_ids = 1, [6]  # the slot's next request: its row starts afresh
     counts.rows([b], V, torch.device("cpu"))
     assert counts.counts[1].tolist() == [0, 0, 0, 0, 0, 0, 1, 0]
