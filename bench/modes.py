@@ -23,7 +23,9 @@ rounds of 60 at batch 64 instead of two: one closed batch's rounds gave 0.76-1.2
 ``spec_gate`` (``request_gate=True``: per-request no-draft decisions, off by default since the
 H100 figures of 2026-12-06), ``spec_nogate`` (``request_gate=False``, explicitly) or
 ``spec_critical`` (``MakespanConfig(critical_path=True)``: drafting judged by what it gains the
-request expected to end last, where a closed batch's tail sets the makespan). Greedy
+request expected to end last, where a closed batch's tail sets the makespan) or ``spec_explore2``
+(the losing mode explored at most twice ``explore_every`` apart: the policy before
+``explore_factor``'s larger factors). Greedy
 modes also report whether the speculative outputs equal plain decoding's (bf16 near-ties aside,
 reported, never raised).
 
@@ -67,7 +69,7 @@ from bench.penalty_workload import PENALTIES  # noqa: E402
 
 MODES = ("json", "penalties", "sampled", "logprobs", "n4", "mixed")
 EXTRA_MODES = ("greedy",)
-ARMS = ("spec", "spec_gate", "spec_nogate", "spec_critical")
+ARMS = ("spec", "spec_gate", "spec_nogate", "spec_critical", "spec_explore2")
 DEFAULT_ARMS = ("spec", "spec_gate")
 GREEDY_MODES = ("json", "penalties", "logprobs", "mixed", "greedy")
 SAMPLES = 4  # n of the n4 mode
@@ -277,6 +279,8 @@ def bench(args, device: torch.device, dtype: torch.dtype, partial=None) -> dict:
                 # One start-up probe per batch size: each engine starts from a copy of it.
                 engines[arm] = Engine(lm.model, lm.codec, Drafter("local", draft, vocab_size=V),
                                       engine_config(B, max_len, args, **extra), cost=copy.deepcopy(cost) if cost else None)
+                if arm == "spec_explore2":  # the losing mode explored at most 2x explore_every apart
+                    engines[arm].policy.explore_max = 2
                 cost = cost or copy.deepcopy(engines[arm].policy.cost)
             cell: dict = {"plain": [], **{arm: [] for arm in arms}}
             try:

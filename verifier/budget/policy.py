@@ -35,11 +35,11 @@ full-batch steps (MAT 1.26 against 2.58 in the other rounds).
 
 Where drafting delivers less than plain (by more than 3%: drafting's gains come in bursts), the
 bucket does not draft, except for one step in ``explore_every`` (a run of ``explore_run`` plain
-steps; twice fewer when one mode leads by 25%) that keeps the losing mode's figures current. Plain
-steps of a speculative engine run one step ahead of the host (overlapped); their figure is that
-steady state, not the cost of switching into it and out of it (a lone plain step between drafting
-ones waits for its own results: at batch 64 on the H200 it delivered 20k tok/s where a run of
-plain steps delivers 28k, which kept drafting on where it lost).
+steps; 2, 4 or 8 times fewer when one mode leads clearly: ``explore_factor``) that keeps the losing
+mode's figures current. Plain steps of a speculative engine run one step ahead of the host
+(overlapped); their figure is that steady state, not the cost of switching into it and out of it
+(a lone plain step between drafting ones waits for its own results: at batch 64 on the H200 it
+delivered 20k tok/s where a run of plain steps delivers 28k, which kept drafting on where it lost).
 
 Where several busy verifier processes share one GPU (``gpu_share`` R > 1: replicas under MPS or
 time-slicing), a step's forward time is mostly the others' work, and the extra time of a tree over
@@ -165,6 +165,19 @@ class _Bucket:
             self.relative = (a / b) / (td / tp)
 
 
+def explore_factor(rel: float) -> int:
+    """How many times ``explore_every`` apart a bucket explores its losing mode, from drafting's
+    relative rate: a clear winner is re-checked less often, since each exploration costs steps of
+    the losing mode. H100, 2026-12-06, batch 1 greedy, warm corpus: drafting delivered ~2x plain,
+    and a run of 3 exploring plain steps in every 32 (the factor 2 it had) cost about 3% of the
+    round's tokens. Plain decoding's figure does not follow the text, so a lead of drafting's of
+    2.5x is re-checked 8x apart; drafting's does, so a lead of plain's keeps the factor 4."""
+    lead = max(rel, 1.0 / rel) if rel > 0 else float("inf")
+    if rel >= 2.5:
+        return 8
+    return 4 if lead >= 1.6 else 2 if lead >= 1.25 else 1
+
+
 class BudgetPolicy:
     """``fixed`` >= 0: always draft that many nodes per request (0 = no speculation).
     ``fixed`` None: adaptive within [0, max_budget] from ``cost`` and the measurements."""
@@ -191,6 +204,9 @@ class BudgetPolicy:
         self._cost_version = -1  # the cost model's version the two caches hold
         self.node_bucket = lambda k: k  # tree size the forward really runs
         self.explore_every = 16
+        # The largest explore_factor used (bench/modes.py's spec_explore2 arm: 2, the factor before
+        # the larger ones, for a same-run comparison).
+        self.explore_max = 8
         # Busy verifier processes sharing the GPU (module docstring): a tree's forward time beyond a
         # plain step's counts this many times in the node choice.
         self.gpu_share = 1
@@ -303,9 +319,7 @@ class BudgetPolicy:
             self._exploring = not drafts
             self._count(b, "start_draft" if drafts else "start_plain")
             return drafts
-        # A clear winner (25% apart) is re-checked half as often: exploring costs a step of the
-        # losing mode each time.
-        every = self.explore_every * (2 if rel > 1.25 or rel < 0.8 else 1)
+        every = self.explore_every * min(explore_factor(rel), self.explore_max)
         prefers = rel >= keep
         if st.prefers and not prefers:
             longer = f"{st.step_time[True] / st.step_time[False]:.2f}x as long"

@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from verifier.budget.policy import BudgetPolicy, CostModel
+from verifier.budget.policy import BudgetPolicy, CostModel, explore_factor
 from verifier.step.tree_batch import prune_tree
 
 
@@ -89,13 +89,37 @@ def test_drafting_that_delivers_less_than_plain_turns_itself_off_and_back_on():
     assert pol.delivered(64, True) > pol.delivered(64, False)
     assert sum(modes[-32:]) >= 32 - pol.explore_run  # drafting again, but for exploration steps
     # Plain steps are explored in runs (their overlapped steady state needs more than one step).
-    # Drafting leads by more than 25% here: one run per 2 * explore_every steps.
-    runs = [len(list(g)) for k, g in itertools.groupby(modes[-2 * pol.explore_every:]) if not k]
-    assert sum(runs) == pol.explore_run and (len(runs) == 1 or modes[-1] is modes[-2 * pol.explore_every] is False)
+    # Drafting leads by 1.6x here: one run per 4 * explore_every steps.
+    assert explore_factor(pol.relative_rate(64)) == 4
+    window = modes[-4 * pol.explore_every:]
+    runs = [len(list(g)) for k, g in itertools.groupby(window) if not k]
+    assert sum(runs) == pol.explore_run and (len(runs) == 1 or window[-1] is window[0] is False)
     counts = pol.decision_counts()  # every decision of bucket 64 is counted once, by how it was made
     assert sum(n for k, n in counts.items() if k.startswith("64_")) == 1 + 64 + 400
     assert counts["64_start_draft"] >= 1 and counts["64_plain"] > 0 and counts["64_draft"] > 0
     assert counts["64_explore_draft"] > 0 and counts["64_explore_plain"] > 0
+
+
+@pytest.mark.parametrize("draft_ms, per_run", [(1.0, 8), (1.3, 4), (2.0, 2), (3.0, 1), (5.0, 4), (20.0, 4)])
+def test_the_losing_mode_is_explored_less_often_the_clearer_the_lead(draft_ms, per_run):
+    """Batch 1, around the figures of the H100's greedy rounds (a plain step 0.72 ms, a drafting
+    one 1.3 ms for 3.6 tokens: drafting leads ~2x): each exploration costs the losing mode's steps,
+    so a clear lead is re-checked ``explore_factor`` times ``explore_every`` apart, a lead of
+    plain's at most 4x apart (drafting's figure follows the text, plain's does not)."""
+    pol = BudgetPolicy(15, None, CostModel([1, 8, 64], [0.7e-3, 0.7e-3, 0.8e-3]))
+    pol.explore_run = 3
+    modes = []
+    for _ in range(1200):
+        drafted = pol.draft_budget(1) > 0
+        modes.append(drafted)
+        pol.observe_delivered(1, drafted, draft_ms * 1e-3 if drafted else 0.72e-3, 3.6 if drafted else 1)
+    rel = pol.relative_rate(1)
+    assert explore_factor(rel) == per_run
+    leader = rel > 1
+    window = modes[-2 * per_run * pol.explore_every:]  # two exploration periods in the steady state
+    explored = sum(m is not leader for m in window)
+    assert explored == 2 * (pol.explore_run if leader else 1)
+    assert explore_factor(1.0) == explore_factor(1.2) == 1 and explore_factor(0.5) == 4
 
 
 def test_fixed_budget_ignores_delivered_rates():
