@@ -52,9 +52,20 @@ def test_an_engine_with_a_wildly_wrong_probe_drafts_and_refreshes_its_model():
     eng = Engine(lm.model, lm.codec, Drafter(vocab_size=16),
                  EngineConfig(max_batch=1, max_len=256, budget=None, max_budget=7), cost=wrong)
     prompts = [[1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4], [5, 6, 7, 5, 6, 7, 5, 6, 7]]
+    two_token = []  # the 2-token figure after each refit
+    refit = wrong.refit
+
+    def recorded_refit():
+        refit()
+        two_token.append(wrong(2))
+
+    wrong.refit = recorded_refit
     reqs = eng.generate(prompts, SamplingParams(max_tokens=120, ignore_eos=True))
     steps = sum(r.verify_steps for r in reqs)
     assert eng.stats.spec_steps > 0 and eng.stats.draft_tokens > 0
     assert wrong.observations == steps  # every verify step observed (no graphs here: none is a capture)
-    assert wrong.version > 0 and wrong(2) < 0.1 / 2  # the 2-token figure came down to what steps took
+    # The 2-token figure came down to what steps took. Its minimum over the refits, not its last
+    # value: once only plain steps are recent (a loaded machine makes drafting lose), the sizes
+    # they do not visit take the probe's shape again at their level (0.17 s in one loaded run).
+    assert wrong.version > 0 and min(two_token) < 0.1 / 2
     assert eng.stats.budget is eng.policy.stats and eng.stats.budget.cost_model_refits > 0
