@@ -100,12 +100,12 @@ def test_drafting_that_delivers_less_than_plain_turns_itself_off_and_back_on():
     assert counts["64_explore_draft"] > 0 and counts["64_explore_plain"] > 0
 
 
-@pytest.mark.parametrize("draft_ms, per_run", [(1.0, 8), (1.3, 4), (2.0, 2), (3.0, 1), (5.0, 4), (20.0, 4)])
+@pytest.mark.parametrize("draft_ms, per_run", [(1.0, 8), (1.3, 4), (2.0, 2), (3.0, 1), (5.0, 2), (20.0, 2)])
 def test_the_losing_mode_is_explored_less_often_the_clearer_the_lead(draft_ms, per_run):
     """Batch 1, around the figures of the H100's greedy rounds (a plain step 0.72 ms, a drafting
     one 1.3 ms for 3.6 tokens: drafting leads ~2x): each exploration costs the losing mode's steps,
     so a clear lead is re-checked ``explore_factor`` times ``explore_every`` apart, a lead of
-    plain's at most 4x apart (drafting's figure follows the text, plain's does not)."""
+    plain's at most 2x apart (drafting's figure follows the text, plain's does not)."""
     pol = BudgetPolicy(15, None, CostModel([1, 8, 64], [0.7e-3, 0.7e-3, 0.8e-3]))
     pol.explore_run = 3
     modes = []
@@ -119,7 +119,7 @@ def test_the_losing_mode_is_explored_less_often_the_clearer_the_lead(draft_ms, p
     window = modes[-2 * per_run * pol.explore_every:]  # two exploration periods in the steady state
     explored = sum(m is not leader for m in window)
     assert explored == 2 * (pol.explore_run if leader else 1)
-    assert explore_factor(1.0) == explore_factor(1.2) == 1 and explore_factor(0.5) == 4
+    assert explore_factor(1.0) == explore_factor(1.2) == explore_factor(0.9) == 1 and explore_factor(0.1) == 2
 
 
 def test_fixed_budget_ignores_delivered_rates():
