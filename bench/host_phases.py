@@ -25,8 +25,10 @@ Modes, in the same run, on the same prompts (the Spec-Bench dev trace's), at a f
 every step drafts: ``local`` (the in-process corpus), ``remote`` (the corpus service, pipelined, its
 client in a child process, asks by measured gain; a real ``python -m corpus_service serve`` on
 127.0.0.1), ``remote_always`` (the same, asking every step), ``plain``
-(no corpus, overlapped steps: all of their host work counts as ``other``), and ``local_plain``
-(a speculative engine that drafts nothing: its plain steps, the corpus fed every step). Prints one summary line
+(no corpus, overlapped steps: all of their host work counts as ``other``), ``local_plain``
+(a speculative engine that drafts nothing: its plain steps, the corpus fed every step) and
+``local_stream`` (``local`` with its requests streamed as the HTTP API's are: ``EngineLoop.submit``,
+their updates drained by an event loop on another thread). Prints one summary line
 (host ms per step of each mode, remote over local), writes JSON.
 
     python3 bench/host_phases.py --batches 1,8,64 --out bench/results/host_phases.json
@@ -35,10 +37,12 @@ client in a child process, asks by measured gain; a real ``python -m corpus_serv
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -52,6 +56,7 @@ from bench.common import CorpusServer, median_run, write_report  # noqa: E402
 from bench.traces import default_trace_files, load_traces  # noqa: E402
 from verifier.draft.drafter import AWAIT_AHEAD_S, DraftConfig, Drafter  # noqa: E402
 from verifier.engine.core import Engine, EngineConfig  # noqa: E402
+from verifier.engine.runner import EngineLoop  # noqa: E402
 from verifier.model import ModelConfig, build_model, load_model  # noqa: E402
 from verifier.step.cuda_graphs import GreedyStepResult  # noqa: E402
 from verifier.step.sampling import SamplingParams  # noqa: E402
@@ -59,7 +64,9 @@ from verifier.step.sampling import SamplingParams  # noqa: E402
 PHASES = ("pack", "launch", "commit", "other")
 # remote: the corpus service with the verifier's default asks (adaptive); remote_always: asking every step;
 # local_plain: the in-process corpus fed every step and no drafts (a speculative engine's plain steps).
-MODES = ("plain", "local", "remote", "remote_always", "local_plain")
+# local_stream: local, its requests streamed as the HTTP API's are (EngineLoop.submit: an update per
+# step each, to queues that tasks of an event loop on another thread drain).
+MODES = ("plain", "local", "remote", "remote_always", "local_plain", "local_stream")
 
 
 class TraceDevice:
@@ -207,7 +214,10 @@ def run_mode(model, codec, mode: str, target: str | None, traces, B: int, budget
 
     engine._dispatch, engine._verify_step, engine.step = timed_dispatch, flagged_verify, step
     try:
-        reqs = engine.generate(prompts, SamplingParams(max_tokens=max_new))
+        if mode == "local_stream":
+            reqs = streamed(engine, prompts, SamplingParams(max_tokens=max_new))
+        else:
+            reqs = engine.generate(prompts, SamplingParams(max_tokens=max_new))
     finally:
         if drafter is not None:
             drafter.close()
@@ -223,6 +233,36 @@ def run_mode(model, codec, mode: str, target: str | None, traces, B: int, budget
         res["draft_steps"] = {"local": d.local_steps, "remote": d.remote_steps, "fallback": d.fallback_steps}
         res["remote_asks"] = {"sent": d.asks, "skipped": d.asks_skipped, "gain_tokens": d.remote_gain_tokens}
     return res
+
+
+def streamed(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> list:
+    """The prompts submitted as the HTTP API submits streamed requests (``EngineLoop.submit``, its
+    loop not started: this thread steps the engine), their updates drained by tasks of an event loop
+    on another thread; returns the requests once every stream has its final update."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="host-phases-streams", daemon=True)
+    thread.start()
+    runner = EngineLoop(engine)
+
+    async def submit_and_drain() -> list:
+        subs = [runner.submit(p, params) for p in prompts]
+
+        async def drain(queue):
+            while not (await queue.get()).finished:
+                pass
+
+        return [r for r, _ in subs], asyncio.gather(*(drain(q) for _, q in subs))
+
+    try:
+        reqs, drained = asyncio.run_coroutine_threadsafe(submit_and_drain(), loop).result(60)
+        while not all(r.finished for r in reqs):
+            engine.step()
+        asyncio.run_coroutine_threadsafe(asyncio.wait_for(drained, 60), loop).result(90)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+    return reqs
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,5 +25,11 @@ def test_host_phases_smoke(tmp_path, capsys, trace_file):
         assert row["local"]["mat"] >= row["plain"]["mat"]
         assert row["remote"]["draft_steps"]["remote"] + row["remote"]["draft_steps"]["fallback"] > 0
     assert parse_summary(capsys.readouterr().out)
+    # Streamed requests (EngineLoop.submit, updates drained on another thread's event loop): the same outputs.
+    assert host_phases.main(["--batches", "2", "--prompts", "3", "--max-new", "12", "--rounds", "1",
+                             "--device-ms", "0.2", "--modes", "local,local_stream",
+                             "--trace", str(trace_file("specbench_dev120_greedy.jsonl")), "--out", str(out)]) == 0
+    row = json.loads(out.read_text())["batches"]["2"]
+    assert row["local_stream"]["outputs_follow_trace"] and row["local_stream"]["mat"] == row["local"]["mat"]
     with pytest.raises(SystemExit):
         host_phases.main(["--batches", "0", "--out", str(out)])

@@ -102,3 +102,14 @@ class Commits:
         told, self._told = self._told, []
         for call, args in told:
             call(*args)
+        self._send_updates()
+
+    def _send_updates(self) -> None:
+        """The steps' updated requests to their callers: each one's ``on_update``, then
+        ``after_updates`` once (Engine.step says when)."""
+        if self._updates:
+            updates, self._updates = self._updates, []
+            for r in updates:
+                r.on_update(r)
+            if self.after_updates is not None:
+                self.after_updates()

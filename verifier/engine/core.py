@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -126,6 +127,10 @@ class Engine(Prefill, Verify, Sampled, Commits, Overlap):
         self._waiting = self._waiting_tokens = 0
         self._extends: list[tuple[str, list[int]]] = []  # this step's committed tokens for the drafter
         self._told: list[tuple] = []  # the last verify step's observations for the policy: (method, args)
+        # Requests whose on_update waits for the next launch (a speculative engine: Commits._settle),
+        # and what runs once after a step's on_update calls (EngineLoop: one event-loop wake-up).
+        self._updates: list[Request] = []
+        self.after_updates: Callable[[], None] | None = None
         self._drafted = False  # whether this step asked the corpus for drafts (BudgetPolicy.observe_delivered)
         self._budget_now: tuple[int, int] | None = None  # (batch size, budget) decided by _overlaps
         self._committed_launched = 0  # requests the last committed overlapped step gave a token
@@ -281,23 +286,24 @@ class Engine(Prefill, Verify, Sampled, Commits, Overlap):
         for req in finished:
             if self.drafter is not None:  # an aborted or failed output stays out of the prompt history
                 self._corpus_call(self.drafter.finish, req.req_id, req.finish_reason in ("stop", "length"))
-        if not (stepped and self.scheduler.running):
-            # This step's commits and finishes reach the corpus now if no verify step follows at
-            # once; otherwise the next one hands them over while its GPU work runs, off the host's
-            # critical path between two drafting steps (a pipe write of ~10 us at batch 1, more at 64).
-            self._dispatch(hold=bool(self.scheduler.running))
-        self.stats.steps += 1
-        self.stats.step_seconds += time.perf_counter() - t0
-        self.makespan.busy(self.scheduler.num_unfinished > 0)
         seen = set()
         out = [r for r in updated if not (r.req_id in seen or seen.add(r.req_id))]
         with self._lock:
             for r in out:
                 if r.finished:
                     self._live.pop(r.req_id, None)
-        for r in out:
-            if r.on_update is not None:
-                r.on_update(r)
+        self._updates.extend(r for r in out if r.on_update is not None)
+        if not (stepped and self.scheduler.running):
+            # This step's commits, finishes and updates reach the corpus and the callers now if no
+            # verify step follows at once; otherwise the next one hands them over while its GPU
+            # work runs, off the host's critical path between two drafting steps (a pipe write of
+            # ~10 us at batch 1, more at 64; an update: a snapshot of the request's output).
+            self._dispatch(hold=bool(self.scheduler.running))
+        if self.drafter is None:  # (a plain engine's steps commit after their launch already)
+            self._send_updates()
+        self.stats.steps += 1
+        self.stats.step_seconds += time.perf_counter() - t0
+        self.makespan.busy(self.scheduler.num_unfinished > 0)
         return out
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Request]:
@@ -314,6 +320,7 @@ class Engine(Prefill, Verify, Sampled, Commits, Overlap):
 
     def fail_all(self, error: str) -> None:
         """After an internal error: finish every live request with finish_reason "error"."""
+        self._send_updates()  # the steps before the failure's, first
         self._inflight = None  # whatever it computed is not committed
         self._take_inbox()
         reqs = list(self.scheduler.waiting) + self.scheduler.running
@@ -332,9 +339,8 @@ class Engine(Prefill, Verify, Sampled, Commits, Overlap):
         with self._lock:
             for req in reqs:
                 self._live.pop(req.req_id, None)
-        for req in reqs:
-            if req.on_update is not None:
-                req.on_update(req)
+        self._updates.extend(r for r in reqs if r.on_update is not None)
+        self._send_updates()
 
     def _take_inbox(self) -> list[Request]:
         """New requests into the queue; aborted ones finished (their requests returned)."""

@@ -1,7 +1,9 @@
 """Runs an ``Engine`` on its own thread: steps while there is work, sleeps when idle.
 
 The HTTP API (asyncio) submits requests through ``submit``; the engine thread reports progress
-through the request's ``on_update`` callback, which hands a snapshot to the event loop.
+through the request's ``on_update`` callback, which takes a snapshot, and hands a step's snapshots
+to the event loop together (``Engine.after_updates``): one wake-up of the loop per step (a write to
+its self-pipe and a handle to run), not one per request.
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ class Update:
     request: Request
 
 
+def _put_all(items: list[tuple[asyncio.Queue, Update]]) -> None:
+    for queue, upd in items:
+        queue.put_nowait(upd)
+
+
 class EngineLoop:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -37,6 +44,9 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self.error: BaseException | None = None
         self._idle_calls: deque[tuple[concurrent.futures.Future, object]] = deque()
+        # A step's snapshots, by event loop, until Engine.after_updates hands them over (engine thread).
+        self._updates: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Update]]] = {}
+        engine.after_updates = self._hand_over
 
     def start(self) -> "EngineLoop":
         self._thread.start()
@@ -68,12 +78,18 @@ class EngineLoop:
             if not (progress or req.finished):
                 return
             upd = Update(list(req.output_ids), req.finished, req.finish_reason, req.text, req)
-            loop.call_soon_threadsafe(queue.put_nowait, upd)
+            self._updates.setdefault(loop, []).append((queue, upd))
 
         req = self.engine.add_request(prompt_ids, params, on_update=on_update, group=group, prompt_key=prompt_key,
                                       policy_version=policy_version)
         self._wake.set()
         return req, queue
+
+    def _hand_over(self) -> None:
+        """A step's snapshots to their event loops, one call each (engine thread)."""
+        updates, self._updates = self._updates, {}
+        for loop, items in updates.items():
+            loop.call_soon_threadsafe(_put_all, items)
 
     def abort(self, req_id: str) -> None:
         self.engine.abort(req_id)

@@ -53,3 +53,47 @@ def test_drafts_and_finishes_see_every_committed_token_and_the_policy_every_step
     # Every verify step told once, with exactly its committed tokens (each first token: a prefill's).
     assert sum(told) == sum(len(r.output_ids) for r in reqs) - len(reqs)
     assert eng._told == [] and eng._extends == []  # nothing left over once the batch is done
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_updates_wait_for_the_next_launch_and_all_arrive_in_order():
+    """A speculative engine's on_update calls (a snapshot and an event-loop wake-up each, on the host's
+    critical path where a step's results wait for the next launch) run with the next step's
+    bookkeeping; every update arrives, in order, the last one finished, and nothing is left over
+    once the engine is idle. A failure delivers what was pending before its own updates."""
+    eng = _engine(None)
+    seen: dict[str, list[tuple[int, bool]]] = {}
+    handed = []
+
+    def on_update(r):
+        seen.setdefault(r.req_id, []).append((len(r.output_ids), r.finished))
+
+    eng.after_updates = lambda: handed.append(sum(map(len, seen.values())))
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    reqs = [eng.add_request(p, params, on_update=on_update) for p in PROMPTS]
+    deferred = False
+    while not all(r.finished for r in reqs):
+        out = eng.step()
+        if eng.scheduler.running:  # a step follows: this one's updates wait for it
+            deferred |= bool(out) and {r.req_id for r in eng._updates} == {r.req_id for r in out}
+        else:
+            assert eng._updates == []
+    eng.drafter.close()
+    assert deferred and eng._updates == []
+    for r in reqs:
+        lens = [n for n, _ in seen[r.req_id]]
+        assert lens == sorted(lens) and seen[r.req_id][-1] == (12, True)
+        assert [f for _, f in seen[r.req_id]].count(True) == 1
+    assert handed == sorted(handed) and handed[-1] == sum(map(len, seen.values()))
+
+    eng = _engine(None)
+    seen.clear()
+    req = eng.add_request(PROMPTS[0], params, on_update=on_update)
+    eng.step()
+    eng.step()
+    pending = len(eng._updates)
+    assert pending == 1 and not req.finished
+    eng.fail_all("internal error: test")
+    eng.drafter.close()
+    assert eng._updates == [] and seen[req.req_id][-1] == (len(req.output_ids), True)
+    assert [f for _, f in seen[req.req_id]] == [False] * (len(seen[req.req_id]) - 1) + [True]
