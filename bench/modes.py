@@ -30,7 +30,8 @@ modes also report whether the speculative outputs equal plain decoding's (bf16 n
 reported, never raised).
 
 Each mode runs ``--rounds`` rounds of disjoint requests (as many as the trace holds) on the same
-engines, plain first in even rounds and last in odd ones (``--no-alternate``: always first): a
+engines, plain first in even rounds and last in odd ones, the speculative arms' order reversed in
+every other pair of rounds (``--no-alternate``: plain always first, the arms in their order): a
 server keeps its engine, its corpus and what its budget has learned, so the first round is a fresh
 engine's start-up and later ones its steady state; both are reported.
 
@@ -290,11 +291,15 @@ def bench(args, device: torch.device, dtype: torch.dtype, partial=None) -> dict:
                     # Alternating order (plain first in even rounds, last in odd ones): whatever
                     # the device does to the run that follows another (clocks, allocator, caches)
                     # falls on both sides alike.
+                    # The speculative arms' order is reversed every other pair of rounds: on the H100
+                    # (2026-12-07) the second of two arms run back to back took 5-7% longer per
+                    # drafting step, whatever it was.
                     spec_first = args.alternate and rnd % 2 == 1
-                    runs = {arm: run(engines[arm], prompts, params, groups, args.step_log) for arm in arms} if spec_first else {}
+                    order = arms[::-1] if args.alternate and rnd // 2 % 2 == 1 else arms
+                    runs = {arm: run(engines[arm], prompts, params, groups, args.step_log) for arm in order} if spec_first else {}
                     base = run(plain, prompts, params, groups, args.step_log)
                     cell["plain"].append({k: v for k, v in base.items() if k != "outputs"})
-                    for arm in arms:
+                    for arm in order:
                         r = runs[arm] if spec_first else run(engines[arm], prompts, params, groups, args.step_log)
                         out = {k: v for k, v in r.items() if k != "outputs"}
                         out["x_plain"] = ratio(r["tok_s"], base["tok_s"])

@@ -173,9 +173,9 @@ def explore_factor(rel: float) -> int:
     plain, and a run of 3 exploring plain steps in every 32 cost about 3% of a round's tokens, while
     plain decoding's figure does not follow the text. Where plain leads, drafting is re-checked at
     most 2x apart: its figure does follow the text, and at batch 1 a request that copies after one
-    that did not needs drafting found again soon (bench/closed_batch.py, batch 1, 256 tokens: with
-    drafting explored 4x apart where plain led by 1.6x, a warm round decoded plain 302 steps against
-    82, 0.96x as fast)."""
+    that did not needs drafting found again soon (bench/closed_batch.py, batch 1, 256 tokens, one
+    run: with drafting explored 4x apart where plain led by 1.6x, a round decoded plain 302 steps
+    against 82)."""
     if rel >= 1.0:
         return 8 if rel >= 2.5 else 4 if rel >= 1.6 else 2 if rel >= 1.25 else 1
     return 2 if rel <= 0.8 else 1
