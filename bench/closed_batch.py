@@ -18,8 +18,9 @@ machine's, so ratios here are indicative; the GPU figures are ``bench/modes.py``
 Arms, each on the same requests (the Spec-Bench dev trace's prompts), interleaved per round:
 ``plain`` (no drafter), ``spec`` (the engine's defaults: adaptive budget), ``spec_critical``
 (``MakespanConfig(critical_path=True)``) and ``spec_explore2`` (the losing mode explored at most twice
-``explore_every`` apart, as before ``explore_factor``'s larger factors). Per arm: makespan, tok/s over plain's, MAT, steps in the
-bulk (more than --phase-live running, or any waiting) and in the tail, and their time. More
+``explore_every`` apart, as before ``explore_factor``'s larger factors). Per arm: makespan, tok/s over
+plain's, MAT, steps in the bulk (more than --phase-live running, or any waiting) and in the tail, and
+their time. More
 --prompts than --batch make an open workload (the batch refilled as requests end).
 
     python3 bench/closed_batch.py --batch 64 --prompts 60 --max-new 128 --rounds 3

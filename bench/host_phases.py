@@ -244,7 +244,7 @@ def streamed(engine: Engine, prompts: list[list[int]], params: SamplingParams) -
     thread.start()
     runner = EngineLoop(engine)
 
-    async def submit_and_drain() -> list:
+    async def submit_and_drain() -> tuple[list, asyncio.Future]:
         subs = [runner.submit(p, params) for p in prompts]
 
         async def drain(queue):

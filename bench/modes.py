@@ -288,12 +288,11 @@ def bench(args, device: torch.device, dtype: torch.dtype, partial=None) -> dict:
                 for rnd in range(args.rounds):
                     sl = slice(rnd * n, (rnd + 1) * n)
                     prompts, params, groups = mode_requests(mode, spec_prompts[sl], json_prompts[sl], args.max_new)
-                    # Alternating order (plain first in even rounds, last in odd ones): whatever
-                    # the device does to the run that follows another (clocks, allocator, caches)
-                    # falls on both sides alike.
-                    # The speculative arms' order is reversed every other pair of rounds: on the H100
-                    # (2026-12-07) the second of two arms run back to back took 5-7% longer per
-                    # drafting step, whatever it was.
+                    # Alternating order (plain first in even rounds, last in odd ones; the
+                    # speculative arms reversed every other pair of rounds): whatever the device
+                    # does to the run that follows another (clocks, allocator, caches) falls on all
+                    # sides alike (H100, 2026-12-07: the second of two arms run back to back took
+                    # 5-7% longer per drafting step, whatever it was).
                     spec_first = args.alternate and rnd % 2 == 1
                     order = arms[::-1] if args.alternate and rnd // 2 % 2 == 1 else arms
                     runs = {arm: run(engines[arm], prompts, params, groups, args.step_log) for arm in order} if spec_first else {}
