@@ -11,7 +11,8 @@ same-run baselines, the same with torch's matmuls and compiled norms/SiLU instea
 (``torch_linear``), with torch attention too (SDPA over gathered K/V), and with eager elementwise
 ops too. Also the batched prefill of B prompts
 against prefilling them one by one. With --kernels, a kernel table per shape (torch profiler):
-where a step's device time goes, kernel by kernel. With --first-launch, only the host time of a
+where a step's device time goes, kernel by kernel (``torch_linear`` is how every step of an engine runs
+whose max_batch x (max_budget + 1) exceeds the 32 rows ``kernels.norm_linear`` takes: 64 slots, say). With --first-launch, only the host time of a
 step graph's first launch after capture against its later launches, with the graph uploaded at
 capture (the default) and without.
 Prints one summary line, writes JSON.
@@ -161,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "step_profile.json"))
     p.add_argument("--skip-eager", action="store_true", help="skip the eager-ops baseline (the slowest)")
     p.add_argument("--kernels", type=int, default=0, metavar="STEPS",
-                   help="also profile STEPS steps of each shape (native and torch attention) and record their "
-                        "costliest kernels per step under 'kernels' (0: off)")
+                   help="also profile STEPS steps of each shape (native, torch matmuls, torch attention) and record "
+                        "their costliest kernels per step under 'kernels' (0: off)")
     p.add_argument("--first-launch", action="store_true",
                    help="only measure the host time of step graphs' first launches (upload at capture off and on)")
     args = p.parse_args(argv)
@@ -182,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
            "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
            "torch_attention": profile(model, codec, args.batches, args.ks, args.prefix, args.repeats, True, False, False,
                                       args.kernels),
-           "torch_linear": profile(model, codec, args.batches, args.ks, args.prefix, args.repeats, True, True, False),
+           "torch_linear": profile(model, codec, args.batches, args.ks, args.prefix, args.repeats, True, True, False,
+                                   args.kernels),
            "native": profile(model, codec, args.batches, args.ks, args.prefix, args.repeats, True, True, True,
                              args.kernels)}
     if not args.skip_eager:
