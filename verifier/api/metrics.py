@@ -64,6 +64,12 @@ class EngineCollector:
         yield g
         yield GaugeMetricFamily("ngram_verifier_budget_calibration", "observed / predicted acceptance",
                                 value=e.policy.calibration)
+        cal = GaugeMetricFamily("ngram_verifier_budget_rank_calibration",
+                                "observed / predicted acceptance by band of draft-node ranks (what the node choice uses)",
+                                labels=["ranks"])
+        for j, c in enumerate(e.policy.band_calibrations()):
+            cal.add_metric([f"{1 << j}-{(2 << j) - 1}"], c)
+        yield cal
         b = s.budget
         sw = CounterMetricFamily("ngram_verifier_budget_plain_switches",
                                  "times a batch bucket switched to plain decoding, by why (verifier/budget/policy.py)",

@@ -7,7 +7,13 @@ batch, probed at start-up and refreshed from the forward times of the steps real
 A step with bs requests padded to K nodes each (the root plus K - 1 draft nodes) costs t(bs * K)
 and is expected to commit bs + c * sum_b sum_{i < K-1} p_b,i tokens, where p_b,i is the corpus's
 path acceptance probability of request b's i-th best node and c calibrates those estimates
-against what verification actually accepted. The node choice picks the K with the most expected
+against what verification actually accepted. c is measured per band of node ranks (1, 2-3, 4-7,
+8-15, ...; ``rank_band``): one factor for all ranks made deep trees look as good as shallow ones
+where the corpus's estimates of deep nodes were the more optimistic (H100, batch 64, greedy: trees
+of 16 nodes per request, 1.7-1.9x a plain step's time, committed 2.85 tokens per request, where the
+trace replay gives about 2.66 with 7 nodes, whose steps cost about 1.3x; the device modeled in
+``bench/closed_batch.py``, the policy chose 16 nodes in 56 of 63 full-batch steps). The node choice
+picks the K with the most expected
 tokens per second; K = 1 (plain decoding) is always a candidate. Large batches, where t(bs * K)
 grows about linearly in K, draft little or nothing: the budget asked of the corpus is capped at
 the largest K - 1 for which even fully accepted drafts would pay (K * t(bs) > t(bs * K)).
@@ -165,6 +171,11 @@ class _Bucket:
             self.relative = (a / b) / (td / tp)
 
 
+def rank_band(rank: int) -> int:
+    """The calibration band of a draft node's rank (1 = the best): 1 -> 0, 2-3 -> 1, 4-7 -> 2, 8-15 -> 3, ..."""
+    return rank.bit_length() - 1
+
+
 def explore_factor(rel: float) -> int:
     """How many times ``explore_every`` apart a bucket explores its losing mode, from drafting's
     relative rate: a clear winner is re-checked less often, since each exploration costs steps of
@@ -198,6 +209,11 @@ class BudgetPolicy:
         self.request_gate = RequestGate(self.stats, enabled=fixed is None)
         self.predicted = 1.0  # decayed sums for the calibration c = accepted / predicted
         self.accepted = 1.0
+        # The same per band of node ranks (rank_band), which the node choice uses; ``rank_bands``
+        # False: the one calibration for every rank, as before the bands (bench arms spec_onecal).
+        self.band_predicted = [1.0] * rank_band(max_budget) + [1.0]
+        self.band_accepted = [1.0] * len(self.band_predicted)
+        self.rank_bands = True
         # Observed step time / modeled forward time, for plain and for speculative steps (medians
         # of the latest): the host work a step adds (drafting, tree building, verification).
         self.overhead = {False: 1.0, True: 1.0}
@@ -394,6 +410,13 @@ class BudgetPolicy:
     def calibration(self) -> float:
         return min(2.0, max(0.05, self.accepted / self.predicted))
 
+    def band_calibrations(self) -> list[float]:
+        """c per band of node ranks (``rank_band``), each within [0.05, 2] (all ``calibration`` where
+        ``rank_bands`` is off)."""
+        if not self.rank_bands:
+            return [self.calibration] * len(self.band_predicted)
+        return [min(2.0, max(0.05, a / p)) for a, p in zip(self.band_accepted, self.band_predicted)]
+
     def _fresh_costs(self) -> None:
         version = getattr(self.cost, "version", 0)  # any t(N) callable will do; a CostModel refreshes
         if version != self._cost_version:
@@ -503,13 +526,16 @@ class BudgetPolicy:
         if costs is None:  # the cost model and the buckets are fixed between refits: once per batch size
             costs = [self.cost(bs * self.node_bucket(k + 1)) for k in range(self.max_budget + 1)]
             costs = self._step_costs[bs] = [self._shared_cost(costs[0], c) for c in costs]
-        c, plain, spec = self.calibration, self.overhead[False], self.overhead[True]
+        cs, plain, spec = self.band_calibrations(), self.overhead[False], self.overhead[True]
         optimistic, self._optimistic = self._optimistic, False
         if optimistic:  # figures that may be stale for want of drafting steps: at their most hopeful
-            c, spec = max(c, 1.0), min(spec, plain)
+            cs, spec = [max(c, 1.0) for c in cs], min(spec, plain)
         best, best_rate = 0, bs / (costs[0] * plain)
+        expected, last = 0.0, len(cs) - 1
         for k in range(1, min(len(gains), len(costs))):
-            rate = (bs + c * gains[k]) / (costs[k] * spec)
+            # The k-th best nodes' estimates, calibrated by their band.
+            expected += cs[min(k.bit_length() - 1, last)] * (gains[k] - gains[k - 1])
+            rate = (bs + expected) / (costs[k] * spec)
             if rate > best_rate:  # the first of equal rates, as argmax
                 best, best_rate = k, rate
         if optimistic and self._step_bucket is not None:
@@ -519,7 +545,7 @@ class BudgetPolicy:
         self._back_off(best == 0 and not (optimistic or self._exploring))
         if best == 0:
             self._count(self.batch_bucket(bs), "nodes0")
-            self._note("cost", f"no tree size was expected to pay (calibration {c:.2f}, "
+            self._note("cost", f"no tree size was expected to pay (calibration {cs[0]:.2f} for the best node, "
                        f"step overhead {spec:.2f}x drafting, {plain:.2f}x plain)")
         else:
             self._note("draft")
@@ -587,8 +613,17 @@ class BudgetPolicy:
             t = self._memo[n] = self.cost(n)
         return t
 
-    def observe(self, predicted: float, accepted: int) -> None:
-        """One step's sum of path probabilities of the verified nodes vs draft tokens accepted."""
+    def observe(self, predicted: float, accepted: int, bands: tuple | None = None) -> None:
+        """One step's sum of path probabilities of the verified nodes vs draft tokens accepted;
+        ``bands``: the same per band of node ranks (two sequences, ``rank_band``'s order), where the
+        step knows which ranks were accepted."""
         decay = 0.98
         self.predicted = decay * self.predicted + predicted
         self.accepted = decay * self.accepted + accepted
+        if bands is None:  # (the node choice reads the bands: the engine always gives them)
+            return
+        pred, acc = bands
+        for j in range(min(len(pred), len(self.band_predicted))):
+            if pred[j] > 0:  # a band decays over its own steps: one a step's trees did not reach keeps its figure
+                self.band_predicted[j] = decay * self.band_predicted[j] + pred[j]
+                self.band_accepted[j] = decay * self.band_accepted[j] + acc[j]

@@ -25,6 +25,10 @@ class Verify:
 
     # This step's requests that get no drafts (the budget decision's RequestGate.select).
     _gate_held: frozenset[str] = frozenset()
+    # The drafting step's node ranks for the calibration (_observe_acceptance): the corpus rows'
+    # column sums (the j-th best nodes' estimates over the batch), the nodes kept per row, and
+    # whether the rows were best-first (a kept node's position in its tree is then its rank).
+    _plan_ranks: tuple[list[float], int, bool] | None = None
 
     def _step_budget(self, running: list[Request]) -> int:
         """The step's draft budget: the one _overlaps decided for this batch size, or the policy's."""
@@ -152,7 +156,33 @@ class Verify:
         self.stats.draft_tokens += sum(num_nodes) - bs
         self.stats.accepted_tokens += accepted_total
         if K > 1:
-            self._told.append((self.policy.observe, (predicted, accepted_total)))
+            self._told.append((self._observe_acceptance, (predicted, accepted_total, accept_index, r.accept_token_num, K,
+                                                          self._plan_ranks)))
+
+    def _observe_acceptance(self, predicted: float, accepted: int, accept_index: np.ndarray, accept_num: np.ndarray,
+                            K: int, ranks: tuple[list[float], int, bool] | None) -> None:
+        """A verify step's acceptance for the policy's calibration (``BudgetPolicy.observe``), per
+        band of node ranks where the plan's rows were best-first: an accepted node's position in its
+        packed tree is then its rank (``pack_plan`` keeps a best-first row's first k nodes in order);
+        otherwise the step's accepted tokens are spread over the bands as they were predicted. Runs
+        after the next launch (``Commits._settle``): numpy over the batch's paths."""
+        bands = None
+        if ranks is not None:
+            sums, k, best_first = ranks
+            nb = len(self.policy.band_predicted)
+            pred = [0.0] * nb
+            for r in range(1, k + 1):
+                pred[min(r.bit_length() - 1, nb - 1)] += sums[r - 1]
+            if best_first:
+                path = accept_index[:, 1:]  # each row's accepted nodes first (accept_num of them)
+                on_path = np.arange(K - 1)[None, :] < accept_num[:, None]
+                pos = (path - K * np.arange(len(path))[:, None])[on_path]  # their ranks, 1..K-1
+                acc = np.bincount(np.minimum(np.log2(pos).astype(np.int64), nb - 1), minlength=nb).tolist()
+            else:
+                total = sum(pred)
+                acc = [accepted * p / total if total > 0 else 0.0 for p in pred]
+            bands = (pred, acc)
+        self.policy.observe(predicted, accepted, bands)
 
     def _plan(self, running: list[Request], plain: frozenset[str], slots: list[int], max_prefix: int,
               fast: bool) -> tuple[PackedTrees, StepInput | None]:
@@ -171,6 +201,7 @@ class Verify:
         room = self.config.max_len - max_prefix
         k = nodes = 0
         best_first = True
+        self._plan_ranks = None
         if budget > 0 and spec:
             self._flush_extends()  # the last step's commits, which the drafts continue
             batch = self._corpus_call(self.drafter.draft, [running[i].req_id for i in spec], budget)
@@ -190,6 +221,7 @@ class Verify:
             nodes, best_first, sums = _native.summarize_rows(probs, counts)
             k = self.policy.choose_nodes_summary(bs, nodes, sums)
             k = max(0, min(k, room - 1))  # rows prefix .. prefix + K - 1
+            self._plan_ranks = (sums, min(k, nodes), best_first)
         else:
             tokens = parents = np.zeros((bs, 0), np.int32)
             probs, counts = np.zeros((bs, 0), np.float32), np.zeros(bs, np.int32)

@@ -75,6 +75,8 @@ def test_models_health_metrics(api):
     assert "ngram_verifier_generated_tokens_total" in m and "ngram_verifier_draft_steps_total" in m
     assert 'ngram_verifier_budget_plain_switches_total{reason="cost"}' in m
     assert "ngram_verifier_budget_cost_model_refits_total" in m
+    assert 'ngram_verifier_budget_rank_calibration{ranks="1-1"}' in m  # per band of draft-node ranks
+    assert 'ngram_verifier_budget_rank_calibration{ranks="8-15"}' in m
     # Per request (verifier/budget/request_gate.py): switches to no drafts by reason, request-steps held off.
     assert 'ngram_verifier_budget_request_no_draft_switches_total{reason="acceptance"}' in m
     assert "ngram_verifier_budget_request_steps_no_draft_total" in m
