@@ -534,7 +534,7 @@ class BudgetPolicy:
         expected, last = 0.0, len(cs) - 1
         for k in range(1, min(len(gains), len(costs))):
             # The k-th best nodes' estimates, calibrated by their band.
-            expected += cs[min(k.bit_length() - 1, last)] * (gains[k] - gains[k - 1])
+            expected += cs[min(rank_band(k), last)] * (gains[k] - gains[k - 1])
             rate = (bs + expected) / (costs[k] * spec)
             if rate > best_rate:  # the first of equal rates, as argmax
                 best, best_rate = k, rate
@@ -612,6 +612,21 @@ class BudgetPolicy:
         if t is None:
             t = self._memo[n] = self.cost(n)
         return t
+
+    def bands_of(self, column_sums: list[float], k: int, ranks: np.ndarray | None,
+                 accepted: int) -> tuple[list[float], list[float]]:
+        """A step's ``bands`` for ``observe``: the estimates of its kept ranks 1..k (``column_sums``,
+        each rank's summed over the batch) and its accepted nodes' ``ranks``, per band; ``ranks``
+        None (the nodes' ranks are not known): the ``accepted`` tokens spread over the bands as predicted."""
+        last = len(self.band_predicted) - 1
+        pred = [0.0] * (last + 1)
+        for r in range(1, k + 1):
+            pred[min(rank_band(r), last)] += column_sums[r - 1]
+        if ranks is None:
+            total = sum(pred)
+            return pred, [accepted * p / total if total > 0 else 0.0 for p in pred]
+        # rank_band over the array: floor(log2(rank)), exact for ints
+        return pred, np.bincount(np.minimum(np.log2(ranks).astype(np.int64), last), minlength=last + 1).tolist()
 
     def observe(self, predicted: float, accepted: int, bands: tuple | None = None) -> None:
         """One step's sum of path probabilities of the verified nodes vs draft tokens accepted;

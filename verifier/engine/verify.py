@@ -169,19 +169,12 @@ class Verify:
         bands = None
         if ranks is not None:
             sums, k, best_first = ranks
-            nb = len(self.policy.band_predicted)
-            pred = [0.0] * nb
-            for r in range(1, k + 1):
-                pred[min(r.bit_length() - 1, nb - 1)] += sums[r - 1]
+            ranked = None
             if best_first:
                 path = accept_index[:, 1:]  # each row's accepted nodes first (accept_num of them)
                 on_path = np.arange(K - 1)[None, :] < accept_num[:, None]
-                pos = (path - K * np.arange(len(path))[:, None])[on_path]  # their ranks, 1..K-1
-                acc = np.bincount(np.minimum(np.log2(pos).astype(np.int64), nb - 1), minlength=nb).tolist()
-            else:
-                total = sum(pred)
-                acc = [accepted * p / total if total > 0 else 0.0 for p in pred]
-            bands = (pred, acc)
+                ranked = (path - K * np.arange(len(path))[:, None])[on_path]  # their ranks, 1..K-1
+            bands = self.policy.bands_of(sums, k, ranked, accepted)
         self.policy.observe(predicted, accepted, bands)
 
     def _plan(self, running: list[Request], plain: frozenset[str], slots: list[int], max_prefix: int,
