@@ -223,8 +223,8 @@ def rope_store_kv(qkv: Tensor, positions: Tensor, cos: Tensor, sin: Tensor, kv_c
 
 
 def decode_attention(q: Tensor, kv_cache: Tensor, layer: int, slots: Tensor, max_len: int, mask: Tensor,
-                     scale: float | None = None, *, arrivals: Tensor | None = None, allow_reference: bool | None = None,
-                     check: bool = True) -> Tensor:
+                     scale: float | None = None, *, arrivals: Tensor | None = None, kv_lens: Tensor | None = None,
+                     allow_reference: bool | None = None, check: bool = True) -> Tensor:
     """Decode/tree-verify attention straight from the KV cache (no gather of K/V).
 
     q: [bs, T, H, D] (T <= 64; D 64 or 128 on the GPU); kv_cache: [2 * layers, slots * max_len,
@@ -233,19 +233,21 @@ def decode_attention(q: Tensor, kv_cache: Tensor, layer: int, slots: Tensor, max
     Returns [bs, T, H, D]. Slots must be in range (not checked: that would synchronise).
     ``arrivals``: zeroed int32 counters on q's device (``KVCache.arrivals``), which the GPU kernel
     leaves zeroed; with them it merges its partial results in one kernel instead of two (the same
-    arithmetic). Calls that may run at the same time must not share them. ``check=False`` skips the
-    validation, as for ``rope_store_kv``.
+    arithmetic). Calls that may run at the same time must not share them. ``kv_lens``: [bs] int64 or
+    None; rows at or past kv_lens[b] are masked for request b whatever ``mask`` says, and the GPU
+    kernel never reads them (in a batch whose KV bucket its longest request sets, most of a short
+    request's rows). ``check=False`` skips the validation, as for ``rope_store_kv``.
     """
     if check:
-        checks.check_decode_attention(q, kv_cache, layer, slots, max_len, mask)
+        checks.check_decode_attention(q, kv_cache, layer, slots, max_len, mask, kv_lens)
         if arrivals is not None:
             checks.check_tensor("arrivals", arrivals, ndim=1, dtypes=torch.int32, device=q.device)
             checks.require(arrivals.is_contiguous(), "arrivals: expected a contiguous tensor")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if _use_native(q.device, "decode_attention", allow_reference):
         checks.require(q.shape[-1] in (64, 128), f"decode_attention on the GPU: head_dim 64 or 128, got {q.shape[-1]}")
-        return _ops().decode_attention(q, kv_cache, layer, slots, max_len, mask, scale, arrivals)
-    return reference.decode_attention(q, kv_cache, layer, slots, max_len, mask, scale)
+        return _ops().decode_attention(q, kv_cache, layer, slots, max_len, mask, scale, arrivals, kv_lens)
+    return reference.decode_attention(q, kv_cache, layer, slots, max_len, mask, scale, kv_lens)
 
 
 def norm_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Tensor | None = None,

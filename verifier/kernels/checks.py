@@ -160,7 +160,7 @@ def check_rope_store(qkv, positions, cos, sin, kv_cache, layer, rows, num_heads,
         require(t.shape[1] == D, f"{name}: expected [max_len, {D}], got {tuple(t.shape)}")
 
 
-def check_decode_attention(q, kv_cache, layer, slots, max_len, mask) -> None:
+def check_decode_attention(q, kv_cache, layer, slots, max_len, mask, kv_lens=None) -> None:
     Hkv, D = check_kv_cache(kv_cache, layer)
     dev = kv_cache.device
     check_tensor("q", q, ndim=4, dtypes=kv_cache.dtype, device=dev)
@@ -173,6 +173,9 @@ def check_decode_attention(q, kv_cache, layer, slots, max_len, mask) -> None:
     require(isinstance(max_len, int) and max_len >= 1 and kv_cache.shape[1] % max_len == 0,
             f"max_len: expected the cache's rows per slot, got {max_len!r}")
     require(1 <= mask.shape[2] <= max_len, f"mask: kv_len must be in [1, max_len={max_len}], got {mask.shape[2]}")
+    if kv_lens is not None:
+        check_tensor("kv_lens", kv_lens, shape=(bs,), dtypes=torch.int64, device=dev)
+        require(kv_lens.is_contiguous(), "kv_lens: expected a contiguous tensor")
 
 
 NORM_LINEAR_MAX_ROWS = 32  # rows (tokens) per call of the native norm_linear

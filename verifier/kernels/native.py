@@ -25,7 +25,7 @@ _SIGNATURES = {
     "ngk_tree_attention_mask_flat": [_P, _P, _P, _P, c_int, c_int, _P],
     "ngk_compact_kv_cache": [_P, _P, _P, _P, c_int, c_int, c_int, c_int, c_int64, c_int64, _P],
     "ngk_rope_store_kv": [c_int] + [_P] * 8 + [c_int] * 4 + [_P],
-    "ngk_decode_attention": [c_int, _P, _P, _P, _P, c_int64, _P, _P, _P, _P, c_int64] + [c_int] * 6 + [c_float, _P],
+    "ngk_decode_attention": [c_int, _P, _P, _P, _P, c_int64, _P, _P, _P, _P, _P, c_int64] + [c_int] * 6 + [c_float, _P],
     "ngk_argmax_rows": [c_int, _P, c_int64, c_int64, _P, _P, _P],
     "ngk_silu_mul": [c_int, _P, _P, c_int64, c_int64, _P],
     "ngk_norm_linear": [c_int, c_int, c_int, _P, _P, _P, _P, c_float, _P, _P, _P, c_int, c_int, c_int, _P],

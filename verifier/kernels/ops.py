@@ -226,7 +226,7 @@ def _(qkv, positions, cos, sin, kv_cache, layer, rows, num_heads, num_kv_heads):
 
 @torch.library.custom_op(f"{_NS}::decode_attention", mutates_args=())
 def decode_attention(q: Tensor, kv_cache: Tensor, layer: int, slots: Tensor, max_len: int, mask: Tensor,
-                     scale: float, arrivals: Tensor | None) -> Tensor:
+                     scale: float, arrivals: Tensor | None, kv_lens: Tensor | None) -> Tensor:
     # ``arrivals`` is scratch the kernel leaves as it found it (zeros), so the op is declared pure.
     bs, T, H, D = q.shape
     L = mask.shape[2]
@@ -234,14 +234,15 @@ def decode_attention(q: Tensor, kv_cache: Tensor, layer: int, slots: Tensor, max
     out = torch.empty_like(q)
     with torch.cuda.device(q.device):
         library().call("ngk_decode_attention", _DTYPE_CODES[q.dtype], _ptr(q), _ptr(kv_cache[2 * layer]),
-                       _ptr(kv_cache[2 * layer + 1]), _ptr(slots), max_len, _ptr(mask), _ptr(part), _ptr(out),
+                       _ptr(kv_cache[2 * layer + 1]), _ptr(slots), max_len, _ptr(mask),
+                       0 if kv_lens is None else _ptr(kv_lens), _ptr(part), _ptr(out),
                        0 if arrivals is None else _ptr(arrivals), 0 if arrivals is None else arrivals.numel(),
                        bs, T, H, kv_cache.shape[2], D, L, float(scale), _stream(q))
     return out
 
 
 @decode_attention.register_fake
-def _(q, kv_cache, layer, slots, max_len, mask, scale, arrivals):
+def _(q, kv_cache, layer, slots, max_len, mask, scale, arrivals, kv_lens):
     return torch.empty_like(q)
 
 

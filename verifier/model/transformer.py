@@ -31,6 +31,8 @@ class ForwardBatch:
         instead of a gather).
     kv_len: cache rows attended (>= every write row + 1).
     mask: [bs, T, kv_len] bool (True = attend) or None = causal over exactly the new tokens.
+    kv_lens: [bs] int64 or None: no token of request b attends a row at or past kv_lens[b] (a
+        bound the mask keeps: prefix + nodes of a tree); the native attention reads no further.
     """
 
     positions: Tensor
@@ -39,6 +41,7 @@ class ForwardBatch:
     kv_len: int
     mask: Tensor | None = None
     slot_range: tuple[int, int] | None = None
+    kv_lens: Tensor | None = None
 
 
 @dataclass
@@ -98,7 +101,7 @@ class Attention(nn.Module):
             cache.write_kv(self.layer, ctx.flat_rows, kv)
         if ctx.native_attention:  # straight from the cache rows: no gather, no mask expansion
             out = kernels.decode_attention(q, cache.data, self.layer, fb.slots, cache.max_len, fb.mask,
-                                           arrivals=cache.arrivals, check=self.layer == 0)
+                                           arrivals=cache.arrivals, kv_lens=fb.kv_lens, check=self.layer == 0)
             return out.view(bs, T, H * D)
         keys, values = cache.read(self.layer, fb.slots, fb.kv_len, fb.slot_range)  # [bs, Hkv, L, D]
         if ctx.bias is None:  # causal prefill: flash attention handles the shared kv heads itself

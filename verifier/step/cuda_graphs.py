@@ -128,8 +128,10 @@ def forward_part(model: Transformer, cache: KVCache, inp: Tensor, B: int, K: int
     prefix, slots = inp[2 * m:2 * m + B], inp[2 * m + B:2 * m + 2 * B]
     tree_mask, idx = kernels.tree_indices_from_parents(parents, prefix)
     write_rows = prefix[:, None] + torch.arange(K, device=prefix.device)
+    # No node attends past its tree (prefix + K rows): the attention reads a short request's own
+    # rows, not the KV bucket its batch's longest request sets.
     fb = ForwardBatch(idx.positions.view(B, K), write_rows, slots, L, kernels.tree_attention_mask(tree_mask, prefix, L),
-                      slot_range)
+                      slot_range, kv_lens=prefix + K)
     logits = model(tokens, cache, fb, float_logits=float_logits)
     return StepForward(tokens, prefix, slots, tree_mask, idx, logits)
 

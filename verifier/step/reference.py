@@ -357,12 +357,15 @@ def rope_store_kv(qkv: Tensor, positions: Tensor, cos: Tensor, sin: Tensor, kv_c
 
 
 def decode_attention(q: Tensor, kv_cache: Tensor, layer: int, slots: Tensor, max_len: int, mask: Tensor,
-                     scale: float) -> Tensor:
+                     scale: float, kv_lens: Tensor | None = None) -> Tensor:
     """Masked attention of q [bs, T, H, D] over cache rows 0 .. L-1 of each request's slot
-    (mask [bs, T, L], True = attend; grouped-query heads share kv head h // (H / Hkv)), in float32.
-    A row that sees no key gets zeros. Returns [bs, T, H, D] in q's dtype."""
+    (mask [bs, T, L], True = attend; grouped-query heads share kv head h // (H / Hkv)), in float32;
+    rows at or past kv_lens[b] (if given) masked too. A row that sees no key gets zeros. Returns
+    [bs, T, H, D] in q's dtype."""
     bs, T, H, D = q.shape
     L, Hkv = mask.shape[2], kv_cache.shape[2]
+    if kv_lens is not None:
+        mask = mask.bool() & (torch.arange(L, device=q.device) < kv_lens.to(q.device)[:, None])[:, None]
     rows = slots.to(torch.int64)[:, None] * max_len + torch.arange(L, device=q.device)
     k = kv_cache[2 * layer][rows].float().repeat_interleave(H // Hkv, dim=2)  # [bs, L, H, D]
     v = kv_cache[2 * layer + 1][rows].float().repeat_interleave(H // Hkv, dim=2)

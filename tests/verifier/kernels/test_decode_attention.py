@@ -76,6 +76,30 @@ def test_reference_attention_row_that_sees_nothing_is_zero():
     assert torch.all(out[0, 1] == 0) and torch.all(out[0, 0] != 0)
 
 
+def visible_end(mask):
+    """[bs] int64: one past each request's last row any of its tokens sees (0: none)."""
+    cols = torch.arange(1, mask.shape[2] + 1, device=mask.device)
+    return (mask.any(1) * cols).amax(-1).to(torch.int64)
+
+
+def test_reference_attention_kv_lens_masks_rows_past_it():
+    """Rows at or past kv_lens[b] are masked whatever the mask says; kv_lens past the mask's end,
+    or exactly at its last visible row, changes nothing; 0 hides everything (zeros)."""
+    cache = make_cache()
+    bs, T, L = 4, 5, 200
+    q = torch.randn(bs, T, 9, 64, generator=torch.Generator().manual_seed(3))
+    slots = torch.tensor([2, 0, 3, 1])
+    mask = random_mask(bs, T, L, seed=11)
+    plain = ref.decode_attention(q, cache.data, 1, slots, cache.max_len, mask, 0.125)
+    for lens in (visible_end(mask), torch.full((bs,), 10 ** 6)):
+        assert torch.equal(kernels.decode_attention(q, cache.data, 1, slots, cache.max_len, mask, kv_lens=lens), plain)
+    lens = torch.tensor([0, 7, 64, 150])
+    cut = mask & (torch.arange(L) < lens[:, None])[:, None]
+    got = kernels.decode_attention(q, cache.data, 1, slots, cache.max_len, mask, kv_lens=lens)
+    assert torch.equal(got, ref.decode_attention(q, cache.data, 1, slots, cache.max_len, cut, 0.125))
+    assert torch.all(got[0] == 0)
+
+
 def test_reference_rope_store_matches_torch_path():
     cfg = ModelConfig.from_name("smollm2-135m")
     H, Hkv, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -112,6 +136,9 @@ def test_bad_inputs_raise_value_error():
         kernels.decode_attention(q, cache.data, 0, slots.int(), cache.max_len, mask)
     with pytest.raises(ValueError, match="arrivals"):
         kernels.decode_attention(q, cache.data, 0, slots, cache.max_len, mask, arrivals=torch.zeros(4))
+    for bad in (torch.tensor([3], dtype=torch.int32), torch.tensor([3, 4]), torch.tensor(3)):
+        with pytest.raises(ValueError, match="kv_lens"):
+            kernels.decode_attention(q, cache.data, 0, slots, cache.max_len, mask, kv_lens=bad)
     with pytest.raises(ValueError, match="qkv"):
         kernels.rope_store_kv(torch.randn(2, 10), torch.tensor([0, 1]), torch.zeros(8, 64), torch.zeros(8, 64),
                               cache.data, 0, torch.tensor([0, 1]), 3, 3)
@@ -205,6 +232,43 @@ def test_native_attention_row_is_the_same_in_plain_and_verify_steps():
     verify = kernels.decode_attention(q, cache.data, 0, slots, cache.max_len, mask)
     plain = kernels.decode_attention(q[:, :1].contiguous(), cache.data, 0, slots, cache.max_len, mask[:, :1].contiguous())
     assert torch.equal(verify[:, 0], plain[:, 0])
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("H,Hkv,D", [(9, 3, 64), (32, 8, 128)])
+@pytest.mark.parametrize("T", [1, 5, 16])
+def test_native_attention_kv_lens_skips_rows_exactly(dtype, H, Hkv, D, T):
+    """A batch whose KV bucket (1100 rows) its longest request sets: with kv_lens at each request's
+    own end the kernels read no further (NaN left past it stays out), bit for bit the output
+    without kv_lens, merged in one kernel or two; a kv_lens inside what the mask shows cuts it
+    as the reference does."""
+    bs, L = 5, 1100
+    cache = make_cache(slots=6, max_len=1152, Hkv=Hkv, D=D, dtype=dtype, device="cuda", seed=T)
+    q = torch.randn(bs, T, H, D, generator=torch.Generator().manual_seed(T)).to("cuda", dtype)
+    slots = torch.tensor([5, 1, 3, 0, 2], device="cuda")
+    g = torch.Generator().manual_seed(T + 1)
+    prefix = torch.tensor([1080, 3, 70, 400, 0])
+    mask = torch.arange(L)[None, None, :] < prefix[:, None, None]
+    mask = mask.expand(bs, T, L).clone()
+    for b in range(bs):
+        for t in range(T):
+            mask[b, t, prefix[b] + t] = True
+            mask[b, t, prefix[b]:prefix[b] + t] |= torch.rand(t, generator=g) < 0.5
+    mask = mask.cuda()
+    lens = (prefix + T).cuda()
+    cut = torch.tensor([1000, 0, 2, 401, 1], device="cuda")
+    got = kernels.decode_attention(q, cache.data, 1, slots, cache.max_len, mask, kv_lens=cut)
+    want = ref.decode_attention(q, cache.data, 1, slots, cache.max_len, mask, D ** -0.5, cut)
+    torch.testing.assert_close(got.float(), want.float(), rtol=TOL[dtype], atol=TOL[dtype])
+    want = kernels.decode_attention(q, cache.data, 1, slots, cache.max_len, mask)
+    for b in range(bs):  # stale rows past each request's end: never read with kv_lens
+        cache._view[:, int(slots[b]), int(lens[b]):] = float("nan")
+    for arrivals in (None, cache.arrivals):
+        got = kernels.decode_attention(q, cache.data, 1, slots, cache.max_len, mask, arrivals=arrivals, kv_lens=lens)
+        assert torch.equal(got, want)
+    assert not cache.arrivals.any()
 
 
 @pytest.mark.gpu

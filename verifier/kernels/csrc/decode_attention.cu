@@ -7,7 +7,8 @@
 // and SDPA. Here:
 //
 //   rope_store:   q and k rotated (HF "rotate half" layout, in float32, rounded once), q written
-//                 to its own buffer, k and v written straight into the request's cache rows;
+//                 to its own buffer, k and v written straight into the request's cache rows
+//                 (rope_store.cu);
 //   attn_split:   flash-decoding over the cache in place (cache rows read through the request's
 //                 slot, no gather): each block takes one kv head, a tile of the query rows that
 //                 share it (grouped-query attention: G heads x T tree nodes) and a fixed span of
@@ -27,268 +28,16 @@
 // Cache layout (verifier.model.kv_cache): one layer's keys are rows [num_slots * max_len, Hkv, D]
 // (row r of slot s at s * max_len + r), its values the same. The mask is the dense [bs, T, L]
 // bool of kernels.tree_attention_mask (True = attend).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-#include <algorithm>
-
-#include "common.cuh"
-#include "dtypes.cuh"
+#include "attention_parts.cuh"
 
 namespace {
-
-using ngk::from_f;
-using ngk::to_f;
-
-constexpr int kWarps = 4;
-constexpr int kMaxT = 64;
-constexpr int RPW = 4;  // query rows a warp works on together  // query tokens per request (tree nodes): the mask tile is [kMaxT, S]
-
-// Two consecutive elements as floats.
-template <typename T> __device__ __forceinline__ float2 load2(const T* p) { return make_float2(to_f(p[0]), to_f(p[1])); }
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// ------------------------------------------------------------------------------ RoPE + KV store
-
-template <typename T>
-__global__ void __launch_bounds__(256)
-    rope_store_kernel(const T* __restrict__ qkv, const int64_t* __restrict__ positions,
-                      const T* __restrict__ cos, const T* __restrict__ sin,
-                      const int64_t* __restrict__ rows, T* __restrict__ q_out, T* __restrict__ k_cache,
-                      T* __restrict__ v_cache, int H, int Hkv, int D) {
-  const int64_t n = blockIdx.x;  // token b * T + t
-  const int half = D / 2;
-  const T* src = qkv + n * static_cast<int64_t>(H + 2 * Hkv) * D;
-  const T* c = cos + positions[n] * D;
-  const T* s = sin + positions[n] * D;
-  const int64_t row = rows[n];
-  // A token's items: the rotated pairs (the H query heads, then the Hkv key heads; element j pairs
-  // with j + D/2), then the Hkv * D values copied. blockIdx.y splits them, so a thread has about
-  // one item: a loop of dependent load -> store trips, one memory latency each, made this kernel
-  // 5.6 us of a 8B-shaped decode layer (40 heads of 64 pairs on one block).
-  const int rot = (H + Hkv) * half, items = rot + Hkv * D;
-  for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < items; i += gridDim.y * blockDim.x) {
-    if (i < rot) {
-      const int h = i / half, j = i % half;
-      const float x1 = to_f(src[h * D + j]), x2 = to_f(src[h * D + j + half]);
-      T* dst = h < H ? q_out + (n * H + h) * D : k_cache + (row * Hkv + (h - H)) * D;
-      dst[j] = from_f<T>(x1 * to_f(c[j]) - x2 * to_f(s[j]));
-      dst[j + half] = from_f<T>(x2 * to_f(c[j + half]) + x1 * to_f(s[j + half]));
-    } else {
-      const int v = i - rot;
-      v_cache[row * Hkv * D + v] = src[(H + Hkv) * D + v];
-    }
-  }
-}
-
-// ------------------------------------------------------------------------------ attention
-
-// Cache rows per split (both kernels: a query row's arithmetic depends on the spans only).
-template <int D>
-constexpr int kSpan = D == 64 ? 64 : 32;
-
-template <typename T, int D>
-struct Shape {
-  static constexpr int S = kSpan<D>;  // cache rows per split
-  static constexpr int KPL = S / 32;           // keys per lane in the score pass
-  static constexpr int DPL = D / 32;           // output dims per lane in the value pass
-  // Shared-memory row stride of K/V in elements: an odd number of 32-bit words, so that the 32
-  // lanes of a warp reading 32 different keys hit 32 different banks.
-  static constexpr int KS = sizeof(T) == 4 ? D + 1 : D + 2;
-  static constexpr int TR = (sizeof(T) == 4 && D == 128) ? 16 : 32;  // query rows per block
-};
-
-// The dims a lane owns in the value pass: pairs (2 lane, 2 lane + 1), and for D = 128 also
-// (64 + 2 lane, 64 + 2 lane + 1).
-template <int D> __device__ __forceinline__ int lane_dim(int lane, int k) { return (k / 2) * 64 + 2 * lane + (k % 2); }
-
-// One query row's output from its nsplit partials [nsplit, D + 2] (written by other blocks: read
-// past L1), merged in split order; a warp per row. Each lane loads the max and sum of one split of
-// a chunk of 32 (shuffled to the others), and the value loads of 8 splits are issued before any
-// is used: one memory latency per 8 splits, not one per split (6.3 of 14.7 us of a layer's
-// attention in a 8B-shaped decode step, 16 splits, before). The arithmetic is a fixed chain in
-// split order, an empty partial (max -inf: its other fields were never written) left out.
-template <typename T, int D>
-__device__ __forceinline__ void combine_row(const float* __restrict__ p, T* __restrict__ o, int nsplit, int lane) {
-  constexpr int DPL = D / 32, U = 8;
-  constexpr unsigned kAll = 0xffffffffu;
-  auto max_of = [&](int s) { return s < nsplit ? __ldcg(p + s * (D + 2) + D) : -INFINITY; };
-  auto sum_of = [&](int s) { return s < nsplit ? __ldcg(p + s * (D + 2) + D + 1) : 0.f; };
-  float m_lane = max_of(lane), l_lane = sum_of(lane);  // the first chunk's
-  float M = m_lane;
-  for (int s = lane + 32; s < nsplit; s += 32) M = fmaxf(M, max_of(s));
-  M = warp_max(M);
-  float acc[DPL];
-#pragma unroll
-  for (int k = 0; k < DPL; ++k) acc[k] = 0.f;
-  float l = 0.f;
-  if (M != -INFINITY) {
-    for (int c = 0; c < nsplit; c += 32) {
-      if (c > 0) m_lane = max_of(c + lane), l_lane = sum_of(c + lane);
-      const int n = min(32, nsplit - c);
-      for (int j0 = 0; j0 < n; j0 += U) {
-        float v[U][DPL];
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-          for (int k = 0; k < DPL; ++k)
-            v[u][k] = j0 + u < n ? __ldcg(p + (c + j0 + u) * (D + 2) + lane_dim<D>(lane, k)) : 0.f;
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          if (j0 + u >= n) break;  // the same for every lane
-          const float m = __shfl_sync(kAll, m_lane, j0 + u), ls = __shfl_sync(kAll, l_lane, j0 + u);
-          if (m == -INFINITY) continue;
-          const float w = exp2f(m - M);
-          l = fmaf(w, ls, l);
-#pragma unroll
-          for (int k = 0; k < DPL; ++k) acc[k] = fmaf(w, v[u][k], acc[k]);
-        }
-      }
-    }
-  }
-  const float inv = l > 0.f ? 1.f / l : 0.f;  // a row that sees nothing gets zeros
-#pragma unroll
-  for (int k = 0; k < DPL; ++k) o[lane_dim<D>(lane, k)] = from_f<T>(acc[k] * inv);
-}
-
-// What a split block works on (grid: spans x (kv heads x row tiles) x requests): request b, kv
-// head hkv, query rows r0 .. r0 + nr - 1 of that head (row r = t * G + g: token t, head g of the G
-// sharing it), which belong to tokens t_lo .. t_lo + nt - 1, over cache rows c0 .. c0 + nc - 1.
-template <int TR, int S>
-struct BlockTile {
-  int G, split, hkv, r0, nr, c0, nc, t_lo, nt, T_, H;
-  int64_t b;
-  __device__ __forceinline__ BlockTile(int H_, int Hkv, int T, int L) : T_(T), H(H_) {
-    G = H / Hkv;
-    const int rows = G * T_;
-    const int tiles = (rows + TR - 1) / TR;
-    split = blockIdx.x;
-    hkv = blockIdx.y / tiles, r0 = (blockIdx.y % tiles) * TR;
-    b = blockIdx.z;
-    nr = min(TR, rows - r0);
-    c0 = split * S, nc = min(S, L - c0);
-    t_lo = r0 / G, nt = (r0 + nr - 1) / G - t_lo + 1;
-  }
-  // Tile row r (token t, head g of this kv head) as a row of q and out [bs * T * H].
-  __device__ __forceinline__ int64_t query_row(int r) const {
-    const int t = r / G, g = r % G;
-    return (b * T_ + t) * H + hkv * G + g;
-  }
-  // Row r's partial of this block's span in part [bs * T * H, nsplit, D + 2].
-  template <int D>
-  __device__ __forceinline__ float* partial(float* part, int nsplit, int r) const {
-    return part + (query_row(r) * nsplit + split) * (D + 2);
-  }
-};
-
-// The mask rows of a tile's nt <= TR tokens over one span of S cache rows, 4 columns per load
-// where rows are 4-aligned: loaded into registers with the block's other loads (issued before any
-// is waited for), then stored to shared memory.
-template <int TR, int S>
-struct MaskTile {
-  static constexpr int kThreads = kWarps * 32;
-  static constexpr int kWords = (TR * S / 4 + kThreads - 1) / kThreads;
-  uint32_t w[kWords];
-
-  // rows: the mask row of the tile's first token; the span is columns c0 .. c0 + nc - 1.
-  __device__ __forceinline__ void load(const uint8_t* rows, int L, int c0, int nc, int nt) {
-    const bool aligned = L % 4 == 0 && (reinterpret_cast<uintptr_t>(rows) & 3) == 0;
-#pragma unroll
-    for (int k = 0; k < kWords; ++k) {
-      const int i = 4 * (threadIdx.x + k * kThreads);  // first of 4 columns
-      const int t = i / S, c = i % S;
-      const uint8_t* src = rows + static_cast<int64_t>(t) * L + c0 + c;
-      w[k] = 0;
-      if (i < nt * S && c < nc) {
-        if (aligned && c + 4 <= nc) {
-          w[k] = *reinterpret_cast<const uint32_t*>(src);
-        } else {
-          for (int e = 0; e < 4 && c + e < nc; ++e) w[k] |= static_cast<uint32_t>(src[e]) << (8 * e);
-        }
-      }
-    }
-  }
-
-  // Into ms [nt, S]; whether this thread's part of the tile sees any key.
-  __device__ __forceinline__ bool store(uint8_t* ms, int nt) const {
-    bool visible = false;
-#pragma unroll
-    for (int k = 0; k < kWords; ++k) {
-      const int i = 4 * (threadIdx.x + k * kThreads);
-      if (i < nt * S) *reinterpret_cast<uint32_t*>(ms + i) = w[k];
-      visible |= w[k] != 0;
-    }
-    return visible;
-  }
-};
-
-// One span's K and V rows in 16-byte pieces (a row of D elements is 128 or 256 bytes, so pieces
-// never straddle rows), in registers until the block stores them to shared memory; rows past the
-// span's end are zeros.
-template <typename T, int D, int S>
-struct KvSpan {
-  static constexpr int kThreads = kWarps * 32;
-  static constexpr int PPR = D * static_cast<int>(sizeof(T)) / 16;  // pieces per row
-  static constexpr int kIters = S * PPR / kThreads;
-  static_assert(S * PPR % kThreads == 0, "K/V pieces must divide among the threads");
-  uint4 k[kIters], v[kIters];
-
-  // base: the span's first row's element in the layer's cache; stride: elements between rows.
-  __device__ __forceinline__ void load(const T* k_cache, const T* v_cache, int64_t base, int64_t stride, int nc) {
-#pragma unroll
-    for (int i = 0; i < kIters; ++i) {
-      const int p = threadIdx.x + i * kThreads;
-      const int c = p / PPR, w = p % PPR;
-      k[i] = v[i] = make_uint4(0, 0, 0, 0);
-      if (c < nc) {
-        k[i] = reinterpret_cast<const uint4*>(k_cache + base + c * stride)[w];
-        v[i] = reinterpret_cast<const uint4*>(v_cache + base + c * stride)[w];
-      }
-    }
-  }
-};
-
-// The last block of this (request, kv head, row tile) to finish merges its rows' partials, in
-// split order as attn_combine_kernel does (the same arithmetic): one kernel less per layer. The
-// fences make every block's partials visible before its arrival is counted, and the counter is
-// reset by that last block, ready for the next launch on the stream.
-template <typename T, int D, typename RowFn>
-__device__ __forceinline__ void merge_if_last(int* arrivals, const float* part, T* out, int nsplit, int r0, int nr,
-                                              RowFn query_row) {
-  __shared__ int last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int* a = arrivals + (static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y);
-    last = atomicAdd(a, 1) == static_cast<int>(gridDim.x) - 1;
-    if (last) *a = 0;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  for (int i = threadIdx.x / 32; i < nr; i += kWarps) {
-    const int64_t row = query_row(r0 + i);
-    combine_row<T, D>(part + row * nsplit * (D + 2), out + row * D, nsplit, threadIdx.x % 32);
-  }
-}
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kWarps * 32)
     attn_split_kernel(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                       const int64_t* __restrict__ slots, int64_t max_len, const uint8_t* __restrict__ mask,
-                      float* __restrict__ part, T* __restrict__ out, int* __restrict__ arrivals, int T_, int H,
-                      int Hkv, int L, int nsplit, float qscale) {
+                      const int64_t* __restrict__ kv_lens, float* __restrict__ part, T* __restrict__ out,
+                      int* __restrict__ arrivals, int T_, int H, int Hkv, int L, int nsplit, float qscale) {
   using Sh = Shape<T, D>;
   constexpr int S = Sh::S, KS = Sh::KS, TR = Sh::TR;
   __shared__ __align__(16) T ks[S * KS];
@@ -298,10 +47,15 @@ __global__ void __launch_bounds__(kWarps * 32)
   __shared__ float ps[kWarps * RPW * S];
   __shared__ int any_visible;
 
-  const BlockTile<TR, S> tile(H, Hkv, T_, L);
+  const BlockTile<TR, S> tile(H, Hkv, T_, L, kv_lens);
   const int G = tile.G, split = tile.split, hkv = tile.hkv, r0 = tile.r0, nr = tile.nr, c0 = tile.c0, nc = tile.nc;
   const int t_lo = tile.t_lo, nt = tile.nt;
   const int64_t b = tile.b;
+  if (nc == 0) {  // a span past kv_lens[b]: an empty partial, nothing loaded (most spans of short
+                  // requests in a batch whose KV bucket a long one sets)
+    empty_span<T, D>(tile, part, out, arrivals, nsplit);
+    return;
+  }
 
   // Every load of this block is issued before any of them is waited for (fixed trip counts,
   // unrolled, predicated): a block's work is a few microseconds, so a loop of dependent loads,
@@ -519,8 +273,8 @@ template <typename T, int D>
 __global__ void __launch_bounds__(kWarps * 32)
     attn_split_mma_kernel(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                           const int64_t* __restrict__ slots, int64_t max_len, const uint8_t* __restrict__ mask,
-                          float* __restrict__ part, T* __restrict__ out, int* __restrict__ arrivals, int T_, int H,
-                          int Hkv, int L, int nsplit, float qscale) {
+                          const int64_t* __restrict__ kv_lens, float* __restrict__ part, T* __restrict__ out,
+                          int* __restrict__ arrivals, int T_, int H, int Hkv, int L, int nsplit, float qscale) {
   using Sh = MmaShape<D>;
   constexpr int S = Sh::S, TR = Sh::TR, RS = Sh::RS, NT = Sh::NT;
   __shared__ __align__(16) T ks[S * RS];
@@ -530,10 +284,15 @@ __global__ void __launch_bounds__(kWarps * 32)
   __shared__ uint8_t seen[S];                   // whether any row of the tile sees key c
   __shared__ int any_visible;
 
-  const BlockTile<TR, S> tile(H, Hkv, T_, L);
+  const BlockTile<TR, S> tile(H, Hkv, T_, L, kv_lens);
   const int G = tile.G, split = tile.split, hkv = tile.hkv, r0 = tile.r0, nr = tile.nr, c0 = tile.c0, nc = tile.nc;
   const int t_lo = tile.t_lo, nt = tile.nt;
   const int64_t b = tile.b;
+  if (nc == 0) {  // a span past kv_lens[b]: an empty partial, nothing loaded (most spans of short
+                  // requests in a batch whose KV bucket a long one sets)
+    empty_span<T, D>(tile, part, out, arrivals, nsplit);
+    return;
+  }
   constexpr int kThreads = kWarps * 32;
 
   // Loads first, all of them issued before any is waited for (see attn_split_kernel).
@@ -695,23 +454,10 @@ using ngk::kBF16;
 using ngk::kF16;
 using ngk::kF32;
 
-template <typename T>
-int launch_rope_store(const void* qkv, const int64_t* positions, const void* cos, const void* sin,
-                      const int64_t* rows, void* q_out, void* k_cache, void* v_cache, int n, int H,
-                      int Hkv, int D, cudaStream_t stream) {
-  const int items = (H + Hkv) * (D / 2) + Hkv * D;
-  const dim3 grid(n, static_cast<unsigned>(std::min(64, (items + 255) / 256)));
-  rope_store_kernel<T><<<grid, 256, 0, stream>>>(
-      static_cast<const T*>(qkv), positions, static_cast<const T*>(cos), static_cast<const T*>(sin), rows,
-      static_cast<T*>(q_out), static_cast<T*>(k_cache), static_cast<T*>(v_cache), H, Hkv, D);
-  NGK_CHECK_LAUNCH();
-  return 0;
-}
-
 template <typename T, int D>
 int launch_attention(const void* q, const void* k_cache, const void* v_cache, const int64_t* slots,
-                     int64_t max_len, const uint8_t* mask, float* part, void* out, int* arrivals,
-                     int64_t arrivals_len, int bs, int T_, int H, int Hkv, int L, float scale,
+                     int64_t max_len, const uint8_t* mask, const int64_t* kv_lens, float* part, void* out,
+                     int* arrivals, int64_t arrivals_len, int bs, int T_, int H, int Hkv, int L, float scale,
                      cudaStream_t stream) {
   // 16-bit caches take the tensor-core kernel (64-row tiles); float32 the CUDA-core one. Both
   // write the same partials over the same spans.
@@ -734,11 +480,11 @@ int launch_attention(const void* q, const void* k_cache, const void* v_cache, co
   if constexpr (kMma) {
     attn_split_mma_kernel<T, D><<<grid, kWarps * 32, 0, stream>>>(
         static_cast<const T*>(q), static_cast<const T*>(k_cache), static_cast<const T*>(v_cache), slots, max_len,
-        mask, part, static_cast<T*>(out), fused ? arrivals : nullptr, T_, H, Hkv, L, nsplit, qscale);
+        mask, kv_lens, part, static_cast<T*>(out), fused ? arrivals : nullptr, T_, H, Hkv, L, nsplit, qscale);
   } else {
     attn_split_kernel<T, D><<<grid, kWarps * 32, 0, stream>>>(
         static_cast<const T*>(q), static_cast<const T*>(k_cache), static_cast<const T*>(v_cache), slots, max_len,
-        mask, part, static_cast<T*>(out), fused ? arrivals : nullptr, T_, H, Hkv, L, nsplit, qscale);
+        mask, kv_lens, part, static_cast<T*>(out), fused ? arrivals : nullptr, T_, H, Hkv, L, nsplit, qscale);
   }
   NGK_CHECK_LAUNCH();
   if (fused) return 0;
@@ -751,18 +497,18 @@ int launch_attention(const void* q, const void* k_cache, const void* v_cache, co
 
 template <int D>
 int dispatch_attention(int dtype, const void* q, const void* k_cache, const void* v_cache, const int64_t* slots,
-                       int64_t max_len, const uint8_t* mask, float* part, void* out, int* arrivals,
-                       int64_t arrivals_len, int bs, int T_, int H, int Hkv, int L, float scale,
+                       int64_t max_len, const uint8_t* mask, const int64_t* kv_lens, float* part, void* out,
+                       int* arrivals, int64_t arrivals_len, int bs, int T_, int H, int Hkv, int L, float scale,
                        cudaStream_t stream) {
   switch (dtype) {
     case kF32:
-      return launch_attention<float, D>(q, k_cache, v_cache, slots, max_len, mask, part, out, arrivals,
+      return launch_attention<float, D>(q, k_cache, v_cache, slots, max_len, mask, kv_lens, part, out, arrivals,
                                         arrivals_len, bs, T_, H, Hkv, L, scale, stream);
     case kF16:
-      return launch_attention<__half, D>(q, k_cache, v_cache, slots, max_len, mask, part, out, arrivals,
+      return launch_attention<__half, D>(q, k_cache, v_cache, slots, max_len, mask, kv_lens, part, out, arrivals,
                                          arrivals_len, bs, T_, H, Hkv, L, scale, stream);
     case kBF16:
-      return launch_attention<__nv_bfloat16, D>(q, k_cache, v_cache, slots, max_len, mask, part, out, arrivals,
+      return launch_attention<__nv_bfloat16, D>(q, k_cache, v_cache, slots, max_len, mask, kv_lens, part, out, arrivals,
                                                 arrivals_len, bs, T_, H, Hkv, L, scale, stream);
   }
   return ngk::record_arg_error(__FILE__, __LINE__, "dtype must be 0 (float32), 1 (float16) or 2 (bfloat16)");
@@ -770,35 +516,17 @@ int dispatch_attention(int dtype, const void* q, const void* k_cache, const void
 
 }  // namespace
 
-extern "C" int ngk_rope_store_kv(int dtype, const void* qkv, const int64_t* positions, const void* cos,
-                                 const void* sin, const int64_t* rows, void* q_out, void* k_cache, void* v_cache,
-                                 int num_tokens, int num_heads, int num_kv_heads, int head_dim,
-                                 cudaStream_t stream) {
-  NGK_REQUIRE(num_tokens >= 0 && num_heads >= 1 && num_kv_heads >= 1);
-  NGK_REQUIRE(head_dim >= 2 && head_dim % 2 == 0);
-  if (num_tokens == 0) return 0;
-  switch (dtype) {
-    case kF32:
-      return launch_rope_store<float>(qkv, positions, cos, sin, rows, q_out, k_cache, v_cache, num_tokens,
-                                      num_heads, num_kv_heads, head_dim, stream);
-    case kF16:
-      return launch_rope_store<__half>(qkv, positions, cos, sin, rows, q_out, k_cache, v_cache, num_tokens,
-                                       num_heads, num_kv_heads, head_dim, stream);
-    case kBF16:
-      return launch_rope_store<__nv_bfloat16>(qkv, positions, cos, sin, rows, q_out, k_cache, v_cache,
-                                              num_tokens, num_heads, num_kv_heads, head_dim, stream);
-  }
-  return ngk::record_arg_error(__FILE__, __LINE__, "dtype must be 0 (float32), 1 (float16) or 2 (bfloat16)");
-}
 
 // Splits of S cache rows (S = 64 for head_dim 64, 32 for 128): ``partials`` holds
 // bs * T * num_heads * ceil(kv_len / S) * (head_dim + 2) floats (verifier/kernels/ops.py sizes it).
 // ``arrivals``: arrivals_len zeroed int32 counters owned by the caller (the KV cache), left zeroed
 // by every call, never used by two calls at once; with enough of them (bs * num_kv_heads * row
 // tiles) and at most 8 query rows per kv head, the partials are merged by the split kernel itself,
-// else (or null) by a second kernel, with the same arithmetic.
+// else (or null) by a second kernel, with the same arithmetic. ``kv_lens``: null, or [bs] int64: rows
+// at or past kv_lens[b] are masked for request b whatever the mask says, and never read.
 extern "C" int ngk_decode_attention(int dtype, const void* q, const void* k_cache, const void* v_cache,
-                                    const int64_t* slots, int64_t max_len, const void* mask, float* partials,
+                                    const int64_t* slots, int64_t max_len, const void* mask,
+                                    const int64_t* kv_lens, float* partials,
                                     void* out, int* arrivals, int64_t arrivals_len, int batch_size,
                                     int num_tokens, int num_heads, int num_kv_heads, int head_dim, int kv_len,
                                     float scale, cudaStream_t stream) {
@@ -810,11 +538,11 @@ extern "C" int ngk_decode_attention(int dtype, const void* q, const void* k_cach
   if (batch_size == 0) return 0;
   const auto* m = static_cast<const uint8_t*>(mask);
   if (head_dim == 64) {
-    return dispatch_attention<64>(dtype, q, k_cache, v_cache, slots, max_len, m, partials, out, arrivals,
+    return dispatch_attention<64>(dtype, q, k_cache, v_cache, slots, max_len, m, kv_lens, partials, out, arrivals,
                                   arrivals_len, batch_size, num_tokens, num_heads, num_kv_heads, kv_len, scale,
                                   stream);
   }
-  return dispatch_attention<128>(dtype, q, k_cache, v_cache, slots, max_len, m, partials, out, arrivals,
+  return dispatch_attention<128>(dtype, q, k_cache, v_cache, slots, max_len, m, kv_lens, partials, out, arrivals,
                                  arrivals_len, batch_size, num_tokens, num_heads, num_kv_heads, kv_len, scale,
                                  stream);
 }
