@@ -65,9 +65,9 @@ class EngineCollector:
         yield GaugeMetricFamily("ngram_verifier_budget_calibration", "observed / predicted acceptance",
                                 value=e.policy.calibration)
         cal = GaugeMetricFamily("ngram_verifier_budget_rank_calibration",
-                                "observed / predicted acceptance by band of draft-node ranks (what the node choice uses)",
-                                labels=["ranks"])
-        for j, c in enumerate(e.policy.band_calibrations()):
+                                "observed / predicted acceptance by band of draft-node ranks (learned; the node "
+                                "choice uses them where BudgetPolicy.rank_bands is on)", labels=["ranks"])
+        for j, c in enumerate(e.policy.band_calibrations(learned=True)):
             cal.add_metric([f"{1 << j}-{(2 << j) - 1}"], c)
         yield cal
         b = s.budget

@@ -209,11 +209,16 @@ class BudgetPolicy:
         self.request_gate = RequestGate(self.stats, enabled=fixed is None)
         self.predicted = 1.0  # decayed sums for the calibration c = accepted / predicted
         self.accepted = 1.0
-        # The same per band of node ranks (rank_band), which the node choice uses; ``rank_bands``
-        # False: the one calibration for every rank, as before the bands (bench arms spec_onecal).
+        # The same per band of node ranks (rank_band), always learned (/metrics); ``rank_bands`` True:
+        # the node choice calibrates each rank by its band (bench arms spec_bands). Off by default:
+        # on the H100 (2026-12-07, bench/modes.py, rounds interleaved) it ran batch 64 at 1.114x /
+        # 1.029x plain against the one calibration's 1.149x / 1.111x (60 / 120 prompts), and batch
+        # 1 even (2.124x / 2.191x against 2.169x / 2.113x), though a CPU replay with the H100's step
+        # times had it 3.4% ahead: trees cut to the ranks that pay by estimate lost more accepted
+        # tokens (MAT 2.40-2.45 against 2.51) than the GPU saved on the nodes.
         self.band_predicted = [1.0] * rank_band(max_budget) + [1.0]
         self.band_accepted = [1.0] * len(self.band_predicted)
-        self.rank_bands = True
+        self.rank_bands = False
         # Observed step time / modeled forward time, for plain and for speculative steps (medians
         # of the latest): the host work a step adds (drafting, tree building, verification).
         self.overhead = {False: 1.0, True: 1.0}
@@ -410,10 +415,10 @@ class BudgetPolicy:
     def calibration(self) -> float:
         return min(2.0, max(0.05, self.accepted / self.predicted))
 
-    def band_calibrations(self) -> list[float]:
-        """c per band of node ranks (``rank_band``), each within [0.05, 2] (all ``calibration`` where
-        ``rank_bands`` is off)."""
-        if not self.rank_bands:
+    def band_calibrations(self, learned: bool = False) -> list[float]:
+        """c per band of node ranks (``rank_band``), each within [0.05, 2]: what the node choice uses
+        (all ``calibration`` where ``rank_bands`` is off), or with ``learned`` the bands' own figures."""
+        if not (self.rank_bands or learned):
             return [self.calibration] * len(self.band_predicted)
         return [min(2.0, max(0.05, a / p)) for a, p in zip(self.band_accepted, self.band_predicted)]
 

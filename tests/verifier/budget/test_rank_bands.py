@@ -18,9 +18,10 @@ def pow2(k: int) -> int:
     return 1 << (k - 1).bit_length()
 
 
-def policy() -> BudgetPolicy:
+def policy(bands: bool = True) -> BudgetPolicy:
     p = BudgetPolicy(15, None, CostModel(GRID, FORWARD_S))
     p.node_bucket = pow2  # trees padded to powers of two, as the engine's graphs are
+    p.rank_bands = bands  # (off by default: docs/verifier.md, "Draft budget")
     return p
 
 
@@ -39,8 +40,11 @@ def test_each_band_learns_its_own_calibration_and_an_untouched_band_keeps_its_fi
     for _ in range(50):  # steps whose trees did not reach ranks 8-15
         p.observe(8.0, 8, ([2.0, 3.0, 3.0, 0.0], [2, 3, 3, 0]))
     assert p.band_calibrations()[3] == pytest.approx(0.5, rel=0.01)
-    p.rank_bands = False  # the one calibration for every rank, as before the bands
+    learned = p.band_calibrations()
+    p.rank_bands = False  # the one calibration for every rank (the default)
     assert p.band_calibrations() == [p.calibration] * 4
+    assert p.band_calibrations(learned=True) == learned  # still learned (/metrics)
+    assert not BudgetPolicy(15, None, CostModel(GRID, FORWARD_S)).rank_bands
 
 
 def test_deep_ranks_that_accept_less_than_estimated_choose_a_smaller_tree():
@@ -50,8 +54,7 @@ def test_deep_ranks_that_accept_less_than_estimated_choose_a_smaller_tree():
     sums = [64 * p for p in (0.9, 0.6, 0.55, 0.5, 0.45, 0.4, 0.35, 0.3, 0.3, 0.3, 0.3, 0.28, 0.27, 0.26, 0.25)]
     pred = [sums[0], sum(sums[1:3]), sum(sums[3:7]), sum(sums[7:15])]
     acc = [1.6 * pred[0], 1.6 * pred[1], 1.6 * pred[2], 0.5 * pred[3]]
-    bands, one = policy(), policy()
-    one.rank_bands = False
+    bands, one = policy(), policy(bands=False)
     for p in (bands, one):
         for _ in range(300):
             p.observe(sum(pred), sum(acc), (pred, acc))
