@@ -13,13 +13,12 @@
 
 namespace {
 
-
 using ngk::from_f;
 using ngk::to_f;
 
 constexpr int kWarps = 4;
-constexpr int kMaxT = 64;
-constexpr int RPW = 4;  // query rows a warp works on together  // query tokens per request (tree nodes): the mask tile is [kMaxT, S]
+constexpr int kMaxT = 64;  // query tokens per request (tree nodes): the mask tile is [kMaxT, S]
+constexpr int RPW = 4;     // query rows a warp works on together
 
 // Two consecutive elements as floats.
 template <typename T> __device__ __forceinline__ float2 load2(const T* p) { return make_float2(to_f(p[0]), to_f(p[1])); }
@@ -35,8 +34,6 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
-
-// ------------------------------------------------------------------------------ attention
 
 // Cache rows per split (both kernels: a query row's arithmetic depends on the spans only).
 template <int D>
