@@ -25,7 +25,8 @@ H100 figures of 2026-12-06), ``spec_nogate`` (``request_gate=False``, explicitly
 ``spec_critical`` (``MakespanConfig(critical_path=True)``: drafting judged by what it gains the
 request expected to end last, where a closed batch's tail sets the makespan) or ``spec_explore2``
 (the losing mode explored at most twice ``explore_every`` apart: the policy before
-``explore_factor``'s larger factors) or ``spec_bands`` (the corpus's estimates calibrated per band
+``explore_factor``'s larger factors) or ``spec_explore32`` (a clear lead re-checked 4x rarer:
+``BudgetPolicy.explore_scale`` 4) or ``spec_bands`` (the corpus's estimates calibrated per band
 of node ranks, ``BudgetPolicy.rank_bands``; off by default). Greedy
 modes also report whether the speculative outputs equal plain decoding's (bf16 near-ties aside,
 reported, never raised).
@@ -71,7 +72,7 @@ from bench.penalty_workload import PENALTIES  # noqa: E402
 
 MODES = ("json", "penalties", "sampled", "logprobs", "n4", "mixed")
 EXTRA_MODES = ("greedy",)
-ARMS = ("spec", "spec_gate", "spec_nogate", "spec_critical", "spec_explore2", "spec_bands")
+ARMS = ("spec", "spec_gate", "spec_nogate", "spec_critical", "spec_explore2", "spec_explore32", "spec_bands")
 DEFAULT_ARMS = ("spec", "spec_gate")
 GREEDY_MODES = ("json", "penalties", "logprobs", "mixed", "greedy")
 SAMPLES = 4  # n of the n4 mode
@@ -283,6 +284,8 @@ def bench(args, device: torch.device, dtype: torch.dtype, partial=None) -> dict:
                                       engine_config(B, max_len, args, **extra), cost=copy.deepcopy(cost) if cost else None)
                 if arm == "spec_explore2":  # the losing mode explored at most 2x explore_every apart
                     engines[arm].policy.explore_max = 2
+                if arm == "spec_explore32":  # a clear lead re-checked 4x rarer (BudgetPolicy.explore_scale)
+                    engines[arm].policy.explore_scale, engines[arm].policy.explore_max = 4, 32
                 if arm == "spec_bands":  # each node rank calibrated by its band (BudgetPolicy.rank_bands)
                     engines[arm].policy.rank_bands = True
                 cost = cost or copy.deepcopy(engines[arm].policy.cost)

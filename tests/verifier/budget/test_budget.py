@@ -122,6 +122,22 @@ def test_the_losing_mode_is_explored_less_often_the_clearer_the_lead(draft_ms, p
     assert explore_factor(1.0) == explore_factor(1.2) == explore_factor(0.9) == 1 and explore_factor(0.1) == 2
 
 
+@pytest.mark.parametrize("draft_ms, per_run", [(1.0, 32), (1.3, 16), (2.0, 8), (3.0, 1), (5.0, 2)])
+def test_explore_scale_re_checks_a_clear_lead_rarer(draft_ms, per_run):
+    """``explore_scale`` 4 (the bench arms' spec_explore32): where drafting leads by 1.25x or more,
+    plain decoding is explored 4x rarer (up to explore_max); a small lead, or plain's, as before."""
+    pol = BudgetPolicy(15, None, CostModel([1, 8, 64], [0.7e-3, 0.7e-3, 0.8e-3]))
+    pol.explore_run, pol.explore_scale, pol.explore_max = 3, 4, 32
+    modes = []
+    for _ in range(2400):
+        drafted = pol.draft_budget(1) > 0
+        modes.append(drafted)
+        pol.observe_delivered(1, drafted, draft_ms * 1e-3 if drafted else 0.72e-3, 3.6 if drafted else 1)
+    leader = pol.relative_rate(1) > 1
+    window = modes[-per_run * pol.explore_every:]  # one exploration period in the steady state
+    assert sum(m is not leader for m in window) == (pol.explore_run if leader else 1)
+
+
 def test_fixed_budget_ignores_delivered_rates():
     pol = BudgetPolicy(7, 5)
     pol.observe_delivered(8, True, 1.0, 1)
