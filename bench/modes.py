@@ -27,7 +27,8 @@ request expected to end last, where a closed batch's tail sets the makespan) or 
 (the losing mode explored at most twice ``explore_every`` apart: the policy before
 ``explore_factor``'s larger factors) or ``spec_explore32`` (a clear lead re-checked 4x rarer:
 ``BudgetPolicy.explore_scale`` 4) or ``spec_bands`` (the corpus's estimates calibrated per band
-of node ranks, ``BudgetPolicy.rank_bands``; off by default). Greedy
+of node ranks, ``BudgetPolicy.rank_bands``; off by default) or ``spec_max3`` / ``spec_max7``
+(at most 3 / 7 draft nodes per request: ``max_budget``, against --max-budget's). Greedy
 modes also report whether the speculative outputs equal plain decoding's (bf16 near-ties aside,
 reported, never raised).
 
@@ -72,7 +73,8 @@ from bench.penalty_workload import PENALTIES  # noqa: E402
 
 MODES = ("json", "penalties", "sampled", "logprobs", "n4", "mixed")
 EXTRA_MODES = ("greedy",)
-ARMS = ("spec", "spec_gate", "spec_nogate", "spec_critical", "spec_explore2", "spec_explore32", "spec_bands")
+ARMS = ("spec", "spec_gate", "spec_nogate", "spec_critical", "spec_explore2", "spec_explore32", "spec_bands", "spec_max3",
+        "spec_max7")
 DEFAULT_ARMS = ("spec", "spec_gate")
 GREEDY_MODES = ("json", "penalties", "logprobs", "mixed", "greedy")
 SAMPLES = 4  # n of the n4 mode
@@ -236,8 +238,9 @@ def engine_config(B: int, max_len: int, args, **extra) -> EngineConfig:
     unknown = set(extra) - names
     if unknown:
         raise ValueError(f"EngineConfig has no {sorted(unknown)}")
-    return EngineConfig(max_batch=B, max_len=max_len, max_budget=args.max_budget, cost_probe_s=args.cost_probe_s,
-                        cuda_graphs=not args.eager, compile=not args.eager, **extra)
+    base = dict(max_batch=B, max_len=max_len, max_budget=args.max_budget, cost_probe_s=args.cost_probe_s,
+                cuda_graphs=not args.eager, compile=not args.eager)
+    return EngineConfig(**{**base, **extra})
 
 
 def available_arms(arms: list[str]) -> list[str]:
@@ -278,7 +281,8 @@ def bench(args, device: torch.device, dtype: torch.dtype, partial=None) -> dict:
             engines = {}
             for arm in arms:
                 extra = {"spec_gate": {"request_gate": True}, "spec_nogate": {"request_gate": False},
-                         "spec_critical": {"makespan": MakespanConfig(critical_path=True)}}.get(arm, {})
+                         "spec_critical": {"makespan": MakespanConfig(critical_path=True)},
+                         "spec_max3": {"max_budget": 3}, "spec_max7": {"max_budget": 7}}.get(arm, {})
                 # One start-up probe per batch size: each engine starts from a copy of it.
                 engines[arm] = Engine(lm.model, lm.codec, Drafter("local", draft, vocab_size=V),
                                       engine_config(B, max_len, args, **extra), cost=copy.deepcopy(cost) if cost else None)

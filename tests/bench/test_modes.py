@@ -55,6 +55,16 @@ def test_traces_pool_their_prompts_in_order(tmp_path):
         modes.trace_prompts(tmp_path, ["c.jsonl"])
 
 
+def test_an_arm_s_engine_fields_override_the_run_s():
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(max_budget=15, cost_probe_s=0.0, eager=True)
+    assert modes.engine_config(64, 512, args).max_budget == 15
+    assert modes.engine_config(64, 512, args, max_budget=3).max_budget == 3  # spec_max3
+    with pytest.raises(ValueError, match="no"):
+        modes.engine_config(64, 512, args, fast=True)
+
+
 def test_arms_need_the_engine_field_and_bad_arguments_are_refused(capsys):
     assert modes.available_arms(["spec", "spec_gate", "spec_nogate"]) == ["spec", "spec_gate", "spec_nogate"]
     for argv in (["--modes", "beam"], ["--arms", "fast"], ["--prompts", "0"], ["--rounds", "0"],
