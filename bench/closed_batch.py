@@ -42,7 +42,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import write_report  # noqa: E402
+from bench.common import set_policy_arm, write_report  # noqa: E402
 from bench.host_phases import TraceDevice, stand_in_model  # noqa: E402
 from bench.traces import default_trace_files, load_traces  # noqa: E402
 from verifier.budget.cost_model import CostModel  # noqa: E402
@@ -109,12 +109,7 @@ def run_arm(model, codec, arm: str, traces, args, table) -> dict:
                     EngineConfig(max_batch=args.batch, max_len=max_len, budget=0 if arm == "plain" else None,
                                  max_budget=args.max_budget, emulate_graphs=True, cuda_graphs=False, compile=False,
                                  cost_probe_s=0.0, makespan=makespan), cost=None if arm == "plain" else cost)
-    if arm == "spec_explore2":  # the losing mode explored at most 2x explore_every apart (bench/modes.py)
-        engine.policy.explore_max = 2
-    if arm == "spec_explore32":  # a clear lead re-checked 4x rarer (BudgetPolicy.explore_scale)
-        engine.policy.explore_scale, engine.policy.explore_max = 4, 32
-    if arm == "spec_bands":  # each node rank calibrated by its band (BudgetPolicy.rank_bands)
-        engine.policy.rank_bands = True
+    set_policy_arm(engine.policy, arm)
     ModeledDevice(engine, {tuple(t.prompt_ids): t.output_ids for t in traces}, forward_s)
     params = SamplingParams(max_tokens=args.max_new)
     try:

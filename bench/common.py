@@ -1,5 +1,5 @@
 """What every benchmark shares: latency percentiles, the median run of several, a corpus server
-process on 127.0.0.1 ephemeral ports, and the ending: the whole result as JSON and one
+process on 127.0.0.1 ephemeral ports, the budget-policy arms of the A/B benches, and the ending: the whole result as JSON and one
 ``SUMMARY {...}`` line that runs are compared by (``parse_summary`` reads it back)."""
 
 from __future__ import annotations
@@ -22,6 +22,19 @@ REPO = Path(__file__).resolve().parent.parent
 SUMMARY_PREFIX = "SUMMARY "
 ADMIN_TOKEN = "bench-admin-token-0123456789"  # the admin token of persistent_server's servers
 _ADMIN_TOKEN = object()  # CorpusServer.http's default: the server's own admin token
+
+# Arms of bench/modes.py and bench/closed_batch.py that differ from the defaults in BudgetPolicy
+# fields alone: spec_explore2, the losing mode explored at most 2x explore_every apart (before
+# explore_factor's larger factors); spec_explore32, a clear lead re-checked 4x rarer; spec_bands,
+# each node rank calibrated by its band.
+POLICY_ARMS = {"spec_explore2": {"explore_max": 2}, "spec_explore32": {"explore_scale": 4, "explore_max": 32},
+               "spec_bands": {"rank_bands": True}}
+
+
+def set_policy_arm(policy, arm: str) -> None:
+    """An arm's BudgetPolicy fields (POLICY_ARMS; other arms leave the policy as it is)."""
+    for name, value in POLICY_ARMS.get(arm, {}).items():
+        setattr(policy, name, value)
 
 
 # ---------------------------------------------------------------------------------- statistics

@@ -67,7 +67,7 @@ from verifier.step.sampling import SamplingParams  # noqa: E402
 from verifier.step.structured_spec import GrammarSpec  # noqa: E402
 
 from bench import structured_workload  # noqa: E402
-from bench.common import GcWatch, write_report  # noqa: E402
+from bench.common import GcWatch, set_policy_arm, write_report  # noqa: E402
 from bench.e2e import TRACE, data_dir, load_prompts, mismatches, parse_ints, pooled_tok_s, ratio, sync  # noqa: E402
 from bench.penalty_workload import PENALTIES  # noqa: E402
 
@@ -286,12 +286,7 @@ def bench(args, device: torch.device, dtype: torch.dtype, partial=None) -> dict:
                 # One start-up probe per batch size: each engine starts from a copy of it.
                 engines[arm] = Engine(lm.model, lm.codec, Drafter("local", draft, vocab_size=V),
                                       engine_config(B, max_len, args, **extra), cost=copy.deepcopy(cost) if cost else None)
-                if arm == "spec_explore2":  # the losing mode explored at most 2x explore_every apart
-                    engines[arm].policy.explore_max = 2
-                if arm == "spec_explore32":  # a clear lead re-checked 4x rarer (BudgetPolicy.explore_scale)
-                    engines[arm].policy.explore_scale, engines[arm].policy.explore_max = 4, 32
-                if arm == "spec_bands":  # each node rank calibrated by its band (BudgetPolicy.rank_bands)
-                    engines[arm].policy.rank_bands = True
+                set_policy_arm(engines[arm].policy, arm)
                 cost = cost or copy.deepcopy(engines[arm].policy.cost)
             cell: dict = {"plain": [], **{arm: [] for arm in arms}}
             try:

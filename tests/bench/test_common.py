@@ -113,3 +113,19 @@ def test_gc_watch_freezes_the_heap_only_while_inside():
     with GcWatch(freeze=True):
         assert gc.get_freeze_count() > 0
     assert gc.get_freeze_count() == 0
+
+
+def test_policy_arms_set_fields_the_budget_policy_has():
+    """An arm's fields are BudgetPolicy's own (a misspelt one would only add an attribute)."""
+    from bench.common import POLICY_ARMS, set_policy_arm
+    from verifier.budget.policy import BudgetPolicy, CostModel
+
+    for arm, fields in POLICY_ARMS.items():
+        p = BudgetPolicy(15, None, CostModel([1, 8], [1e-3, 1e-3]))
+        assert set(fields) <= set(vars(p)), arm
+        set_policy_arm(p, arm)
+        assert all(getattr(p, f) == v for f, v in fields.items())
+    p = BudgetPolicy(15, None, CostModel([1, 8], [1e-3, 1e-3]))
+    before = dict(vars(p))
+    set_policy_arm(p, "spec")  # the defaults: nothing changed
+    assert vars(p).keys() == before.keys() and p.explore_max == before["explore_max"]

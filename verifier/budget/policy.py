@@ -7,13 +7,11 @@ batch, probed at start-up and refreshed from the forward times of the steps real
 A step with bs requests padded to K nodes each (the root plus K - 1 draft nodes) costs t(bs * K)
 and is expected to commit bs + c * sum_b sum_{i < K-1} p_b,i tokens, where p_b,i is the corpus's
 path acceptance probability of request b's i-th best node and c calibrates those estimates
-against what verification actually accepted. c is measured per band of node ranks (1, 2-3, 4-7,
-8-15, ...; ``rank_band``): one factor for all ranks made deep trees look as good as shallow ones
-where the corpus's estimates of deep nodes were the more optimistic (H100, batch 64, greedy: trees
-of 16 nodes per request, 1.7-1.9x a plain step's time, committed 2.85 tokens per request, where the
-trace replay gives about 2.66 with 7 nodes, whose steps cost about 1.3x; the device modeled in
-``bench/closed_batch.py``, the policy chose 16 nodes in 56 of 63 full-batch steps). The node choice
-picks the K with the most expected
+against what verification actually accepted: one factor for every rank. c is also learned per band
+of node ranks (1, 2-3, 4-7, 8-15, ...; ``rank_band``), where the corpus rates its deep nodes more
+optimistically than its first ones, and ``BudgetPolicy.rank_bands`` makes the node choice use the
+bands; it is off, since on the H100 the trees it cut lost more accepted tokens than the GPU saved
+(``__init__``). The node choice picks the K with the most expected
 tokens per second; K = 1 (plain decoding) is always a candidate. Large batches, where t(bs * K)
 grows about linearly in K, draft little or nothing: the budget asked of the corpus is capped at
 the largest K - 1 for which even fully accepted drafts would pay (K * t(bs) > t(bs * K)).
