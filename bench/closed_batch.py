@@ -18,12 +18,12 @@ machine's, so ratios here are indicative; the GPU figures are ``bench/modes.py``
 Arms, each on the same requests (the Spec-Bench dev trace's prompts), interleaved per round:
 ``plain`` (no drafter), ``spec`` (the engine's defaults: adaptive budget), ``spec_critical``
 (``MakespanConfig(critical_path=True)``), ``spec_explore2`` (the losing mode explored at most twice
-``explore_every`` apart, as before ``explore_factor``'s larger factors), ``spec_explore32`` (a clear
-lead re-checked 4x rarer: ``BudgetPolicy.explore_scale`` 4) and ``spec_bands`` (the
-estimates calibrated per band of node ranks, ``BudgetPolicy.rank_bands``; off by default). Per arm: makespan, tok/s over
-plain's, MAT, steps in the bulk (more than --phase-live running, or any waiting) and in the tail, and
-their time. More
---prompts than --batch make an open workload (the batch refilled as requests end).
+``explore_every`` apart, as before ``explore_factor``'s larger factors), ``spec_explore8`` (a clear
+lead re-checked at most 8x apart: ``BudgetPolicy.explore_scale`` 1, the default before 4) and
+``spec_bands`` (the estimates calibrated per band of node ranks, ``BudgetPolicy.rank_bands``; off
+by default). Per arm: makespan, tok/s over plain's, MAT, steps in the bulk (more than
+--phase-live running, or any waiting) and in the tail, and their time. More --prompts than --batch
+make an open workload (the batch refilled as requests end).
 
     python3 bench/closed_batch.py --batch 64 --prompts 60 --max-new 128 --rounds 3
     python3 bench/closed_batch.py --batch 64 --prompts 120 --max-new 256 --rounds 2   # refilled
@@ -55,7 +55,7 @@ from verifier.step.sampling import SamplingParams  # noqa: E402
 # 2026-12-06, 7eb546e, SmolLM2 bf16 with CUDA graphs).
 H100_FORWARD_MS = {1: 1.035, 2: 1.039, 4: 1.043, 8: 1.051, 16: 1.099, 32: 1.242, 64: 1.518, 128: 1.646,
                    256: 1.663, 512: 1.93, 1024: 2.53}
-ARMS = ("plain", "spec", "spec_critical", "spec_explore2", "spec_explore32", "spec_bands")
+ARMS = ("plain", "spec", "spec_critical", "spec_explore2", "spec_explore8", "spec_bands")
 
 
 class ModeledDevice(TraceDevice):

@@ -25,9 +25,10 @@ _ADMIN_TOKEN = object()  # CorpusServer.http's default: the server's own admin t
 
 # Arms of bench/modes.py and bench/closed_batch.py that differ from the defaults in BudgetPolicy
 # fields alone: spec_explore2, the losing mode explored at most 2x explore_every apart (before
-# explore_factor's larger factors); spec_explore32, a clear lead re-checked 4x rarer; spec_bands,
-# each node rank calibrated by its band.
-POLICY_ARMS = {"spec_explore2": {"explore_max": 2}, "spec_explore32": {"explore_scale": 4, "explore_max": 32},
+# explore_factor's larger factors); spec_explore8, a clear lead re-checked at most 8x apart (the
+# default before explore_scale 4); spec_bands, each node rank calibrated by its band.
+POLICY_ARMS = {"spec_explore2": {"explore_max": 2, "explore_scale": 1},
+               "spec_explore8": {"explore_max": 8, "explore_scale": 1},
                "spec_bands": {"rank_bands": True}}
 
 

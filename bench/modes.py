@@ -25,10 +25,11 @@ H100 figures of 2026-12-06), ``spec_nogate`` (``request_gate=False``, explicitly
 ``spec_critical`` (``MakespanConfig(critical_path=True)``: drafting judged by what it gains the
 request expected to end last, where a closed batch's tail sets the makespan) or ``spec_explore2``
 (the losing mode explored at most twice ``explore_every`` apart: the policy before
-``explore_factor``'s larger factors) or ``spec_explore32`` (a clear lead re-checked 4x rarer:
-``BudgetPolicy.explore_scale`` 4) or ``spec_bands`` (the corpus's estimates calibrated per band
-of node ranks, ``BudgetPolicy.rank_bands``; off by default) or ``spec_max3`` / ``spec_max7``
-(at most 3 / 7 draft nodes per request: ``max_budget``, against --max-budget's). Greedy
+``explore_factor``'s larger factors) or ``spec_explore8`` (a clear lead re-checked at most 8x
+``explore_every`` apart: ``BudgetPolicy.explore_scale`` 1, the default before 4) or
+``spec_bands`` (the corpus's estimates calibrated per band of node ranks,
+``BudgetPolicy.rank_bands``; off by default) or ``spec_max3`` / ``spec_max7`` (at most 3 / 7 draft
+nodes per request: ``max_budget``, against --max-budget's). Greedy
 modes also report whether the speculative outputs equal plain decoding's (bf16 near-ties aside,
 reported, never raised).
 
@@ -73,7 +74,7 @@ from bench.penalty_workload import PENALTIES  # noqa: E402
 
 MODES = ("json", "penalties", "sampled", "logprobs", "n4", "mixed")
 EXTRA_MODES = ("greedy",)
-ARMS = ("spec", "spec_gate", "spec_nogate", "spec_critical", "spec_explore2", "spec_explore32", "spec_bands", "spec_max3",
+ARMS = ("spec", "spec_gate", "spec_nogate", "spec_critical", "spec_explore2", "spec_explore8", "spec_bands", "spec_max3",
         "spec_max7")
 DEFAULT_ARMS = ("spec", "spec_gate")
 GREEDY_MODES = ("json", "penalties", "logprobs", "mixed", "greedy")

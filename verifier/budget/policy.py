@@ -39,7 +39,8 @@ full-batch steps (MAT 1.26 against 2.58 in the other rounds).
 
 Where drafting delivers less than plain (by more than 3%: drafting's gains come in bursts), the
 bucket does not draft, except for one step in ``explore_every`` (a run of ``explore_run`` plain
-steps; 2, 4 or 8 times fewer when a mode leads clearly: ``explore_factor``) that keeps the losing
+steps; 2, 4 or 8 times fewer when a mode leads clearly, ``explore_factor``, and 4x fewer again
+where drafting leads by 1.25x or more, ``explore_scale``) that keeps the losing
 mode's figures current. Plain steps of a speculative engine run one step ahead of the host
 (overlapped); their figure is that steady state, not the cost of switching into it and out of it
 (a lone plain step between drafting ones waits for its own results: at batch 64 on the H200 it
@@ -226,15 +227,16 @@ class BudgetPolicy:
         self._cost_version = -1  # the cost model's version the two caches hold
         self.node_bucket = lambda k: k  # tree size the forward really runs
         self.explore_every = 16
-        # The largest explore_factor used (bench/modes.py's spec_explore2 arm: 2, the factor before
-        # the larger ones, for a same-run comparison).
-        self.explore_max = 8
-        # explore_factor's factor, where drafting leads by 1.25x or more, times this (bench arms
-        # spec_explore32: 4, explore_max 32). Plain decoding's figure barely moves, so a clear lead
-        # might be re-checked rarer still. A CPU replay says so (bench/closed_batch.py, the H100's step
-        # times: batch 1 +2.5%, ahead in 4 of 4 runs; batch 64 +3.4%, in 6 of 10), the GPU not yet:
-        # so did it for the rank bands, which the GPU then refuted, so the default stays.
-        self.explore_scale = 1
+        # The largest explore_factor used, explore_scale included (bench arms spec_explore2: 2 and
+        # spec_explore8: 8, scale 1, the defaults before 2026-12-07).
+        self.explore_max = 32
+        # explore_factor's factor, where drafting leads by 1.25x or more, times this: plain
+        # decoding's figure barely moves, so a clear lead is re-checked 8-32x explore_every apart.
+        # On the H100 (2026-12-07, bench/modes.py greedy, four interleaved rounds, arms spec_explore8
+        # against this) batch 1 ran 2.220x plain against 2.073x (ahead in 4 of 4 rounds; MAT 2.815
+        # against 2.654: fewer exploring plain steps), batch 64 1.231x against 1.217x (2 of 4); the
+        # CPU replay (bench/closed_batch.py, the H100's step times) batch 1 +2.5%, batch 64 +3.4%.
+        self.explore_scale = 4
         # Busy verifier processes sharing the GPU (module docstring): a tree's forward time beyond a
         # plain step's counts this many times in the node choice.
         self.gpu_share = 1

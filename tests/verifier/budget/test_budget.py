@@ -82,20 +82,20 @@ def test_drafting_that_delivers_less_than_plain_turns_itself_off_and_back_on():
     assert not any(modes[32:-16]) or sum(modes[32:]) <= 2  # off, but for exploration steps
     assert any(modes[32:]) and pol.draft_budget(1) > 0  # other buckets keep their own figures
     modes = []
-    for _ in range(400):  # drafts got cheaper (or better): drafting delivers more again
+    for _ in range(700):  # drafts got cheaper (or better): drafting delivers more again
         drafted = pol.draft_budget(64) > 0
         modes.append(drafted)
         pol.observe_delivered(64, drafted, 5e-3 if drafted else 4.7e-3, 110 if drafted else 64)
     assert pol.delivered(64, True) > pol.delivered(64, False)
     assert sum(modes[-32:]) >= 32 - pol.explore_run  # drafting again, but for exploration steps
     # Plain steps are explored in runs (their overlapped steady state needs more than one step).
-    # Drafting leads by 1.6x here: one run per 4 * explore_every steps.
-    assert explore_factor(pol.relative_rate(64)) == 4
-    window = modes[-4 * pol.explore_every:]
+    # Drafting leads by 1.6x here: one run per 4 * explore_scale (4) * explore_every steps.
+    assert explore_factor(pol.relative_rate(64)) == 4 and pol.explore_scale == 4
+    window = modes[-16 * pol.explore_every:]
     runs = [len(list(g)) for k, g in itertools.groupby(window) if not k]
     assert sum(runs) == pol.explore_run and (len(runs) == 1 or window[-1] is window[0] is False)
     counts = pol.decision_counts()  # every decision of bucket 64 is counted once, by how it was made
-    assert sum(n for k, n in counts.items() if k.startswith("64_")) == 1 + 64 + 400
+    assert sum(n for k, n in counts.items() if k.startswith("64_")) == 1 + 64 + 700
     assert counts["64_start_draft"] >= 1 and counts["64_plain"] > 0 and counts["64_draft"] > 0
     assert counts["64_explore_draft"] > 0 and counts["64_explore_plain"] > 0
 
@@ -107,7 +107,7 @@ def test_the_losing_mode_is_explored_less_often_the_clearer_the_lead(draft_ms, p
     so a clear lead is re-checked ``explore_factor`` times ``explore_every`` apart, a lead of
     plain's at most 2x apart (drafting's figure follows the text, plain's does not)."""
     pol = BudgetPolicy(15, None, CostModel([1, 8, 64], [0.7e-3, 0.7e-3, 0.8e-3]))
-    pol.explore_run = 3
+    pol.explore_run, pol.explore_scale, pol.explore_max = 3, 1, 8  # explore_factor alone
     modes = []
     for _ in range(1200):
         drafted = pol.draft_budget(1) > 0
@@ -124,10 +124,12 @@ def test_the_losing_mode_is_explored_less_often_the_clearer_the_lead(draft_ms, p
 
 @pytest.mark.parametrize("draft_ms, per_run", [(1.0, 32), (1.3, 16), (2.0, 8), (3.0, 1), (5.0, 2)])
 def test_explore_scale_re_checks_a_clear_lead_rarer(draft_ms, per_run):
-    """``explore_scale`` 4 (the bench arms' spec_explore32): where drafting leads by 1.25x or more,
-    plain decoding is explored 4x rarer (up to explore_max); a small lead, or plain's, as before."""
+    """``explore_scale`` 4 and ``explore_max`` 32 (the defaults): where drafting leads by 1.25x or
+    more, plain decoding is explored 4x rarer than ``explore_factor`` says; a small lead, or
+    plain's, as ``explore_factor`` says."""
     pol = BudgetPolicy(15, None, CostModel([1, 8, 64], [0.7e-3, 0.7e-3, 0.8e-3]))
-    pol.explore_run, pol.explore_scale, pol.explore_max = 3, 4, 32
+    assert (pol.explore_scale, pol.explore_max) == (4, 32)
+    pol.explore_run = 3
     modes = []
     for _ in range(2400):
         drafted = pol.draft_budget(1) > 0
