@@ -1,6 +1,7 @@
 """What every benchmark shares: latency percentiles, the median run of several, a corpus server
-process on 127.0.0.1 ephemeral ports, the budget-policy arms of the A/B benches, and the ending: the whole result as JSON and one
-``SUMMARY {...}`` line that runs are compared by (``parse_summary`` reads it back)."""
+process on 127.0.0.1 ephemeral ports, the budget-policy arms of the A/B benches, and the ending:
+the whole result as JSON and one ``SUMMARY {...}`` line that runs are compared by
+(``parse_summary`` reads it back)."""
 
 from __future__ import annotations
 

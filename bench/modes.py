@@ -74,8 +74,8 @@ from bench.penalty_workload import PENALTIES  # noqa: E402
 
 MODES = ("json", "penalties", "sampled", "logprobs", "n4", "mixed")
 EXTRA_MODES = ("greedy",)
-ARMS = ("spec", "spec_gate", "spec_nogate", "spec_critical", "spec_explore2", "spec_explore8", "spec_bands", "spec_max3",
-        "spec_max7")
+ARMS = ("spec", "spec_gate", "spec_nogate", "spec_critical", "spec_explore2", "spec_explore8", "spec_bands",
+        "spec_max3", "spec_max7")
 DEFAULT_ARMS = ("spec", "spec_gate")
 GREEDY_MODES = ("json", "penalties", "logprobs", "mixed", "greedy")
 SAMPLES = 4  # n of the n4 mode
