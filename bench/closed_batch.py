@@ -22,7 +22,8 @@ Arms, each on the same requests (the Spec-Bench dev trace's prompts), interleave
 lead re-checked at most 8x apart: ``BudgetPolicy.explore_scale`` 1, the default before 4) and
 ``spec_bands`` (the estimates calibrated per band of node ranks, ``BudgetPolicy.rank_bands``; off
 by default). Per arm: makespan, tok/s over plain's, MAT, steps in the bulk (more than
---phase-live running, or any waiting) and in the tail, and their time. More --prompts than --batch
+--phase-live running, or any waiting) and in the tail, and their time, and how the budget policy
+decided its steps (``BudgetPolicy.decision_counts``, per round). More --prompts than --batch
 make an open workload (the batch refilled as requests end).
 
     python3 bench/closed_batch.py --batch 64 --prompts 60 --max-new 128 --rounds 3
@@ -131,6 +132,7 @@ def run_arm(model, codec, arm: str, traces, args, table) -> dict:
     steps = sum(r.verify_steps for r in reqs)
     return {"seconds": round(dt, 4), "tokens": tokens, "tok_s": round(tokens / dt, 1), "mat": round(tokens / max(steps, 1), 3),
             "phases": {k: {"steps": n, "ms": round(1e3 * s, 1)} for k, (n, s) in phases.items()},
+            "decisions": engine.policy.decision_counts() if drafter is not None else {},
             "outputs": [r.output_ids for r in reqs]}
 
 
