@@ -26,7 +26,7 @@ def test_closed_batch_smoke(tmp_path, capsys, trace_file):
     for arm in ("spec", "spec_critical"):
         r = res["arms"][arm]["rounds"][0]
         assert r["tokens"] == plain["tokens"] and r["mat"] >= 1.0
-        # How the policy decided the steps (BudgetPolicy.decision_counts): one per drafting decision.
+        # How the policy decided the steps (BudgetPolicy.decision_counts): counts per "<bucket>_<how>".
         assert r["decisions"] and all(k.split("_", 1)[0].isdigit() and n > 0 for k, n in r["decisions"].items())
     assert plain["decisions"] == {}
     summary = parse_summary(capsys.readouterr().out)
