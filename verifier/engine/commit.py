@@ -12,7 +12,7 @@ import torch
 from ..step.grammar import finish_if_complete, settle
 from ..step.logprobs import row_logprobs
 from ..step.numerics import error_message
-from .request import Request, Status, append_run, append_tokens, stop_tokens
+from .request import Request, Status, append_run, append_tokens
 
 log = logging.getLogger(__name__)
 
@@ -32,20 +32,10 @@ class Commits:
             log.warning("request %s: %s", req.req_id, req.error)
         return committed
 
-    @staticmethod
-    def _commits_as_run(req: Request) -> bool:
-        """Whether ``_commit_run`` may commit this request's tokens: no stop strings, grammar or logprobs."""
-        p = req.params
-        return p.logprobs is None and req.grammar is None and not p.stop
-
     def _commit_run(self, req: Request, tokens: list[int]) -> int:
-        """``_commit`` for a request that ``_commits_as_run`` (``append_run``)."""
-        p = req.params
-        key = (p.ignore_eos, p.stop_token_ids)
-        stops = self._stop_sets.get(key)
-        if stops is None:
-            stops = self._stop_sets[key] = stop_tokens(p, self.eos_ids)
-        m = append_run(req, tokens, stops, self.codec.decode)
+        """``_commit`` for a request whose commits may take ``append_run`` (``Request.as_run``: no
+        stop strings, grammar or logprobs)."""
+        m = append_run(req, tokens, req.stops, self.codec.decode)
         if m:
             self.stats.generated_tokens += m
             if self.drafter is not None:

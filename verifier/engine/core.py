@@ -42,7 +42,7 @@ from .commit import Commits
 from .config import EngineConfig, EngineStats
 from .overlap import Overlap, _Inflight
 from .prefill import Prefill, graph_prefill_chunks, prefill_chunks
-from .request import CoinStream, Request, Status
+from .request import CoinStream, Request, Status, stop_tokens
 from .sampled import Sampled
 from .scheduler import Scheduler
 from .verify import Verify
@@ -97,7 +97,6 @@ class Engine(Prefill, Verify, Sampled, Commits, Overlap):
                                    longest_first=config.makespan.longest_first and drafter is not None)
         self.makespan = MakespanClock()
         self.eos_ids = tuple(codec.eos_token_ids or mc.eos_token_ids)
-        self._stop_sets: dict[tuple, frozenset[int]] = {}  # (ignore_eos, stop_token_ids) -> stop_tokens
         self.penalty_counts = PenaltyCounts(config.max_batch)  # penalized requests' token counts, per slot
         self.grammars = GrammarCompiler(codec.tokenizer, mc.vocab_size, self.eos_ids)  # lazy: structured output
         fixed = 0 if drafter is None else config.budget
@@ -191,6 +190,9 @@ class Engine(Prefill, Verify, Sampled, Commits, Overlap):
             req.expected_len = expected_length(self.drafter.local, req.prompt_ids, prompt_key)
         if params.grammar is not None:
             req.grammar = self.grammars.matcher(params.grammar)
+        req.as_run = params.logprobs is None and req.grammar is None and not params.stop
+        req.stops = stop_tokens(params, self.eos_ids)
+        req.plain_greedy = params.greedy and req.grammar is None and not params.penalized
         if params.temperature > 0:
             req.coins = CoinStream(params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item()))
         with self._lock:

@@ -80,7 +80,7 @@ class Overlap:
             self._committed_launched += 1
             req.cache_len += 1
             req.verify_steps += 1
-            if not bad[b] and self._commits_as_run(req):
+            if not bad[b] and req.as_run:
                 self._commit_run(req, [predicts[b]])
             else:
                 self._commit_path(req, [predicts[b]], None, [0], [bad[b]])
