@@ -78,9 +78,9 @@ class Request:
     prompt_key: str | None = None
     policy_version: int | None = None
     expected_len: float | None = None  # output tokens its key's history leads to expect (verifier/budget/makespan.py)
-    # Fixed by Engine.add_request from the params and the grammar, read per request and step on the
-    # hot path (at batch 64 recomputing them was ~2 us per request and step on a 2-core machine). The
-    # defaults take the general path, which is right for any request.
+    # Fixed by Engine.add_request from the params and the grammar: the verify step reads them per
+    # request and step, where deriving them again took calls and a dict lookup each. The defaults
+    # take the general path, which is right for any request.
     as_run: bool = False  # its commits may take append_run: no stop strings, grammar or logprobs
     stops: frozenset[int] = frozenset()  # append_run's stop tokens (stop_tokens of its params)
     plain_greedy: bool = False  # greedy, no grammar, no penalties: a fast step once min_tokens are out
