@@ -315,6 +315,9 @@ def bench(args, device: torch.device, dtype: torch.dtype, partial=None) -> dict:
             finally:
                 for eng in engines.values():
                     eng.drafter.close()
+            # Each engine's norm_linear choice (its start-up probe's): steps compared across engines
+            # whose choices differ compare kernels as well as speculation.
+            cell["native_linear"] = {"plain": plain.native_linear, **{a: engines[a].native_linear for a in arms}}
             for arm in arms:
                 cell[f"{arm}_policy"] = policy_record(engines[arm])
                 cell[f"{arm}_x"] = ratio(pooled_tok_s(cell[arm]), pooled_tok_s(cell["plain"]))

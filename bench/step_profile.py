@@ -90,8 +90,11 @@ def profile(model, codec, batches: list[int], ks: list[int], prefix: int, repeat
     fusion.disable_compile()
     model.native_kernels, model.native_linear = native, linear
     dev = model.device
+    # The engine decides norm_linear itself (EngineConfig.native_linear): "on" where every step of
+    # its shape fits the kernel, else off; its start-up probe ("auto") would override ``linear``.
     eng = Engine(model, codec, None, EngineConfig(max_batch=max(batches), max_len=prefix + max(ks) + 64, budget=0,
                                                   compile=compiled, capture_at_start=False,
+                                                  native_linear="on" if linear else "off",
                                                   emulate_graphs=dev.type != "cuda"))  # CPU: a smoke test
     out: dict = {}
     L = eng.graphs.kv_bucket(prefix + max(ks))

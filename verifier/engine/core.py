@@ -86,6 +86,10 @@ class Engine(Prefill, Verify, Sampled, Commits, Overlap):
             log.info("decode step with kernels.norm_linear %.3f ms, with torch's matmuls %.3f ms: %s",
                      self.linear_probe["native_ms"], self.linear_probe["torch_ms"],
                      "native" if model.native_linear else "torch")
+        # This engine's choice. The flag lives on the model, which other engines may share (benchmarks
+        # build a plain and speculative engines on one model, each choosing at its start): step()
+        # sets it back, so this engine's lazily captured graphs and eager forwards keep its choice.
+        self.native_linear: bool = model.native_linear
         if self.graphs is not None and self.graphs.capture and config.capture_at_start:
             t = time.perf_counter()
             buckets = None if drafter is not None else (1,)
@@ -243,6 +247,7 @@ class Engine(Prefill, Verify, Sampled, Commits, Overlap):
         """One engine step: admit + prefill newcomers, then one verify step over the running batch.
         Returns the requests that got tokens or finished."""
         t0 = time.perf_counter()
+        self.model.native_linear = self.native_linear  # (see __init__: the model may be shared)
         updated = self._take_inbox()
         if self.scheduler.num_unfinished:
             self.makespan.start()
