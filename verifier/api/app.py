@@ -108,12 +108,15 @@ def create_app(loop: EngineLoop, model_name: str, api_key: str = "", announcer: 
     async def healthz():
         """200 while the engine runs; ``corpus`` says where drafts come from and, for a corpus
         service, whether it is reachable, its outages and its namespace check (an unreachable
-        corpus is no 503: the verifier serves, drafting in process)."""
+        corpus is no 503: the verifier serves, drafting in process); ``native_linear``: whether the
+        engine's projections run ``kernels.norm_linear`` (``--native-linear``; with ``auto``,
+        ``linear_probe_ms`` holds the start-up probe's two decode-step times it chose by)."""
         alive = loop.alive
         d = engine.drafter
         corpus = {"target": "none"} if d is None else d.health.snapshot() if d.health is not None else {"target": "local"}
         status = "draining" if life.draining else "ok" if alive else "engine stopped"
-        return JSONResponse({"status": status, "corpus": corpus, "weights": weights.state()},
+        return JSONResponse({"status": status, "corpus": corpus, "weights": weights.state(),
+                             "native_linear": engine.native_linear, "linear_probe_ms": engine.linear_probe},
                             status_code=200 if alive and not life.draining else 503)
 
     @app.get("/v1/models", dependencies=auth)

@@ -69,6 +69,8 @@ def test_models_health_metrics(api):
     assert health["status"] == "ok" and health["corpus"] == {"target": "local"}
     assert health["weights"] == {"updates_enabled": False, "updates": 0, "failed_updates": 0, "updating": False,
                                  "last": {}}
+    # The engine's projections: 4 slots x 16 rows exceed norm_linear's 32, so torch's matmuls, unprobed.
+    assert health["native_linear"] is False and health["linear_probe_ms"] is None
     assert api.get("/v1/models").json()["data"][0]["id"] == "smollm2"
     assert api.post("/v1/completions", json={"model": "gpt-4", "prompt": "x"}).status_code == 404
     m = api.get("/metrics").text
