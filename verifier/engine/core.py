@@ -87,7 +87,7 @@ class Engine(Prefill, Verify, Sampled, Commits, Overlap):
                      self.linear_probe["native_ms"], self.linear_probe["torch_ms"],
                      "native" if model.native_linear else "torch")
         # This engine's choice. The flag lives on the model, which other engines may share (benchmarks
-        # build a plain and speculative engines on one model, each choosing at its start): step()
+        # build a plain engine and speculative ones on one model, each choosing at its start): step()
         # sets it back, so this engine's lazily captured graphs and eager forwards keep its choice.
         self.native_linear: bool = model.native_linear
         if self.graphs is not None and self.graphs.capture and config.capture_at_start:
