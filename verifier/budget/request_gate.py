@@ -160,11 +160,6 @@ class RequestGate:
         self._kinds[key] = k  # most recently used last
         return k
 
-    @property
-    def tracking(self) -> bool:
-        """Whether any request is tracked (``select`` ran enabled): otherwise ``observe`` does nothing."""
-        return bool(self._reqs)
-
     def observe(self, req_id: str, accepted: int) -> None:
         """A drafted step of the request (it verified draft nodes) accepted ``accepted`` of them."""
         st = self._reqs.get(req_id)

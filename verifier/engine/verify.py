@@ -17,7 +17,7 @@ from ..step.grammar import mask_logits
 from ..step.numerics import nonfinite_rows
 from ..step.penalties import process_logits
 from ..step.tree_batch import PackedTrees
-from .request import Request, append_run
+from .request import Request
 
 
 class Verify:
@@ -122,12 +122,7 @@ class Verify:
         # Python lists: indexing them is several times cheaper than numpy scalars, per request per step.
         num, runs = num.tolist(), runs.tolist()
         slow = None  # the general commit's inputs, made once if a request needs them
-        # The loop runs per request and step on the engine thread between a step's results and the
-        # next launch: the common commit (Commits._commit_run) is inlined, counters summed once.
-        observe = self.policy.request_gate.observe if self.policy.request_gate.tracking else None
-        extends = self._extends if self.drafter is not None else None
-        decode = self.codec.decode
-        committed = spec_steps = 0
+        gate = self.policy.request_gate
         for b, req in enumerate(running):
             n = num[b]
             req.cache_len += 1 + n
@@ -136,19 +131,12 @@ class Verify:
             req.draft_tokens += nb - 1
             if nb > 1:
                 req.spec_steps += 1
-                spec_steps += 1
-                if observe is not None:
-                    observe(req.req_id, n)
+                self.stats.spec_steps += 1
+                gate.observe(req.req_id, n)
             accepted_total += n
             # Usage counts accepted tokens that were committed (a stop can cut the path short).
             if not bad_any[b] and req.as_run:
-                run = runs[b][:n + 1]
-                m = append_run(req, run, req.stops, decode)
-                if m:
-                    committed += m
-                    if extends is not None:  # sent in one batch: _flush_extends
-                        extends.append((req.req_id, run if m == n + 1 else run[:m]))
-                req.accepted_tokens += min(n, m)
+                req.accepted_tokens += min(n, self._commit_run(req, runs[b][:n + 1]))
                 continue
             if slow is None:
                 slow = accept_index.tolist(), bad.tolist()
@@ -158,8 +146,6 @@ class Verify:
                                                              path_b, [slow[1][b][i] for i in path_b]))
             if bad_any[b]:  # NaN K/V in masked rows would still reach attention (0 * NaN)
                 self.cache.clear(req.slot, 0 if req.finish_reason == "error" else req.cache_len)
-        self.stats.generated_tokens += committed
-        self.stats.spec_steps += spec_steps
         t3 = time.perf_counter()  # (the extends and the policy's observations: Commits._settle)
         self.stats.commit_seconds += t3 - t2
         # The step's wall time, commits included, and the tokens it really committed: an accepted
