@@ -93,6 +93,7 @@ def profile(model, codec, batches: list[int], ks: list[int], prefix: int, repeat
     # The engine decides norm_linear itself (EngineConfig.native_linear): "on" where every step of
     # its shape fits the kernel, else off; its start-up probe ("auto") would override ``linear``.
     eng = Engine(model, codec, None, EngineConfig(max_batch=max(batches), max_len=prefix + max(ks) + 64, budget=0,
+                                                  max_budget=max(15, max(ks) - 1),  # trees of max(ks) nodes
                                                   compile=compiled, capture_at_start=False,
                                                   native_linear="on" if linear else "off",
                                                   emulate_graphs=dev.type != "cuda"))  # CPU: a smoke test
@@ -133,6 +134,7 @@ def first_launch(model, codec, batches: list[int], ks: list[int], prefix: int) -
     out: dict = {}
     for upload in (False, True):
         eng = Engine(model, codec, None, EngineConfig(max_batch=max(batches), max_len=prefix + max(ks) + 64, budget=0,
+                                                  max_budget=max(15, max(ks) - 1),  # trees of max(ks) nodes
                                                       capture_at_start=False, emulate_graphs=dev.type != "cuda"))
         eng.graphs.upload_at_capture = upload
         L = eng.graphs.kv_bucket(prefix + max(ks))

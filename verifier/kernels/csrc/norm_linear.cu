@@ -19,14 +19,15 @@
 // that: the results differ by about one rounding of the dtype); the sums rounded before SiLU and
 // the product, as torch's. bfloat16 only with a norm: w * s unnormalised could overflow float16.
 //
-// The matmul runs on the tensor cores (mma.sync m16n8k16, float32 accumulation): a warp owns 8
-// output columns (16 with silu_mul: 8 gate + their 8 up columns) and a contiguous quarter of K;
-// the block's 4 warps add their partial sums in a fixed order. Each lane loads 16 contiguous bytes
-// of a weight row per 32-wide slice of K: within a slice the k order of the two MMAs is permuted
-// (A and B the same way), which a sum does not notice, so no shuffles or shared memory are
-// needed to build the fragments. A row's result never depends on the other rows (zero rows fill
-// the tile, the K split is fixed): a token computes the same in a decode step of one request, in
-// a batch, and in a verify step, which keeps greedy speculative output equal to plain decoding.
+// The matmul runs on the tensor cores (mma.sync m16n8k16, float32 accumulation): a block owns 8
+// output columns (16 with silu_mul: 8 gate + their 8 up columns) of 8 rows, a warp a contiguous
+// quarter of K; the block's 4 warps add their partial sums in a fixed order. Each lane loads 16
+// contiguous bytes of a weight row per 32-wide slice of K: within a slice the k order of the two
+// MMAs is permuted (A and B the same way), which a sum does not notice, so no shuffles or shared
+// memory are needed to build the fragments. A row's result never depends on the other rows (each
+// row group is its own block, zero rows fill the tile, the K split is fixed): a token computes the
+// same in a decode step of one request, in a batch, and in a verify step, which keeps greedy
+// speculative output equal to plain decoding.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -37,7 +38,7 @@
 namespace {
 
 constexpr int kWarps = 4;
-constexpr int kMaxRowTiles = 2;  // rows per call: 16 per tile
+constexpr int kMaxRows = 32;  // rows per call (row groups of 8): checks.NORM_LINEAR_MAX_ROWS
 
 enum : int { kNone = 0, kRms = 1, kAddRms = 2 };
 
@@ -131,9 +132,13 @@ __device__ __forceinline__ float sum_squares(uint4 s) {
   return ss;
 }
 
-// MT: 16-row tiles (1 or 2); HI: whether rows 8..15 of the tiles exist (M > 8): at most 8 rows, a
-// lane loads and keeps half the A operand.
-template <typename T, int MT, bool HI, int PRO, bool SILU>
+// One block computes 8 output columns (16 with silu_mul) of one group of 8 rows (blockIdx.y); rows
+// 8 .. 15 of the MMA tile are zeros. A call of M rows runs ceil(M / 8) row groups side by side, each
+// the work of a call of at most 8 rows. (A tile of 16 real rows made every lane load and normalise
+// two rows, serially, in every one of the N / 8 blocks: a SmolLM2 layer's four projections took
+// 1.26x at 16 rows what they take at 8, 1.85-2.0x at 17-32; as row groups 1.14x and 1.47-1.59x, H200,
+// one layer's weights in L2.) The weights are read once per row group (mostly L2 hits after the first).
+template <typename T, int PRO, bool SILU>
 __global__ void __launch_bounds__(kWarps * 32)
     norm_linear_kernel(const T* __restrict__ x, const T* __restrict__ residual, T* __restrict__ residual_out,
                        const T* __restrict__ norm_w, float eps, const T* __restrict__ W, const T* __restrict__ bias,
@@ -141,11 +146,11 @@ __global__ void __launch_bounds__(kWarps * 32)
   constexpr int NT = SILU ? 2 : 1;  // weight tiles per warp: the gate columns and their up columns
   // 32-wide K slices per group: a warp keeps two groups of weight loads in flight.
   constexpr int kUnroll = (NT == 1 && PRO == kNone) ? 8 : 4;
-  constexpr int H2 = HI ? 2 : 1;
-  __shared__ float red[kWarps - 1][MT][NT][4][32];
-  __shared__ float ss_s[kWarps][MT][2][8];
+  __shared__ float red[kWarps - 1][NT][2][32];
+  __shared__ float ss_s[kWarps][8];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-  const int n0 = blockIdx.x * 8;
+  const int n0 = blockIdx.x * 8, row = blockIdx.y * 8 + g;  // this lane's A row and output row
+  const bool row_ok = row < M;
   const int nslices = K / 32, begin = warp * nslices / kWarps, end = (warp + 1) * nslices / kWarps;
 
   const T* wrow[NT];
@@ -163,67 +168,47 @@ __global__ void __launch_bounds__(kWarps * 32)
   };
   load_b(b0, begin);
 
-  float acc[MT][NT][4];
-  float ss[MT][2];  // this lane's part of the sum of squares of its rows g, g + 8 (a norm)
+  float acc[NT][4];
+  float ss = 0.f;  // this lane's part of its row's sum of squares (a norm)
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    ss[mt][0] = ss[mt][1] = 0.f;
+  for (int t = 0; t < NT; ++t)
 #pragma unroll
-    for (int t = 0; t < NT; ++t)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[mt][t][i] = 0.f;
-  }
+    for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
 
   // One group: every A load first (one latency for the group), then the MMAs. In a 32-wide slice
-  // c, lane (g, q) holds k = 32c + 8q .. +8 of weight row g and of A rows g, g + 8; the first MMA
-  // takes elements 0..3 as logical k (2q, 2q+1 | 2q+8, 2q+9), the second elements 4..7.
+  // c, lane (g, q) holds k = 32c + 8q .. +8 of weight row g and of A row g; the first MMA takes
+  // elements 0..3 as logical k (2q, 2q+1 | 2q+8, 2q+9), the second elements 4..7.
+  const int64_t row_at = static_cast<int64_t>(row) * K + 8 * q;
   auto compute = [&](const uint4 (&b)[kUnroll][NT], int c) {
-    uint4 a[kUnroll][MT][2], r[kUnroll][MT][2], w[kUnroll];
+    uint4 a[kUnroll], r[kUnroll], w[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int k = 32 * (c + u) + 8 * q;
+      const bool ok = row_ok && c + u < end;
       if constexpr (PRO != kNone) {
-        if (c + u < end) w[u] = load_vec(norm_w + k);
+        if (c + u < end) w[u] = load_vec(norm_w + 32 * (c + u) + 8 * q);
       }
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < H2; ++h) {
-          const int row = mt * 16 + g + 8 * h;
-          const bool ok = row < M && c + u < end;
-          const int64_t at = static_cast<int64_t>(row) * K + k;
-          a[u][mt][h] = ok ? load_vec(x + at) : make_uint4(0u, 0u, 0u, 0u);
-          if constexpr (PRO == kAddRms) r[u][mt][h] = ok ? load_vec(residual + at) : make_uint4(0u, 0u, 0u, 0u);
-        }
+      a[u] = ok ? load_vec(x + row_at + 32 * (c + u)) : make_uint4(0u, 0u, 0u, 0u);
+      if constexpr (PRO == kAddRms) r[u] = ok ? load_vec(residual + row_at + 32 * (c + u)) : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (c + u >= end) break;
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        uint4 op[2] = {make_uint4(0u, 0u, 0u, 0u), make_uint4(0u, 0u, 0u, 0u)};
-#pragma unroll
-        for (int h = 0; h < H2; ++h) {
-          uint4 v = a[u][mt][h];
-          if constexpr (PRO == kAddRms) {
-            v = add_round<T>(v, r[u][mt][h]);
-            const int row = mt * 16 + g + 8 * h;
-            // Slice c of the residual stream is written by one block (block c mod grid).
-            if (row < M && (c + u) % gridDim.x == blockIdx.x) {
-              *reinterpret_cast<uint4*>(residual_out + static_cast<int64_t>(row) * K + 32 * (c + u) + 8 * q) = v;
-            }
-          }
-          if constexpr (PRO != kNone) {
-            ss[mt][h] += sum_squares<T>(v);
-            v = scale_round<T>(v, w[u]);
-          }
-          op[h] = v;
+      uint4 v = a[u];
+      if constexpr (PRO == kAddRms) {
+        v = add_round<T>(v, r[u]);
+        // Slice c of the residual stream is written by one block of the row group (c mod grid).
+        if (row_ok && (c + u) % gridDim.x == blockIdx.x) {
+          *reinterpret_cast<uint4*>(residual_out + row_at + 32 * (c + u)) = v;
         }
+      }
+      if constexpr (PRO != kNone) {
+        ss += sum_squares<T>(v);
+        v = scale_round<T>(v, w[u]);
+      }
 #pragma unroll
-        for (int t = 0; t < NT; ++t) {
-          Vec<T>::mma(acc[mt][t], op[0].x, op[1].x, op[0].y, op[1].y, b[u][t].x, b[u][t].y);
-          Vec<T>::mma(acc[mt][t], op[0].z, op[1].z, op[0].w, op[1].w, b[u][t].z, b[u][t].w);
-        }
+      for (int t = 0; t < NT; ++t) {  // A rows 8 .. 15 are zeros
+        Vec<T>::mma(acc[t], v.x, 0u, v.y, 0u, b[u][t].x, b[u][t].y);
+        Vec<T>::mma(acc[t], v.z, 0u, v.w, 0u, b[u][t].z, b[u][t].w);
       }
     }
   };
@@ -235,68 +220,53 @@ __global__ void __launch_bounds__(kWarps * 32)
     compute(b1, c + kUnroll);
   }
 
-  if (warp > 0) {
+  if (warp > 0) {  // the accumulators of rows 0 .. 7: c[0], c[1]
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+    for (int t = 0; t < NT; ++t)
 #pragma unroll
-      for (int t = 0; t < NT; ++t)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) red[warp - 1][mt][t][i][lane] = acc[mt][t][i];
+      for (int i = 0; i < 2; ++i) red[warp - 1][t][i][lane] = acc[t][i];
   }
   if constexpr (PRO != kNone) {  // row g's squares: the 4 lanes of the row, then the warps in order
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float v = ss[mt][h];
-        v += __shfl_xor_sync(0xffffffffu, v, 1);
-        v += __shfl_xor_sync(0xffffffffu, v, 2);
-        if (q == 0) ss_s[warp][mt][h][g] = v;
-      }
+    float v = ss;
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    if (q == 0) ss_s[warp][g] = v;
   }
   __syncthreads();
-  if (warp != 0) return;
+  if (warp != 0 || !row_ok) return;
+  float rstd = 1.f;
+  if constexpr (PRO != kNone) {
+    float t = 0.f;
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
+    for (int w = 0; w < kWarps; ++w) t += ss_s[w][g];
+    rstd = rsqrtf(t / static_cast<float>(K) + eps);
+  }
+  float out[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {  // rows g and g + 8 of the tile
-      const int row = mt * 16 + g + 8 * h;
-      if (row >= M) continue;
-      float rstd = 1.f;
-      if constexpr (PRO != kNone) {
-        float t = 0.f;
+  for (int j = 0; j < 2; ++j) {
+    const int col = n0 + 2 * q + j;
+    float v[NT];
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) t += ss_s[w][mt][h][g];
-        rstd = rsqrtf(t / static_cast<float>(K) + eps);
-      }
-      float out[2];
+    for (int t = 0; t < NT; ++t) {
+      float s = acc[t][j];
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int i = 2 * h + j, col = n0 + 2 * q + j;
-        float v[NT];
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-          float s = acc[mt][t][i];
-#pragma unroll
-          for (int w = 0; w < kWarps - 1; ++w) s += red[w][mt][t][i][lane];
-          v[t] = s * rstd;
-        }
-        if constexpr (SILU) {
-          const float gate = Vec<T>::round(v[0]), up = Vec<T>::round(v[NT - 1]);
-          out[j] = Vec<T>::round(gate / (1.f + __expf(-gate))) * up;
-        } else {
-          out[j] = bias != nullptr ? v[0] + Vec<T>::to_f(bias[col]) : v[0];
-        }
-      }
-      *reinterpret_cast<uint32_t*>(y + static_cast<int64_t>(row) * N + n0 + 2 * q) = Vec<T>::from_f2(out[0], out[1]);
+      for (int w = 0; w < kWarps - 1; ++w) s += red[w][t][j][lane];
+      v[t] = s * rstd;
+    }
+    if constexpr (SILU) {
+      const float gate = Vec<T>::round(v[0]), up = Vec<T>::round(v[NT - 1]);
+      out[j] = Vec<T>::round(gate / (1.f + __expf(-gate))) * up;
+    } else {
+      out[j] = bias != nullptr ? v[0] + Vec<T>::to_f(bias[col]) : v[0];
     }
   }
+  *reinterpret_cast<uint32_t*>(y + static_cast<int64_t>(row) * N + n0 + 2 * q) = Vec<T>::from_f2(out[0], out[1]);
 }
 
-template <typename T, int MT, bool HI, int PRO>
+template <typename T, int PRO>
 int launch_silu(bool silu, const void* x, const void* residual, void* residual_out, const void* norm_w, float eps,
                 const void* W, const void* bias, void* y, int M, int N, int K, cudaStream_t stream) {
-  const dim3 grid(N / 8), block(kWarps * 32);
+  const dim3 grid(N / 8, (M + 7) / 8), block(kWarps * 32);
   auto run = [&](auto kernel) -> int {
     kernel<<<grid, block, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(residual),
                                           static_cast<T*>(residual_out), static_cast<const T*>(norm_w), eps,
@@ -305,38 +275,24 @@ int launch_silu(bool silu, const void* x, const void* residual, void* residual_o
     NGK_CHECK_LAUNCH();
     return 0;
   };
-  return silu ? run(norm_linear_kernel<T, MT, HI, PRO, true>) : run(norm_linear_kernel<T, MT, HI, PRO, false>);
-}
-template <typename T, int MT, bool HI>
-int launch_prologue(int prologue, bool silu, const void* x, const void* residual, void* residual_out,
-                    const void* norm_w, float eps, const void* W, const void* bias, void* y, int M, int N, int K,
-                    cudaStream_t stream) {
-  if constexpr (std::is_same<T, __half>::value) {  // float16: no norm (checked by the caller)
-    return launch_silu<T, MT, HI, kNone>(silu, x, residual, residual_out, norm_w, eps, W, bias, y, M, N, K, stream);
-  } else {
-    switch (prologue) {
-      case kNone:
-        return launch_silu<T, MT, HI, kNone>(silu, x, residual, residual_out, norm_w, eps, W, bias, y, M, N, K, stream);
-      case kRms:
-        return launch_silu<T, MT, HI, kRms>(silu, x, residual, residual_out, norm_w, eps, W, bias, y, M, N, K, stream);
-      default:
-        return launch_silu<T, MT, HI, kAddRms>(silu, x, residual, residual_out, norm_w, eps, W, bias, y, M, N, K,
-                                               stream);
-    }
-  }
+  return silu ? run(norm_linear_kernel<T, PRO, true>) : run(norm_linear_kernel<T, PRO, false>);
 }
 
 template <typename T>
 int launch_rows(int prologue, bool silu, const void* x, const void* residual, void* residual_out, const void* norm_w,
                 float eps, const void* W, const void* bias, void* y, int M, int N, int K, cudaStream_t stream) {
-  if (M <= 8) {
-    return launch_prologue<T, 1, false>(prologue, silu, x, residual, residual_out, norm_w, eps, W, bias, y, M, N, K,
-                                        stream);
+  if constexpr (std::is_same<T, __half>::value) {  // float16: no norm (checked by the caller)
+    return launch_silu<T, kNone>(silu, x, residual, residual_out, norm_w, eps, W, bias, y, M, N, K, stream);
+  } else {
+    switch (prologue) {
+      case kNone:
+        return launch_silu<T, kNone>(silu, x, residual, residual_out, norm_w, eps, W, bias, y, M, N, K, stream);
+      case kRms:
+        return launch_silu<T, kRms>(silu, x, residual, residual_out, norm_w, eps, W, bias, y, M, N, K, stream);
+      default:
+        return launch_silu<T, kAddRms>(silu, x, residual, residual_out, norm_w, eps, W, bias, y, M, N, K, stream);
+    }
   }
-  if (M <= 16) {
-    return launch_prologue<T, 1, true>(prologue, silu, x, residual, residual_out, norm_w, eps, W, bias, y, M, N, K, stream);
-  }
-  return launch_prologue<T, 2, true>(prologue, silu, x, residual, residual_out, norm_w, eps, W, bias, y, M, N, K, stream);
 }
 
 }  // namespace
@@ -348,7 +304,7 @@ int launch_rows(int prologue, bool silu, const void* x, const void* residual, vo
 extern "C" int ngk_norm_linear(int dtype, int prologue, int silu, const void* x, const void* residual,
                                void* residual_out, const void* norm_w, float eps, const void* W, const void* bias,
                                void* y, int M, int N, int K, cudaStream_t stream) {
-  NGK_REQUIRE(M >= 0 && M <= 16 * kMaxRowTiles);
+  NGK_REQUIRE(M >= 0 && M <= kMaxRows);
   NGK_REQUIRE(N > 0 && N % 8 == 0 && K > 0 && K % 32 == 0);
   NGK_REQUIRE(prologue >= kNone && prologue <= kAddRms);
   NGK_REQUIRE(!(silu && bias != nullptr));
