@@ -20,8 +20,8 @@
 // the product, as torch's. bfloat16 only with a norm: w * s unnormalised could overflow float16.
 //
 // The matmul runs on the tensor cores (mma.sync m16n8k16, float32 accumulation): a block owns 8
-// output columns (16 with silu_mul: 8 gate + their 8 up columns) of 8 rows, a warp a contiguous
-// quarter of K; the block's 4 warps add their partial sums in a fixed order. Each lane loads 16
+// output columns (16 for qkv, or with silu_mul 8 gate + their 8 up columns) of 8 rows, a warp a
+// contiguous quarter of K; the block's 4 warps add their partial sums in a fixed order. Each lane loads 16
 // contiguous bytes of a weight row per 32-wide slice of K: within a slice the k order of the two
 // MMAs is permuted (A and B the same way), which a sum does not notice, so no shuffles or shared
 // memory are needed to build the fragments. A row's result never depends on the other rows (each
@@ -132,46 +132,51 @@ __device__ __forceinline__ float sum_squares(uint4 s) {
   return ss;
 }
 
-// One block computes 8 output columns (16 with silu_mul) of one group of 8 rows (blockIdx.y); rows
-// 8 .. 15 of the MMA tile are zeros. A call of M rows runs ceil(M / 8) row groups side by side, each
-// the work of a call of at most 8 rows. (A tile of 16 real rows made every lane load and normalise
-// two rows, serially, in every one of the N / 8 blocks: a SmolLM2 layer's four projections took
-// 1.26x at 16 rows what they take at 8, 1.85-2.0x at 17-32; as row groups 1.14x and 1.47-1.59x, H200,
-// one layer's weights in L2.) The weights are read once per row group (mostly L2 hits after the first).
-template <typename T, int PRO, bool SILU>
+// One block computes CT tiles of 8 output columns (16 with silu_mul) for one group of 8 rows
+// (blockIdx.y); rows 8 .. 15 of the MMA tile are zeros. A call of M rows runs ceil(M / 8) row groups
+// side by side, each the work of a call of at most 8 rows. (A tile of 16 real rows made every lane
+// load and normalise two rows, serially, in every one of the N / 8 blocks: a SmolLM2 layer's four
+// projections took 1.26x at 16 rows what they take at 8, 1.85-2.0x at 17-32; as row groups 1.14x and
+// 1.47-1.59x, H200, one layer's weights in L2.) The weights are read once per row group (mostly L2
+// hits after the first).
+template <typename T, int PRO, bool SILU, int CT>
 __global__ void __launch_bounds__(kWarps * 32)
     norm_linear_kernel(const T* __restrict__ x, const T* __restrict__ residual, T* __restrict__ residual_out,
                        const T* __restrict__ norm_w, float eps, const T* __restrict__ W, const T* __restrict__ bias,
                        T* __restrict__ y, int M, int N, int K) {
-  constexpr int NT = SILU ? 2 : 1;  // weight tiles per warp: the gate columns and their up columns
+  constexpr int NT = SILU ? 2 : 1;  // weight tiles per column tile: the gate columns and their up columns
+  constexpr int TT = CT * NT;        // weight tiles per warp (tile j * NT + t)
   // 32-wide K slices per group: a warp keeps two groups of weight loads in flight.
-  constexpr int kUnroll = (NT == 1 && PRO == kNone) ? 8 : 4;
-  __shared__ float red[kWarps - 1][NT][2][32];
+  static_assert(TT <= 2, "at most two weight tiles per warp (registers)");
+  constexpr int kUnroll = (TT == 1 && PRO == kNone) ? 8 : 4;
+  __shared__ float red[kWarps - 1][TT][2][32];
   __shared__ float ss_s[kWarps][8];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-  const int n0 = blockIdx.x * 8, row = blockIdx.y * 8 + g;  // this lane's A row and output row
+  const int n0 = blockIdx.x * 8 * CT, row = blockIdx.y * 8 + g;  // this lane's A row and output row
   const bool row_ok = row < M;
   const int nslices = K / 32, begin = warp * nslices / kWarps, end = (warp + 1) * nslices / kWarps;
 
-  const T* wrow[NT];
+  const T* wrow[TT];
 #pragma unroll
-  for (int t = 0; t < NT; ++t) wrow[t] = W + (static_cast<int64_t>(n0 + g + t * N)) * K + 8 * q;
+  for (int j = 0; j < CT; ++j)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) wrow[j * NT + t] = W + (static_cast<int64_t>(n0 + 8 * j + g + t * N)) * K + 8 * q;
   // kUnroll slices of weights per group, two groups in flight: the next group's loads are issued
   // before this group's MMAs (slices past `end` are skipped).
-  uint4 b0[kUnroll][NT], b1[kUnroll][NT];
-  auto load_b = [&](uint4 (&b)[kUnroll][NT], int c) {
+  uint4 b0[kUnroll][TT], b1[kUnroll][TT];
+  auto load_b = [&](uint4 (&b)[kUnroll][TT], int c) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
 #pragma unroll
-      for (int t = 0; t < NT; ++t)
+      for (int t = 0; t < TT; ++t)
         if (c + u < end) b[u][t] = load_stream(wrow[t] + 32 * (c + u));
   };
   load_b(b0, begin);
 
-  float acc[NT][4];
+  float acc[TT][4];
   float ss = 0.f;  // this lane's part of its row's sum of squares (a norm)
 #pragma unroll
-  for (int t = 0; t < NT; ++t)
+  for (int t = 0; t < TT; ++t)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
 
@@ -179,7 +184,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   // c, lane (g, q) holds k = 32c + 8q .. +8 of weight row g and of A row g; the first MMA takes
   // elements 0..3 as logical k (2q, 2q+1 | 2q+8, 2q+9), the second elements 4..7.
   const int64_t row_at = static_cast<int64_t>(row) * K + 8 * q;
-  auto compute = [&](const uint4 (&b)[kUnroll][NT], int c) {
+  auto compute = [&](const uint4 (&b)[kUnroll][TT], int c) {
     uint4 a[kUnroll], r[kUnroll], w[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -206,7 +211,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         v = scale_round<T>(v, w[u]);
       }
 #pragma unroll
-      for (int t = 0; t < NT; ++t) {  // A rows 8 .. 15 are zeros
+      for (int t = 0; t < TT; ++t) {  // A rows 8 .. 15 are zeros
         Vec<T>::mma(acc[t], v.x, 0u, v.y, 0u, b[u][t].x, b[u][t].y);
         Vec<T>::mma(acc[t], v.z, 0u, v.w, 0u, b[u][t].z, b[u][t].w);
       }
@@ -222,7 +227,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 
   if (warp > 0) {  // the accumulators of rows 0 .. 7: c[0], c[1]
 #pragma unroll
-    for (int t = 0; t < NT; ++t)
+    for (int t = 0; t < TT; ++t)
 #pragma unroll
       for (int i = 0; i < 2; ++i) red[warp - 1][t][i][lane] = acc[t][i];
   }
@@ -241,33 +246,37 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int w = 0; w < kWarps; ++w) t += ss_s[w][g];
     rstd = rsqrtf(t / static_cast<float>(K) + eps);
   }
-  float out[2];
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int col = n0 + 2 * q + j;
-    float v[NT];
+  for (int j = 0; j < CT; ++j) {  // column tile j: columns n0 + 8 j .. + 8
+    float out[2];
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      float s = acc[t][j];
+    for (int e = 0; e < 2; ++e) {
+      const int col = n0 + 8 * j + 2 * q + e;
+      float v[NT];
 #pragma unroll
-      for (int w = 0; w < kWarps - 1; ++w) s += red[w][t][j][lane];
-      v[t] = s * rstd;
+      for (int t = 0; t < NT; ++t) {
+        float s = acc[j * NT + t][e];
+#pragma unroll
+        for (int w = 0; w < kWarps - 1; ++w) s += red[w][j * NT + t][e][lane];
+        v[t] = s * rstd;
+      }
+      if constexpr (SILU) {
+        const float gate = Vec<T>::round(v[0]), up = Vec<T>::round(v[NT - 1]);
+        out[e] = Vec<T>::round(gate / (1.f + __expf(-gate))) * up;
+      } else {
+        out[e] = bias != nullptr ? v[0] + Vec<T>::to_f(bias[col]) : v[0];
+      }
     }
-    if constexpr (SILU) {
-      const float gate = Vec<T>::round(v[0]), up = Vec<T>::round(v[NT - 1]);
-      out[j] = Vec<T>::round(gate / (1.f + __expf(-gate))) * up;
-    } else {
-      out[j] = bias != nullptr ? v[0] + Vec<T>::to_f(bias[col]) : v[0];
-    }
+    T* out_at = y + static_cast<int64_t>(row) * N + n0 + 8 * j + 2 * q;
+    *reinterpret_cast<uint32_t*>(out_at) = Vec<T>::from_f2(out[0], out[1]);
   }
-  *reinterpret_cast<uint32_t*>(y + static_cast<int64_t>(row) * N + n0 + 2 * q) = Vec<T>::from_f2(out[0], out[1]);
 }
 
 template <typename T, int PRO>
 int launch_silu(bool silu, const void* x, const void* residual, void* residual_out, const void* norm_w, float eps,
                 const void* W, const void* bias, void* y, int M, int N, int K, cudaStream_t stream) {
-  const dim3 grid(N / 8, (M + 7) / 8), block(kWarps * 32);
-  auto run = [&](auto kernel) -> int {
+  auto run = [&](auto kernel, int ct) -> int {
+    const dim3 grid(N / (8 * ct), (M + 7) / 8), block(kWarps * 32);
     kernel<<<grid, block, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(residual),
                                           static_cast<T*>(residual_out), static_cast<const T*>(norm_w), eps,
                                           static_cast<const T*>(W), static_cast<const T*>(bias), static_cast<T*>(y),
@@ -275,7 +284,16 @@ int launch_silu(bool silu, const void* x, const void* residual, void* residual_o
     NGK_CHECK_LAUNCH();
     return 0;
   };
-  return silu ? run(norm_linear_kernel<T, PRO, true>) : run(norm_linear_kernel<T, PRO, false>);
+  // Two column tiles per block where the prologue normalises the rows (qkv): the loads of x and the
+  // residual, the add and the norm are repeated by every column block, and two tiles halve them. Not
+  // with SwiGLU (a warp already has two weight tiles) or without a norm: there half as many blocks
+  // cost more. (H100, SmolLM2, batch-1 step kernel tables with two tiles everywhere: qkv 174 -> 157 us
+  // at one node, 221 -> 189 at 16; o + down 172 -> 205 at one node, gate/up 156 -> 174.) The choice
+  // depends on the projection, never on M: a token computes the same in every step.
+  if constexpr (PRO != kNone) {
+    if (!silu && N % 16 == 0) return run(norm_linear_kernel<T, PRO, false, 2>, 2);
+  }
+  return silu ? run(norm_linear_kernel<T, PRO, true, 1>, 1) : run(norm_linear_kernel<T, PRO, false, 1>, 1);
 }
 
 template <typename T>
