@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import write_report  # noqa: E402
+from bench.kernels import time_graph  # noqa: E402
 from verifier import kernels  # noqa: E402
 from verifier.model import ModelConfig  # noqa: E402
 from verifier.step import reference as ref  # noqa: E402
@@ -77,30 +78,16 @@ class Stack:
 
 
 def timed_us(fn, dev: torch.device, replays: int) -> float:
-    """Median microseconds of one fn(): CUDA-graph replays on a GPU, eager calls on a CPU."""
-    if dev.type != "cuda":
-        fn()
-        times = []
-        for _ in range(replays):
-            t = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t) * 1e6)
-        return statistics.median(times)
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        fn()  # warm-up (and the kernel library's build) outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        fn()
+    """Median microseconds of one fn(): CUDA-graph replays on a GPU (bench.kernels.time_graph), eager
+    calls on a CPU."""
+    if dev.type == "cuda":
+        return time_graph(fn, steps=1, replays=replays)
+    fn()
     times = []
     for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000)
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1e6)
     return statistics.median(times)
 
 
