@@ -34,11 +34,21 @@ from .schemas import ChatCompletionRequest, CompletionRequest
 from .weights import UpdateWeightsRequest, WeightUpdater
 
 DEFAULT_MAX_TOKENS = 256
+MAX_ERROR_CHARS = 1000  # of an error's message (and param): see _error
 
 
 def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
     kind = "invalid_request_error" if status < 500 else "server_error"
+    # An error names what was wrong, it does not echo it back: a message built from a caller's
+    # value (a stop list, a nested field's path) is cut to MAX_ERROR_CHARS.
+    message, param = _cut(message), None if param is None else _cut(param)
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status)
+
+
+def _cut(text: str) -> str:
+    if len(text) <= MAX_ERROR_CHARS:
+        return text
+    return f"{text[:MAX_ERROR_CHARS]}... ({len(text):,} characters in all)"
 
 
 class _TextStream:

@@ -54,8 +54,12 @@ class SamplingParams:
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63):
             raise ValueError(f"seed: expected an int in [0, 2^63), got {self.seed!r}")
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-        if len(stop) > 16 or any(not isinstance(s, str) or not s for s in stop):
-            raise ValueError(f"stop: expected up to 16 non-empty strings, got {self.stop!r}")
+        if len(stop) > 16:
+            raise ValueError(f"stop: expected up to 16 non-empty strings, got {len(stop)}")
+        bad = next((i for i, s in enumerate(stop) if not isinstance(s, str) or not s), None)
+        if bad is not None:
+            raise ValueError(f"stop: expected up to 16 non-empty strings, got {type(stop[bad]).__name__} "
+                             f"{stop[bad]!r:.40} at index {bad}")
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not -2.0 <= v <= 2.0:

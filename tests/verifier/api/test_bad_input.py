@@ -141,3 +141,19 @@ def test_spec_limits_directly():
         check_schema({"properties": {"a": {"items": {"$ref": "#/properties/a"}}}})
     with pytest.raises(ValueError, match="only local"):
         check_schema({"$ref": "https://example.com/s.json"})
+
+
+def test_errors_name_a_bad_value_without_echoing_it(api):
+    """17 stop strings of 100 KB each were once echoed whole in the 400 (1.7 MB): an error names
+    the problem, and any message is cut to MAX_ERROR_CHARS."""
+    from verifier.api.app import MAX_ERROR_CHARS, _error
+
+    r = api.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "stop": ["b" * 100_000] * 17})
+    refused(r, None, "stop", "got 17")
+    assert len(r.content) < 1_000, len(r.content)
+    r = api.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "stop": ["x" * 100_000, ""]})
+    refused(r, None, "stop", "str '' at index 1")
+    # Any message (and param) is cut, whatever built it.
+    body = json.loads(_error(400, "x: " + "y" * 50_000, "p" * 5_000).body)["error"]
+    assert len(body["message"]) <= MAX_ERROR_CHARS + 40 and "50,003 characters" in body["message"], body
+    assert len(body["param"]) <= MAX_ERROR_CHARS + 40, body
