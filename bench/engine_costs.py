@@ -11,7 +11,8 @@ prompt lookup in pure Python (the cheapest drafting a verifier could do without 
 With --set, the engine runs the overridden CorpusConfig, and drafting and extending are also timed
 against the default config in the same run, alternating between the two engines (this machine's
 noise moves both alike), e.g. the cost of acceptance feedback: --set feedback=true, of the rank model:
---set rank_model=true. The learned half of the traces is decoded step by step (draft, accept, commit),
+--set rank_model=true. With --arm (repeatable) only that comparison runs, for several configs in the
+same rounds: --arm rank_model=true,rank_depth=0 --arm rank_model=true,rank_depth=3. The learned half of the traces is decoded step by step (draft, accept, commit),
 so the acceptance models are trained when the timed drafts run.
 """
 
@@ -92,19 +93,48 @@ def versus_default(corpus: NgramCorpus, default: NgramCorpus, live: list[str]) -
             "ab_extend_set": med["set"][1], "ab_extend_default": med["default"][1]}
 
 
+def parse_overrides(items: list[str]) -> dict:
+    """FIELD=VALUE strings as CorpusConfig keyword arguments (JSON values where they look like JSON)."""
+    out = {}
+    for kv in items:
+        k, _, v = kv.partition("=")
+        out[k] = json.loads(v) if v[:1] in "[{0123456789-.tf" else v
+    return out
+
+
+def arms_versus_default(traces: list, live: list[str], arms: list[str], rounds: int = 40) -> dict:
+    """Each arm (``FIELD=VALUE,FIELD=VALUE``, a CorpusConfig) and the default drafted in turn, round by
+    round, on the same state: per arm the median over rounds of its draft and extend time over the
+    default's in that round (a ratio per round, so the machine's drift moves both sides alike)."""
+    engines = {"default": build(CorpusConfig(request_ttl_s=0), traces, live)}
+    for arm in arms:
+        engines[arm] = build(CorpusConfig(request_ttl_s=0, **parse_overrides(arm.split(","))), traces, live)
+    ratios: dict[str, list[tuple[float, float]]] = {arm: [] for arm in arms}
+    for _ in range(rounds):
+        costs = {name: step_costs(c, live) for name, c in engines.items()}
+        base = costs["default"]
+        for arm in arms:
+            ratios[arm].append((costs[arm][0] / base[0], costs[arm][1] / base[1]))
+    return {arm: {"draft_over_default": round(statistics.median(d for d, _ in r), 3),
+                  "extend_over_default": round(statistics.median(e for _, e in r), 3)} for arm, r in ratios.items()}
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "engine_costs.json"))
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="CorpusConfig override")
+    ap.add_argument("--arm", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE...]",
+                    help="only compare configs: each arm's draft and extend against the default's, round by round")
     args = ap.parse_args(argv)
-    overrides = {}
-    for kv in args.set:
-        k, _, v = kv.partition("=")
-        overrides[k] = json.loads(v) if v[:1] in "[{0123456789-.tf" else v
+    overrides = parse_overrides(args.set)
 
     traces = [t for f in default_trace_files() for t in load_traces(f)]
     stream = np.array([tok for t in traces for tok in t.prompt_ids + t.output_ids], dtype=np.int32)
     live = [f"q{k}" for k in range(64)]
+    if args.arm:
+        res = {"arms": arms_versus_default(traces, live, args.arm)}
+        write_report(args.out, res, {f"{arm}: {k}": v for arm, r in res["arms"].items() for k, v in r.items()})
+        return res
     corpus = build(CorpusConfig(request_ttl_s=0, **overrides), traces, live)
 
     res: dict[str, float] = {}

@@ -194,7 +194,8 @@ PYBIND11_MODULE(_native, m) {
       .def_readwrite("learn", &RankParams::learn)
       .def_readwrite("left_out", &RankParams::left_out)
       .def_readwrite("pair_rate", &RankParams::pair_rate)
-      .def_readwrite("tree_lambda", &RankParams::tree_lambda);
+      .def_readwrite("tree_lambda", &RankParams::tree_lambda)
+      .def_readwrite("max_depth", &RankParams::max_depth);
 
   py::class_<HistoryConfig>(m, "HistoryConfig")
       .def(py::init<>())

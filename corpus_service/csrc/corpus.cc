@@ -53,6 +53,7 @@ Corpus::Corpus(CorpusConfig cfg)
   if (!(cfg_.rank.prior >= 0.0f && cfg_.rank.token_prior >= 0.0f && cfg_.rank.pair_prior >= 0.0f))
     throw std::invalid_argument("rank priors must be >= 0");
   if (cfg_.rank.left_out < 0 || cfg_.rank.left_out > 256) throw std::invalid_argument("rank left_out must be in [0, 256]");
+  if (cfg_.rank.max_depth < 0 || cfg_.rank.max_depth > 64) throw std::invalid_argument("rank max_depth must be in [0, 64]");
   if (!(cfg_.rank.pair_rate >= 0.0f && cfg_.rank.pair_rate <= 1.0f)) throw std::invalid_argument("rank pair_rate must be in [0, 1]");
   // Validate the other order sets eagerly so a bad config fails at construction.
   TokenIndex probe_own(cfg_.own_orders), probe_ext(cfg_.external_orders);

@@ -102,14 +102,19 @@ int DraftTree::select(int budget, float min_prob, DraftMode mode, const ScorePar
   };
   std::priority_queue<Entry> heap;
   auto push_children = [&](int32_t u, int32_t u_out, float u_prob) {
-    float denom = nodes_[u].mass + lambda;
+    // The model ranks the children of u if they are within its depth (rank_model.h RankParams::max_depth);
+    // deeper ones are ranked as without it (ScoreParams::lambda), and their cells say so (kNoCell: the
+    // commit does not learn from them).
+    const bool ranked = rank && (rank->params->max_depth <= 0 || nodes_[u].depth < rank->params->max_depth);
+    const float lam = rank && !ranked ? sp.lambda : lambda;
+    float denom = nodes_[u].mass + lam;
     if (denom <= 0.f) return;
-    const float own_denom = nodes_[u].own_mass + lambda;
-    const float shared_denom = nodes_[u].mass - nodes_[u].own_mass + lambda;
+    const float own_denom = nodes_[u].own_mass + lam;
+    const float shared_denom = nodes_[u].mass - nodes_[u].own_mass + lam;
     int siblings = 0;
     int32_t parent_token = -1, grand_token = -1;
     uint64_t latest = 0, latest_own = 0;
-    if (rank) {
+    if (ranked) {
       for (int32_t c = nodes_[u].first_child; c != -1; c = nodes_[c].next_sibling)
         ++siblings, latest = std::max(latest, nodes_[c].learned_recency),
                     latest_own = std::max(latest_own, nodes_[c].own_recency);
@@ -119,7 +124,9 @@ int DraftTree::select(int budget, float min_prob, DraftMode mode, const ScorePar
     }
     for (int32_t c = nodes_[u].first_child; c != -1; c = nodes_[c].next_sibling) {
       float q = std::min(1.0f, nodes_[c].vote / denom);
-      if (rank) {
+      if (rank && !ranked) {
+        rank_cells_[static_cast<size_t>(c) * kC] = RankModel::kNoCell;
+      } else if (rank) {
         const Node& n = nodes_[c];
         const RankInputs in{q, own_denom > 0.f ? n.own_vote / own_denom : 0.f,
                             shared_denom > 0.f ? (n.vote - n.own_vote) / shared_denom : 0.f, n.depth, parent_token,

@@ -225,6 +225,7 @@ void RankModel::observe(DraftRecord& rec, const int32_t* committed, size_t n, co
     depth[i] = rec.parents[i] < 0 ? 1 : depth[rec.parents[i]] + 1;
     if (ok[i] < 0) continue;
     acc += ok[i], expected += rec.q[i];
+    if (rec.rank_cells[kNodeCells * i] == kNoCell) continue;  // deeper than the model ranks (RankParams::max_depth)
     labelled.emplace_back(rec.parents[i], static_cast<int32_t>(i));
   }
   const size_t mo = rec.out_tokens.size();
@@ -232,7 +233,7 @@ void RankModel::observe(DraftRecord& rec, const int32_t* committed, size_t n, co
   for (size_t j = 0; j < mo; ++j) {
     const int32_t par = rec.out_parents[j];
     const size_t d = par < 0 ? 1 : static_cast<size_t>(depth[par]) + 1;
-    if ((par >= 0 && ok[par] != 1) || d > n) continue;
+    if ((par >= 0 && ok[par] != 1) || d > n || rec.out_cells[kNodeCells * j] == kNoCell) continue;
     label[j] = rec.out_tokens[j] == committed[d - 1] ? 1 : 0;
     labelled.emplace_back(par, static_cast<int32_t>(m + j));
   }

@@ -37,7 +37,10 @@
 // tree's estimates it reads use their own prior mass (RankParams::tree_lambda, 24 against today's 16).
 // The tree takes nodes best-first by the product of these along the path (a product of numbers <= 1:
 // the path probability never grows with depth, so best-first yields the top connected tree), over
-// every node its candidates hold, a far wider pool than the budget it keeps.
+// every node its candidates hold, a far wider pool than the budget it keeps. Only the first
+// RankParams::max_depth levels (3) are ranked and learned from: a prediction is most of the model's
+// draft cost, and the first levels hold most of its gain (85-115% of the every-level model's on the dev
+// and t07x4 traces at about 0.63x its extra draft time; docs/ranking.md).
 //
 // State: fixed tables (96 + 4 x 2^16 cells of 4 bytes, 1.05 MB) and 17 weights per corpus; per request
 // one draft's nodes and features (DraftRecord), two decayed sums and its own cells (RequestCells, 2 KB). Threads: drafts read cells and weights with
@@ -75,6 +78,9 @@ struct RankParams {
   int left_out = 16;             // the best nodes a draft left out that its commit labels (0: none, <= 256)
   float pair_rate = 0.3f;        // of the pairwise steps between accepted and rejected siblings (0: none)
   float tree_lambda = 24.0f;     // the tree's lambda when the model ranks (ScoreParams::lambda otherwise)
+  int max_depth = 3;             // the model ranks nodes up to this depth (0: every depth); deeper nodes rank
+                                 // as without it and are not learned from (docs/ranking.md: the first
+                                 // levels hold most of its gain, and each ranked node costs a prediction)
 };
 
 // A request's own acceptance of (parent token, token) steps and of tokens: kCells hashed cells of

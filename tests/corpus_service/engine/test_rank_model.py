@@ -392,7 +392,8 @@ def test_reset_clears_the_model():
                                           ("rank_window", 1), ("rank_window", 1 << 16),
                                           ("rank_left_out", -1), ("rank_left_out", 257), ("rank_left_out", 1.5),
                                           ("rank_pair_rate", 1.5), ("rank_pair_rate", float("nan")),
-                                          ("rank_lambda", -1.0), ("rank_lambda", float("inf")), ("rank_lambda", "24")])
+                                          ("rank_lambda", -1.0), ("rank_lambda", float("inf")), ("rank_lambda", "24"),
+                                          ("rank_depth", -1), ("rank_depth", 65), ("rank_depth", 2.0)])
 def test_bad_config_is_refused(field, value):
     with pytest.raises(ValueError, match=field):
         CorpusConfig(**{field: value})
@@ -404,10 +405,47 @@ def test_rank_lambda_is_the_models_own():
     assert random_workload(CorpusConfig(rank_model=True, rank_lambda=2.0)) != random_workload(CorpusConfig(rank_model=True))
 
 
+def depth_workload(config: CorpusConfig, seed: int = 11) -> tuple[list, int, list]:
+    """random_workload on a repetitive stream (deep trees), with each draft's node depths."""
+    rng = np.random.default_rng(seed)
+    c = NgramCorpus(config)
+    base = rng.integers(0, 12, 16).tolist()
+    out, depths = [], []
+    for r in range(4):
+        rid = f"r{r}"
+        c.start_request(rid, base * 3 + rng.integers(0, 12, 8).tolist())
+        for _ in range(12):
+            toks, parents, probs = c.draft([rid], 15).tree(0)
+            d = []
+            for par in parents:
+                d.append(1 if par < 0 else d[par] + 1)
+            out.append((toks, parents, [round(p, 6) for p in probs]))
+            depths.append(max(d, default=0))
+            c.extend(rid, base[:2] + rng.integers(0, 12, 1).tolist())
+        c.finish(rid)
+        c.synchronize()
+    return out, c.stats()["rank_tested_nodes"], depths
+
+
+def test_rank_depth_limits_what_the_model_ranks_and_learns():
+    # rank_depth 0 ranks every level: as a depth no tree reaches; shallower limits learn from fewer nodes
+    # (those below the limit are neither ranked nor labelled) and draft otherwise.
+    every, tested_every, depths = depth_workload(CorpusConfig(rank_model=True, rank_depth=0))
+    assert max(depths) > 3  # the workload's trees go deeper than the default limit
+    deep, tested_deep, _ = depth_workload(CorpusConfig(rank_model=True, rank_depth=64))
+    assert (every, tested_every) == (deep, tested_deep)
+    first, tested_first, _ = depth_workload(CorpusConfig(rank_model=True, rank_depth=1))
+    default, tested_default, _ = depth_workload(CorpusConfig(rank_model=True))
+    assert 0 < tested_first < tested_default < tested_every
+    assert first != every and default != every
+    today, tested_today, _ = depth_workload(CorpusConfig())
+    assert first != today and tested_today == 0
+
+
 def test_switchable_per_namespace():
-    on = NamespaceSpec.parse("code:vocab=100,rank_model=true,rank_learning_rate=0.05")
+    on = NamespaceSpec.parse("code:vocab=100,rank_model=true,rank_learning_rate=0.05,rank_depth=2")
     off = NamespaceSpec.parse("chat:vocab=100")
-    assert on.corpus.rank_model is True and on.corpus.rank_learning_rate == 0.05
+    assert on.corpus.rank_model is True and on.corpus.rank_learning_rate == 0.05 and on.corpus.rank_depth == 2
     assert off.corpus.rank_model is False
     with pytest.raises(ValueError, match="rank_model"):
         NamespaceSpec.parse("code:rank_model=maybe")
