@@ -32,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import parse_overrides  # noqa: E402
 from bench.traces import REPO, Trace, default_trace_files, load_traces  # noqa: E402
 from corpus_service import CorpusConfig, NgramCorpus  # noqa: E402
 
@@ -320,12 +321,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.batch < 0 or (args.batch and not args.ranking):
         ap.error(f"--batch: expected N >= 1 with --ranking, got {args.batch}")
 
-    overrides = {}
-    for kv in args.set:
-        k, _, v = kv.partition("=")
-        overrides[k] = json.loads(v) if v[:1] in "[{0123456789-.tf" else v
-        if isinstance(overrides[k], list):
-            overrides[k] = tuple(overrides[k])
+    overrides = parse_overrides(args.set)
     config = CorpusConfig(mode=args.mode, **overrides)
     budgets = args.budget or [7, 15]
     if args.concurrent_samples:

@@ -13,7 +13,6 @@ tested nodes, by bin). Run it with and without acceptance feedback (CorpusConfig
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -21,19 +20,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.acceptance import accept_path  # noqa: E402
-from bench.common import write_report  # noqa: E402
+from bench.common import parse_overrides, write_report  # noqa: E402
 from bench.traces import REPO, default_trace_files, load_traces  # noqa: E402
 from corpus_service import CorpusConfig, NgramCorpus  # noqa: E402
 
 BINS = 10
-
-
-def parse_overrides(pairs: list[str]) -> dict:
-    out = {}
-    for kv in pairs:
-        k, _, v = kv.partition("=")
-        out[k] = json.loads(v) if v[:1] in "[{0123456789-.tf" else v
-    return out
 
 
 def tested_nodes(tokens: list[int], parents: list[int], probs: list[float], truth: list[int]):

@@ -41,6 +41,21 @@ def set_policy_arm(policy, arm: str) -> None:
 
 # ---------------------------------------------------------------------------------- statistics
 
+def parse_overrides(pairs: Iterable[str]) -> dict:
+    """``FIELD=VALUE`` strings (the benchmarks' ``--set``) as CorpusConfig keyword arguments: a value
+    that looks like JSON (a number, true / false, a list, an object) is parsed as JSON, a list becomes a
+    tuple, anything else stays a string. SystemExit naming an item without "="."""
+    out = {}
+    for kv in pairs:
+        k, sep, v = kv.partition("=")
+        if not sep:
+            raise SystemExit(f"--set: expected FIELD=VALUE, got {kv!r}")
+        out[k] = json.loads(v) if v[:1] in "[{0123456789-.tf" else v
+        if isinstance(out[k], list):
+            out[k] = tuple(out[k])
+    return out
+
+
 def quantile_key(q: float, unit: str) -> str:
     """``p50_us``, ``p99_ms``, ``p999_ms`` (99.9): the key a percentile is stored under."""
     return "p" + f"{q:g}".replace(".", "") + f"_{unit}"

@@ -19,7 +19,6 @@ so the acceptance models are trained when the timed drafts run.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -30,7 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.acceptance import accept_path, prompt_lookup_chain  # noqa: E402
-from bench.common import write_report  # noqa: E402
+from bench.common import parse_overrides, write_report  # noqa: E402
 from bench.traces import REPO, default_trace_files, load_traces  # noqa: E402
 from corpus_service import CorpusConfig, NgramCorpus  # noqa: E402
 
@@ -91,15 +90,6 @@ def versus_default(corpus: NgramCorpus, default: NgramCorpus, live: list[str]) -
     med = {k: (statistics.median(d for d, _ in v), statistics.median(e for _, e in v)) for k, v in rounds.items()}
     return {"ab_draft_b15_set": med["set"][0], "ab_draft_b15_default": med["default"][0],
             "ab_extend_set": med["set"][1], "ab_extend_default": med["default"][1]}
-
-
-def parse_overrides(items: list[str]) -> dict:
-    """FIELD=VALUE strings as CorpusConfig keyword arguments (JSON values where they look like JSON)."""
-    out = {}
-    for kv in items:
-        k, _, v = kv.partition("=")
-        out[k] = json.loads(v) if v[:1] in "[{0123456789-.tf" else v
-    return out
 
 
 def arms_versus_default(traces: list, live: list[str], arms: list[str], rounds: int = 40) -> dict:

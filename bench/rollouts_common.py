@@ -82,18 +82,6 @@ def by_epoch(samples: list[Sample]) -> dict[int, list[Sample]]:
     return dict(sorted(epochs.items()))
 
 
-def parse_overrides(pairs: list[str]) -> dict:
-    out = {}
-    for kv in pairs:
-        k, sep, v = kv.partition("=")
-        if not sep:
-            raise SystemExit(f"--set: expected FIELD=VALUE, got {kv!r}")
-        out[k] = json.loads(v) if v[:1] in "[{0123456789-.tf" else v
-        if isinstance(out[k], list):
-            out[k] = tuple(out[k])
-    return out
-
-
 def write_out(path: str, results: dict) -> None:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,8 @@ import time
 
 import numpy as np
 
-from bench.rollouts_common import parse_overrides, write_out
+from bench.common import parse_overrides
+from bench.rollouts_common import write_out
 from corpus_service import CorpusConfig, NgramCorpus
 
 

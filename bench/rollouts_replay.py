@@ -9,7 +9,8 @@ import time
 from collections import defaultdict
 
 from bench.acceptance import BOUND_WIDTH, accept_path, bound_config, prompt_lookup_chain
-from bench.rollouts_common import TRACE_NAMES, Sample, by_epoch, load_samples, parse_overrides, trace_path, write_out
+from bench.common import parse_overrides
+from bench.rollouts_common import TRACE_NAMES, Sample, by_epoch, load_samples, trace_path, write_out
 from corpus_service import CorpusConfig, NgramCorpus
 
 

@@ -26,7 +26,6 @@ token is in neither). Deterministic: it does not depend on the machine.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -38,7 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.acceptance import accept_path  # noqa: E402
-from bench.common import write_report  # noqa: E402
+from bench.common import parse_overrides, write_report  # noqa: E402
 from bench.sglang_reference import SGLangNgramReference  # noqa: E402
 from bench.traces import REPO, Trace, load_traces, shared_data_dir  # noqa: E402
 from corpus_service import NgramCorpus  # noqa: E402
@@ -206,14 +205,7 @@ def main(argv: list[str] | None = None) -> dict:
                     help="CorpusConfig override for the drop-in's default (repeatable; a sweep, not the default)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "sglang_pattern.json"))
     args = ap.parse_args(argv)
-    overrides = {}
-    for kv in args.set:
-        key, eq, v = kv.partition("=")
-        if not eq:
-            ap.error(f"--set: expected FIELD=VALUE, got {kv!r}")
-        overrides[key] = json.loads(v) if v[:1] in "[{0123456789-.tf" else v
-        if isinstance(overrides[key], list):
-            overrides[key] = tuple(overrides[key])
+    overrides = parse_overrides(args.set)
     if args.concurrency < 1 or args.window < 1:
         ap.error("--concurrency and --window must be >= 1")
     ks = args.k or [16, 8]

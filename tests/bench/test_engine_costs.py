@@ -6,7 +6,7 @@ import json
 import pytest
 
 from bench import engine_costs
-from bench.common import parse_summary
+from bench.common import parse_overrides, parse_summary
 
 
 def test_arms_are_compared_with_the_default_round_by_round(tmp_path, capsys):
@@ -26,5 +26,7 @@ def test_a_bad_arm_is_refused():
 
 
 def test_overrides_parse_as_json_where_they_look_like_it():
-    assert engine_costs.parse_overrides(["rank_model=true", "rank_depth=3", "rank_lambda=1.5", "mode=prob"]) == {
-        "rank_model": True, "rank_depth": 3, "rank_lambda": 1.5, "mode": "prob"}
+    assert parse_overrides(["rank_model=true", "rank_depth=3", "rank_lambda=1.5", "mode=prob", "orders=[1,2]"]) == {
+        "rank_model": True, "rank_depth": 3, "rank_lambda": 1.5, "mode": "prob", "orders": (1, 2)}
+    with pytest.raises(SystemExit, match="FIELD=VALUE"):
+        parse_overrides(["rank_model"])
