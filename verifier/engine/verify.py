@@ -15,7 +15,7 @@ from ..step import _native
 from ..step.cuda_graphs import GreedyStepResult, StepInput, forward_part, greedy_tail, keep_accepted
 from ..step.grammar import mask_logits
 from ..step.numerics import nonfinite_rows
-from ..step.penalties import process_logits
+from ..step.penalties import greedy_targets, process_logits
 from ..step.tree_batch import PackedTrees
 from .request import Request
 
@@ -259,6 +259,14 @@ class Verify:
         if raw:
             res, bad = self._verify_raw(running, f)
             logits = f.logits
+        elif all(r.params.greedy and r.grammar is None and r.params.logprobs is None for r in running):
+            # Greedy, processed (penalties, min_tokens): only the rows that need it in float32.
+            logits = f.logits
+            bad = nonfinite_rows(logits)  # before penalties: min_tokens puts -inf in on purpose
+            idx = f.idx
+            target = greedy_targets(logits, running, f.tokens, f.tree_mask, self.eos_ids, self.penalty_counts)
+            res = kernels.verify_tree_greedy(f.tokens, idx.retrive_index, idx.retrive_next_token,
+                                             idx.retrive_next_sibling, target, K)
         else:
             # Processing writes into the logits: a float32 copy of a graph's 16-bit buffer.
             logits = f.logits if f.logits.dtype == torch.float32 else f.logits.float()

@@ -125,6 +125,28 @@ def process_logits(logits: Tensor, reqs: list[Request], tokens: Tensor, tree_mas
     return logits
 
 
+def greedy_targets(logits: Tensor, reqs: list[Request], tokens: Tensor, tree_mask: Tensor,
+                   eos_ids: tuple[int, ...], counts: PenaltyCounts) -> Tensor:
+    """Each node's greedy target, int64 [bs, K]: the argmax of its processed logits (``logits``
+    [bs, K, V] in any float dtype, non-finite rows already zeroed). Only the rows of requests that
+    need processing (``needs_processing``) are copied to float32 and processed; the others' argmax is
+    taken from ``logits`` as they are, the same token as from a float32 copy (the copy is exact, and
+    both argmaxes return the first of tied maxima). A batch with one penalised request among plain
+    greedy ones once copied and scanned every row's [K, V] logits in float32 to process that one."""
+    need = [b for b, r in enumerate(reqs) if needs_processing(r)]
+    if len(need) == len(reqs):  # all of them: the whole batch, in place on one copy
+        x = logits if logits.dtype == torch.float32 else logits.float()
+        return process_logits(x, reqs, tokens, tree_mask, eos_ids, counts).argmax(-1)
+    target = logits.argmax(-1)
+    if need:
+        sel = torch.tensor(need, dtype=torch.int64).to(logits.device, non_blocking=True)
+        x = logits.index_select(0, sel).float()
+        process_logits(x, [reqs[b] for b in need], tokens.index_select(0, sel), tree_mask.index_select(0, sel),
+                       eos_ids, counts)
+        target.index_copy_(0, sel, x.argmax(-1))
+    return target
+
+
 def _penalize(logits: Tensor, reqs: list[Request], pen: list[int], tokens: Tensor, tree_mask: Tensor,
               counts: PenaltyCounts) -> None:
     """The penalties of rows ``pen`` (requests ``reqs``), in batched ops."""

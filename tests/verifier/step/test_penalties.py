@@ -167,3 +167,32 @@ def test_a_sampled_step_with_penalties_verifies_from_its_processed_logits(monkey
     calls.update(logits=0, probs=0)
     eng.generate([[1, 2, 3, 1, 2]], [SamplingParams(max_tokens=6, seed=9, min_tokens=6, **sampled)])
     assert calls["probs"] > 0 and calls["logits"] == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_greedy_targets_process_only_the_rows_that_need_it(dtype):
+    """greedy_targets (a greedy step whose batch mixes processed and plain requests) equals the argmax
+    of the whole batch's logits copied to float32 and processed, ties included (16-bit logits tie
+    often: the copy is exact and both argmaxes take the first maximum)."""
+    from verifier.engine.request import Request
+    from verifier.step.penalties import PenaltyCounts, greedy_targets, process_logits
+
+    g = torch.Generator().manual_seed(5)
+    bs, K, V = 6, 4, 64
+    kinds = [PENALTIES, {}, dict(frequency_penalty=1.5), {}, dict(min_tokens=9), {}]
+    reqs = []
+    for b, kind in enumerate(kinds):
+        r = Request(f"r{b}", [1, 2, 3, b], SamplingParams(max_tokens=20, **kind))
+        r.slot, r.output_ids = b, [4, 5, b % 3, 0]
+        reqs.append(r)
+    tokens = torch.randint(0, V, (bs, K), generator=g)
+    tree_mask = torch.tril(torch.ones(K, K, dtype=torch.bool)).expand(bs, K, K).contiguous()
+    for case in range(3):
+        logits = (torch.randn(bs, K, V, generator=g) * 2).round().to(dtype)  # coarse: many tied maxima
+        expected = process_logits(logits.float().clone(), reqs, tokens, tree_mask, (0,), PenaltyCounts(bs)).argmax(-1)
+        got = greedy_targets(logits.clone(), reqs, tokens, tree_mask, (0,), PenaltyCounts(bs))
+        assert torch.equal(got, expected), case
+    plain = [r for r, k in zip(reqs, kinds) if not k]
+    logits = torch.randn(len(plain), K, V, generator=g).to(dtype)
+    assert torch.equal(greedy_targets(logits, plain, tokens[:3], tree_mask[:3], (0,), PenaltyCounts(bs)),
+                       logits.float().argmax(-1))  # none to process: the logits' own argmax
