@@ -115,14 +115,18 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="CorpusConfig override")
     ap.add_argument("--arm", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE...]",
                     help="only compare configs: each arm's draft and extend against the default's, round by round")
+    ap.add_argument("--rounds", type=int, default=40, help="with --arm: rounds (each arm and the default once)")
+    ap.add_argument("--trace", action="append", default=[], help="trace file (repeatable); default: the dev traces")
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds: expected >= 1, got {args.rounds}")
     overrides = parse_overrides(args.set)
 
-    traces = [t for f in default_trace_files() for t in load_traces(f)]
+    traces = [t for f in (args.trace or default_trace_files()) for t in load_traces(f)]
     stream = np.array([tok for t in traces for tok in t.prompt_ids + t.output_ids], dtype=np.int32)
-    live = [f"q{k}" for k in range(64)]
+    live = [f"q{k}" for k in range(min(64, len(traces) - len(traces) // 2))]  # one per trace not learned
     if args.arm:
-        res = {"arms": arms_versus_default(traces, live, args.arm)}
+        res = {"arms": arms_versus_default(traces, live, args.arm, args.rounds)}
         write_report(args.out, res, {f"{arm}: {k}": v for arm, r in res["arms"].items() for k, v in r.items()})
         return res
     corpus = build(CorpusConfig(request_ttl_s=0, **overrides), traces, live)

@@ -9,9 +9,10 @@ from bench import engine_costs
 from bench.common import parse_overrides, parse_summary
 
 
-def test_arms_are_compared_with_the_default_round_by_round(tmp_path, capsys):
+def test_arms_are_compared_with_the_default_round_by_round(tmp_path, capsys, trace_file):
     out = tmp_path / "costs.json"
-    res = engine_costs.main(["--arm", "rank_model=true,rank_depth=1", "--arm", "rank_model=true", "--out", str(out)])
+    res = engine_costs.main(["--arm", "rank_model=true,rank_depth=1", "--arm", "rank_model=true", "--rounds", "5",
+                             "--trace", str(trace_file("specbench_dev120_greedy.jsonl")), "--out", str(out)])
     assert json.loads(out.read_text())["arms"] == res["arms"]
     assert res["arms"].keys() == {"rank_model=true,rank_depth=1", "rank_model=true"}
     for r in res["arms"].values():
@@ -20,9 +21,10 @@ def test_arms_are_compared_with_the_default_round_by_round(tmp_path, capsys):
     assert summary["rank_model=true: draft_over_default"] == res["arms"]["rank_model=true"]["draft_over_default"]
 
 
-def test_a_bad_arm_is_refused():
+def test_a_bad_arm_is_refused(trace_file):
     with pytest.raises(ValueError, match="rank_depth"):
-        engine_costs.main(["--arm", "rank_model=true,rank_depth=99"])
+        engine_costs.main(["--arm", "rank_model=true,rank_depth=99", "--trace",
+                           str(trace_file("specbench_dev120_greedy.jsonl"))])
 
 
 def test_overrides_parse_as_json_where_they_look_like_it():
