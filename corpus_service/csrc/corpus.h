@@ -278,7 +278,7 @@ class Corpus {
   size_t stored_estimate(const Item& it) const;
   static size_t indexed_estimate(const Item& it);
   // Grows the learned index for a group of `more` stored (`indexed` indexed) tokens under the
-  // shared lock, before the group is applied (see corpus.cc).
+  // shared lock, before the group is applied (see corpus_learned.cc).
   void grow_learned(size_t more, size_t indexed);
   // Between two groups of a batch: waits (up to 2 ms) until the drafts queued at the turnstile hold the shared lock.
   void let_drafts_in();

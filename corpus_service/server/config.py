@@ -212,7 +212,7 @@ class ServiceConfig:
     tls_key: str | None = None  # PEM private key of tls_cert
     tls_client_ca: str | None = None  # PEM CA: clients must present a certificate it signed (mutual TLS)
     # One announcement moves a namespace's policy version forward by at most this much: versions never
-    # go back (csrc/corpus.cc), so one absurd announcement (2**62 - 1) would fix the namespace's version
+    # go back (csrc/corpus_learned.cc), so one absurd announcement (2**62 - 1) would fix the namespace's version
     # for good, surviving restarts through the snapshots. An RL loop steps by 1 per update.
     max_policy_version_step: int = field(default=1 << 20, metadata={"help": (
         "the most one policy-version announcement (gRPC AnnouncePolicyVersion, REST POST .../policy-version) may "
