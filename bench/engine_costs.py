@@ -12,8 +12,9 @@ With --set, the engine runs the overridden CorpusConfig, and drafting and extend
 against the default config in the same run, alternating between the two engines (this machine's
 noise moves both alike), e.g. the cost of acceptance feedback: --set feedback=true, of the rank model:
 --set rank_model=true. With --arm (repeatable) only that comparison runs, for several configs in the
-same rounds: --arm rank_model=true,rank_depth=0 --arm rank_model=true,rank_depth=3. The learned half of the traces is decoded step by step (draft, accept, commit),
-so the acceptance models are trained when the timed drafts run.
+same rounds: --arm rank_model=true,rank_depth=0 --arm rank_model=true,rank_depth=3. The learned half
+of the traces is decoded step by step (draft, accept, commit), so the acceptance models are trained
+when the timed drafts run.
 """
 
 from __future__ import annotations
@@ -81,32 +82,37 @@ def step_costs(corpus: NgramCorpus, live: list[str]) -> tuple[float, float]:
     return 1e6 * draft, 1e6 * statistics.median(extends)
 
 
+def alternate(engines: dict[str, NgramCorpus], live: list[str], rounds: int) -> dict[str, list[tuple[float, float]]]:
+    """``step_costs`` of each engine in turn, round by round (same state, same requests: the machine's
+    drift moves them alike); per engine its (draft, extend) microseconds of every round."""
+    costs: dict[str, list[tuple[float, float]]] = {name: [] for name in engines}
+    for _ in range(rounds):
+        for name, corpus in engines.items():
+            costs[name].append(step_costs(corpus, live))
+    return costs
+
+
 def versus_default(corpus: NgramCorpus, default: NgramCorpus, live: list[str]) -> dict[str, float]:
-    """Alternates rounds between the configured and the default engine (same state, same requests)."""
-    rounds: dict[str, list[tuple[float, float]]] = {"set": [], "default": []}
-    for _ in range(30):
-        rounds["set"].append(step_costs(corpus, live))
-        rounds["default"].append(step_costs(default, live))
+    """Alternates rounds between the configured and the default engine: each one's median costs."""
+    rounds = alternate({"set": corpus, "default": default}, live, 30)
     med = {k: (statistics.median(d for d, _ in v), statistics.median(e for _, e in v)) for k, v in rounds.items()}
     return {"ab_draft_b15_set": med["set"][0], "ab_draft_b15_default": med["default"][0],
             "ab_extend_set": med["set"][1], "ab_extend_default": med["default"][1]}
 
 
 def arms_versus_default(traces: list, live: list[str], arms: list[str], rounds: int = 40) -> dict:
-    """Each arm (``FIELD=VALUE,FIELD=VALUE``, a CorpusConfig) and the default drafted in turn, round by
-    round, on the same state: per arm the median over rounds of its draft and extend time over the
-    default's in that round (a ratio per round, so the machine's drift moves both sides alike)."""
+    """Each arm (``FIELD=VALUE,FIELD=VALUE``, a CorpusConfig) and the default in turn (``alternate``):
+    per arm the median over rounds of its draft and extend time over the default's in that round."""
     engines = {"default": build(CorpusConfig(request_ttl_s=0), traces, live)}
     for arm in arms:
         engines[arm] = build(CorpusConfig(request_ttl_s=0, **parse_overrides(arm.split(","))), traces, live)
-    ratios: dict[str, list[tuple[float, float]]] = {arm: [] for arm in arms}
-    for _ in range(rounds):
-        costs = {name: step_costs(c, live) for name, c in engines.items()}
-        base = costs["default"]
-        for arm in arms:
-            ratios[arm].append((costs[arm][0] / base[0], costs[arm][1] / base[1]))
-    return {arm: {"draft_over_default": round(statistics.median(d for d, _ in r), 3),
-                  "extend_over_default": round(statistics.median(e for _, e in r), 3)} for arm, r in ratios.items()}
+    costs = alternate(engines, live, rounds)
+    out = {}
+    for arm in arms:
+        ratios = [(a[0] / b[0], a[1] / b[1]) for a, b in zip(costs[arm], costs["default"])]
+        out[arm] = {"draft_over_default": round(statistics.median(d for d, _ in ratios), 3),
+                    "extend_over_default": round(statistics.median(e for _, e in ratios), 3)}
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict:
