@@ -28,7 +28,8 @@ client in a child process, asks by measured gain; a real ``python -m corpus_serv
 (no corpus, overlapped steps: all of their host work counts as ``other``), ``local_plain``
 (a speculative engine that drafts nothing: its plain steps, the corpus fed every step) and
 ``local_stream`` (``local`` with its requests streamed as the HTTP API's are: ``EngineLoop.submit``,
-their updates drained by an event loop on another thread). Prints one summary line
+their updates drained by an event loop on another thread) and ``local_rank`` (``local`` with the
+rank model, ``docs/ranking.md``: its draft and commit work is the engine thread's). Prints one summary line
 (host ms per step of each mode, remote over local), writes JSON.
 
     python3 bench/host_phases.py --batches 1,8,64 --out bench/results/host_phases.json
@@ -52,6 +53,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from corpus_service import CorpusConfig, NgramCorpus  # noqa: E402
 from bench.common import CorpusServer, median_run, write_report  # noqa: E402
 from bench.traces import default_trace_files, load_traces  # noqa: E402
 from verifier.draft.drafter import AWAIT_AHEAD_S, DraftConfig, Drafter  # noqa: E402
@@ -66,7 +68,8 @@ PHASES = ("pack", "launch", "commit", "other")
 # local_plain: the in-process corpus fed every step and no drafts (a speculative engine's plain steps).
 # local_stream: local, its requests streamed as the HTTP API's are (EngineLoop.submit: an update per
 # step each, to queues that tasks of an event loop on another thread drain).
-MODES = ("plain", "local", "remote", "remote_always", "local_plain", "local_stream")
+# local_rank: local with the rank model (docs/ranking.md), whose draft and commit work is the engine's.
+MODES = ("plain", "local", "remote", "remote_always", "local_plain", "local_stream", "local_rank")
 
 
 class TraceDevice:
@@ -160,7 +163,11 @@ def run_mode(model, codec, mode: str, target: str | None, traces, B: int, budget
             with CorpusClient(target) as c:
                 c.reset()
         draft = DraftConfig(corpus_timeout_s=5.0, remote_asks="always" if mode == "remote_always" else "adaptive")
-        drafter = Drafter(target if mode.startswith("remote") else "local", draft, vocab_size=model.config.vocab_size)
+        V = model.config.vocab_size
+        corpus = target if mode.startswith("remote") else "local"
+        if mode == "local_rank":
+            corpus = NgramCorpus(CorpusConfig(vocab_size=V, draft_threads=draft.threads, rank_model=True))
+        drafter = Drafter(corpus, draft, vocab_size=V)
     prompts = [t.prompt_ids for t in traces]
     max_len = max(map(len, prompts)) + max_new + budget + 4
     engine = Engine(model, codec, drafter,
@@ -232,6 +239,7 @@ def run_mode(model, codec, mode: str, target: str | None, traces, B: int, budget
         d = drafter.stats
         res["draft_steps"] = {"local": d.local_steps, "remote": d.remote_steps, "fallback": d.fallback_steps}
         res["remote_asks"] = {"sent": d.asks, "skipped": d.asks_skipped, "gain_tokens": d.remote_gain_tokens}
+        res["rank_tested_nodes"] = int(drafter.local.stats().get("rank_tested_nodes", 0))  # 0 unless local_rank
     return res
 
 

@@ -1,5 +1,6 @@
 """CPU smoke of bench/host_phases.py: the engine's graph path with the trace standing in for the
-device (its outputs are the trace's), the three modes with a real corpus server, the JSON."""
+device (its outputs are the trace's), the modes with a real corpus server
+(and the rank model's in-process corpus), the JSON."""
 
 import json
 
@@ -27,9 +28,12 @@ def test_host_phases_smoke(tmp_path, capsys, trace_file):
     assert parse_summary(capsys.readouterr().out)
     # Streamed requests (EngineLoop.submit, updates drained on another thread's event loop): the same outputs.
     assert host_phases.main(["--batches", "2", "--prompts", "3", "--max-new", "12", "--rounds", "1",
-                             "--device-ms", "0.2", "--modes", "local,local_stream",
+                             "--device-ms", "0.2", "--modes", "local,local_stream,local_rank",
                              "--trace", str(trace_file("specbench_dev120_greedy.jsonl")), "--out", str(out)]) == 0
     row = json.loads(out.read_text())["batches"]["2"]
     assert row["local_stream"]["outputs_follow_trace"] and row["local_stream"]["mat"] == row["local"]["mat"]
+    # The rank model's engine (its draft and commit work on the engine thread): the same outputs, the model used.
+    assert row["local_rank"]["outputs_follow_trace"] and row["local_rank"]["rank_tested_nodes"] > 0
+    assert row["local"]["rank_tested_nodes"] == 0
     with pytest.raises(SystemExit):
         host_phases.main(["--batches", "0", "--out", str(out)])
